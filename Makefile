@@ -1,0 +1,47 @@
+# tierfeed: every command a developer or CI runs. `make demo` and `make test`
+# work on a fresh machine: they create .venv, install system packages (fuse3)
+# and the project with pinned versions.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PIP     := $(BIN)/python -m pip
+CONSTR  := constraints.txt
+
+.PHONY: demo test test-fast lint format bench sysdeps clean
+
+$(STAMP): pyproject.toml $(CONSTR)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check -c $(CONSTR) -e '.[dev]'
+	touch $(STAMP)
+
+# fuse3 (fusermount3 + libfuse3) is needed by slowfs and mount; we are root here.
+sysdeps:
+	@command -v fusermount3 >/dev/null 2>&1 && ldconfig -p | grep -q libfuse3 || \
+	  { if [ "$$(id -u)" = 0 ]; then \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null; \
+	    else echo "tierfeed: install fuse3 (apt-get install fuse3) for the FUSE features"; fi; }
+
+demo: sysdeps $(STAMP)
+	$(BIN)/python -m tierfeed.demo
+
+test: sysdeps $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not dist and not fuse"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
+
+bench: sysdeps $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) demo-data bench-out .pytest_cache .mypy_cache .ruff_cache
