@@ -1,4 +1,4 @@
-"""The `tierfeed` command line: each subcommand lives beside the code it drives and registers here."""
+"""The `tierfeed` command line: each subcommand registers itself from beside its code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The World value: rank, world size and DataLoader worker as plain integers, testable without torch."""
+"""The World value: rank, world size and DataLoader worker as plain ints, testable without torch."""
 
 from __future__ import annotations
 

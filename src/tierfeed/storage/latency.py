@@ -1,4 +1,4 @@
-"""A seeded latency model for slowed storage: lognormal per-op latency, a stall tail, a bandwidth cap.
+"""Seeded latency model for slowed storage: lognormal latency, a stall tail, a bandwidth cap.
 
 Used by the ``slow`` storage driver and by the ``slowfs`` FUSE pass-through, so that
 every comparison in tests and benchmarks runs against the same slowed origin.
