@@ -1,0 +1,56 @@
+"""What the rest of tierfeed knows about a chunk: its name, size and checksum, and how to read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import xxhash
+
+__all__ = ["CHECKSUM_ALGO", "ChunkInfo", "ChunkSource", "checksum_bytes", "new_hasher"]
+
+CHECKSUM_ALGO = "xxh3_64"
+
+
+def new_hasher() -> xxhash.xxh3_64:
+    """A fresh streaming hasher of the chunk checksum algorithm."""
+    return xxhash.xxh3_64()
+
+
+def checksum_bytes(data: bytes | memoryview) -> int:
+    """Checksum of a whole chunk held in memory (same value as the streaming hasher)."""
+    return int(xxhash.xxh3_64_intdigest(data))
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """One chunk of a store.
+
+    Attributes:
+        id: chunk id, its position in the index's chunk table.
+        name: path relative to the store root, ``/``-separated (e.g. ``chunks/000000.tar``).
+        size: size of the chunk file in bytes.
+        checksum: xxh3_64 of the whole chunk file.
+    """
+
+    id: int
+    name: str
+    size: int
+    checksum: int
+
+
+class ChunkSource(Protocol):
+    """Anything that serves byte ranges of a store's chunks: a plain directory or a tier stack."""
+
+    def read_range(self, chunk: int, offset: int, length: int) -> bytes:
+        """Return exactly ``length`` bytes of chunk ``chunk`` starting at ``offset``.
+
+        Raises:
+            ChunkCorruptError: the chunk is shorter than the range (names the chunk).
+            StorageError: the chunk cannot be read.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release files, threads and sockets; idempotent."""
+        ...
