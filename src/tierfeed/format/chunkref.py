@@ -1,4 +1,4 @@
-"""What the rest of tierfeed knows about a chunk: its name, size and checksum, and how to read it."""
+"""What the rest of tierfeed knows of a chunk: name, size, checksum, and how to read it."""
 
 from __future__ import annotations
 
