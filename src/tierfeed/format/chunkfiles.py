@@ -1,0 +1,115 @@
+"""Read ranges of chunk files in a store directory with one pread each and a bounded fd cache."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+from tierfeed.errors import ChunkCorruptError, IndexFormatError, StorageError
+from tierfeed.format.chunkref import ChunkInfo
+
+__all__ = ["DirectoryChunks", "safe_chunk_path"]
+
+
+def safe_chunk_path(root: Path, name: str, where: Path) -> Path:
+    """``root / name`` after checking that ``name`` cannot resolve outside ``root``."""
+    parts = PurePosixPath(name).parts
+    if not parts or name.startswith("/") or ".." in parts or "\0" in name:
+        raise IndexFormatError(f"{where}: chunk name {name!r} would resolve outside the store")
+    return root.joinpath(*parts)
+
+
+class _Fd:
+    __slots__ = ("evicted", "fd", "refs")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.refs, self.evicted = fd, 0, False
+
+
+class DirectoryChunks:
+    """A ChunkSource over chunk files in a directory (the store as packed, or any POSIX path).
+
+    File descriptors are cached (at most ``max_open``) and reference-counted, so a descriptor
+    is never closed while another thread reads through it and its number cannot be reused
+    under a reader.
+    """
+
+    def __init__(
+        self, root: Path, chunks: Sequence[ChunkInfo], index_path: Path, max_open: int = 128
+    ) -> None:
+        self.root = root
+        self.chunks = chunks
+        self._paths = [safe_chunk_path(root, c.name, index_path) for c in chunks]
+        self._max_open = max_open
+        self._open: OrderedDict[int, _Fd] = OrderedDict()
+        self._mutex = threading.Lock()
+        self.opens = 0
+        self.reads = 0
+        self.bytes_read = 0
+
+    def _acquire(self, chunk: int) -> _Fd:
+        with self._mutex:
+            entry = self._open.get(chunk)
+            if entry is not None:
+                self._open.move_to_end(chunk)
+            else:
+                try:
+                    entry = _Fd(os.open(self._paths[chunk], os.O_RDONLY | os.O_CLOEXEC))
+                except FileNotFoundError:
+                    raise ChunkCorruptError(
+                        f"chunk {self._paths[chunk]} is missing; the store is incomplete "
+                        "(run `tierfeed verify` on it)"
+                    ) from None
+                except OSError as exc:
+                    raise StorageError(f"{self._paths[chunk]}: {exc.strerror}") from None
+                self.opens += 1
+                self._open[chunk] = entry
+                while len(self._open) > self._max_open:
+                    _, old = self._open.popitem(last=False)
+                    old.evicted = True
+                    if old.refs == 0:
+                        os.close(old.fd)
+            entry.refs += 1
+            return entry
+
+    def _release(self, entry: _Fd) -> None:
+        with self._mutex:
+            entry.refs -= 1
+            if entry.evicted and entry.refs == 0:
+                os.close(entry.fd)
+
+    def read_range(self, chunk: int, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes of ``chunk`` at ``offset`` (one pread)."""
+        info = self.chunks[chunk]
+        if offset + length > info.size:
+            raise IndexFormatError(
+                f"index points past the end of chunk {info.name} (range {offset}+{length} > "
+                f"{info.size} bytes); the index is damaged, re-create it"
+            )
+        entry = self._acquire(chunk)
+        try:
+            data = os.pread(entry.fd, length, offset)
+        except OSError as exc:
+            raise StorageError(f"{self._paths[chunk]}: read failed: {exc.strerror}") from None
+        finally:
+            self._release(entry)
+        self.reads += 1
+        self.bytes_read += len(data)
+        if len(data) != length:
+            raise ChunkCorruptError(
+                f"chunk {self._paths[chunk]} is truncated: wanted bytes {offset}..{offset + length}"
+                f", got {len(data)}; run `tierfeed verify` and re-pack"
+            )
+        return data
+
+    def close(self) -> None:
+        """Close every cached descriptor not in use (those in use close on release)."""
+        with self._mutex:
+            for entry in self._open.values():
+                entry.evicted = True
+                if entry.refs == 0:
+                    os.close(entry.fd)
+            self._open.clear()

@@ -1,0 +1,343 @@
+"""The metadata snapshot: write an index file, and open one by memory-mapping its arrays."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import struct
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.errors import IndexFormatError
+from tierfeed.format.chunkref import CHECKSUM_ALGO, ChunkInfo, new_hasher
+from tierfeed.format.layout import (
+    INDEX_NAME,
+    MAGIC,
+    SECTIONS,
+    VERSION,
+    aligned,
+    as_dtype,
+    expected_length,
+)
+
+__all__ = ["Index", "IndexContent", "write_index"]
+
+_PREFIX = struct.Struct("<8sII")
+
+
+@dataclass
+class IndexContent:
+    """Everything an index holds, as plain arrays: what `write_index` takes.
+
+    Samples are in store order; the members of a sample are contiguous and sorted by
+    extension; every member of a sample lies in the sample's chunk.
+    """
+
+    keys: list[bytes]
+    labels: npt.NDArray[np.int32]
+    member_start: npt.NDArray[np.uint64]  # samples + 1
+    member_chunk: npt.NDArray[np.uint32]
+    member_offset: npt.NDArray[np.uint64]
+    member_length: npt.NDArray[np.uint64]
+    member_ext: npt.NDArray[np.uint16]
+    exts: list[bytes]
+    chunk_names: list[str]
+    chunk_size: npt.NDArray[np.uint64]
+    chunk_checksum: npt.NDArray[np.uint64]
+    classes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _blob(parts: Sequence[bytes]) -> tuple[npt.NDArray[np.uint64], bytes]:
+    lengths = np.fromiter((len(p) for p in parts), dtype=np.uint64, count=len(parts))
+    offsets = np.zeros(len(parts) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets, b"".join(parts)
+
+
+def _path_order(content: IndexContent) -> npt.NDArray[np.generic]:
+    start = content.member_start
+    owner = np.repeat(np.arange(len(content.keys)), np.diff(start).astype(np.int64))
+    paths = [
+        content.keys[s] + content.exts[e] for s, e in zip(owner, content.member_ext, strict=True)
+    ]
+    order = sorted(range(len(paths)), key=paths.__getitem__)
+    dtype = "<u4" if len(paths) < 2**32 else "<u8"
+    return np.asarray(order, dtype=dtype)
+
+
+def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
+    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename)."""
+    if len(content.exts) > 2**16:
+        raise IndexFormatError(
+            f"{path}: {len(content.exts)} distinct file extensions; the index holds at most "
+            f"{2**16} (are sample keys split as intended?)"
+        )
+    key_offset, keys = _blob(content.keys)
+    name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
+    arrays: dict[str, npt.NDArray[Any] | bytes] = {
+        "sample_member_start": content.member_start,
+        "sample_key_offset": key_offset,
+        "sample_label": content.labels,
+        "sample_chunk": content.member_chunk[content.member_start[:-1].astype(np.int64)]
+        if len(content.keys)
+        else np.zeros(0, np.uint32),
+        "member_chunk": content.member_chunk,
+        "member_offset": content.member_offset,
+        "member_length": content.member_length,
+        "member_ext": content.member_ext,
+        "path_order": _path_order(content),
+        "keys": keys,
+        "chunk_name_offset": name_offset,
+        "chunk_names": names,
+        "chunk_size": content.chunk_size,
+        "chunk_checksum": content.chunk_checksum,
+    }
+    payloads: list[tuple[str, bytes]] = []
+    for name, (dtype, _) in SECTIONS.items():
+        value = arrays[name]
+        if isinstance(value, bytes):
+            payloads.append((name, value))
+        else:
+            spec = value.dtype.newbyteorder("<").str if name == "path_order" else dtype
+            payloads.append((name, np.ascontiguousarray(value, dtype=spec).tobytes()))
+    hasher = new_hasher()
+    for _, data in payloads:
+        hasher.update(data)
+    header: dict[str, Any] = {
+        "samples": len(content.keys),
+        "members": len(content.member_offset),
+        "chunks": len(content.chunk_names),
+        "classes": content.classes,
+        "exts": [os.fsdecode(e) for e in content.exts],
+        "checksum_algo": CHECKSUM_ALGO,
+        "sections_checksum": hasher.intdigest(),
+        "path_order_dtype": arrays["path_order"].dtype.str,  # type: ignore[union-attr]
+        "extra": content.extra,
+    }
+    # Section offsets depend on the header length, which depends on the offsets: lay out with
+    # a header padded to a fixed aligned size.
+    sections: dict[str, list[int]] = {name: [0, len(data)] for name, data in payloads}
+    header["sections"] = sections
+    header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + _PREFIX.size)
+    offset = header_len
+    for name, data in payloads:
+        sections[name] = [offset, len(data)]
+        offset = aligned(offset + len(data))
+    blob = json.dumps(header).encode()
+    head = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
+    if len(head) > header_len:
+        raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
+    tmp = Path(f"{os.fspath(path)}.partial")
+    with open(tmp, "wb") as f:
+        f.write(head.ljust(header_len, b"\0"))
+        for name, data in payloads:
+            f.seek(sections[name][0])
+            f.write(data)
+        f.truncate(offset)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Index:
+    """A memory-mapped index: O(1) lookup by sample id, O(log n) by path.
+
+    Opening reads only the header; arrays are views of the mapping and are paged in on use.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            self.path = self.path / INDEX_NAME
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise IndexFormatError(
+                f"{self.path}: no index here; pack a dataset with `tierfeed pack SRC DST` "
+                "(an interrupted pack leaves no index: re-run it to resume)"
+            ) from None
+        except OSError as exc:
+            raise IndexFormatError(f"{self.path}: cannot open index: {exc.strerror}") from None
+        try:
+            self._size = os.fstat(fd).st_size
+            if self._size < _PREFIX.size:
+                raise IndexFormatError(f"{self.path}: not a tierfeed index (file too short)")
+            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.header = self._read_header()
+        self._map_sections()
+
+    def _read_header(self) -> dict[str, Any]:
+        magic, version, hlen = _PREFIX.unpack_from(self._mm, 0)
+        if magic != MAGIC:
+            raise IndexFormatError(f"{self.path}: not a tierfeed index (bad magic {magic!r})")
+        if version != VERSION:
+            raise IndexFormatError(
+                f"{self.path}: index format version {version}, this tierfeed reads version "
+                f"{VERSION}; re-index the store with this version (`tierfeed pack` or "
+                "`tierfeed index`) or use a matching tierfeed"
+            )
+        try:
+            header: dict[str, Any] = json.loads(self._mm[_PREFIX.size : _PREFIX.size + hlen])
+        except ValueError:
+            raise IndexFormatError(f"{self.path}: index header is corrupt") from None
+        return header
+
+    def _map_sections(self) -> None:
+        h = self.header
+        self.num_samples: int = h["samples"]
+        self.num_members: int = h["members"]
+        self.num_chunks: int = h["chunks"]
+        self.classes: list[str] = list(h["classes"])
+        self.exts: list[bytes] = [os.fsencode(e) for e in h["exts"]]
+        arrays: dict[str, Any] = {}
+        for name, (spec, kind) in SECTIONS.items():
+            if name == "path_order":
+                spec = h["path_order_dtype"]
+            try:
+                offset, nbytes = h["sections"][name]
+            except (KeyError, TypeError, ValueError):
+                raise IndexFormatError(f"{self.path}: index lacks section {name!r}") from None
+            if offset + nbytes > self._size:
+                raise IndexFormatError(
+                    f"{self.path}: index is truncated (section {name} ends at byte "
+                    f"{offset + nbytes}, file has {self._size}); re-create it"
+                )
+            dtype = as_dtype(spec)
+            count = nbytes // dtype.itemsize
+            want = expected_length(kind, self.num_samples, self.num_members, self.num_chunks)
+            if want is not None and count != want:
+                raise IndexFormatError(
+                    f"{self.path}: section {name} has {count} entries, expected {want}"
+                )
+            arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
+        self.sample_member_start: npt.NDArray[np.uint64] = arrays["sample_member_start"]
+        self.sample_key_offset: npt.NDArray[np.uint64] = arrays["sample_key_offset"]
+        self.sample_label: npt.NDArray[np.int32] = arrays["sample_label"]
+        self.sample_chunk: npt.NDArray[np.uint32] = arrays["sample_chunk"]
+        self.member_chunk: npt.NDArray[np.uint32] = arrays["member_chunk"]
+        self.member_offset: npt.NDArray[np.uint64] = arrays["member_offset"]
+        self.member_length: npt.NDArray[np.uint64] = arrays["member_length"]
+        self.member_ext: npt.NDArray[np.uint16] = arrays["member_ext"]
+        self.path_order: npt.NDArray[np.unsignedinteger[Any]] = arrays["path_order"]
+        self._keys: npt.NDArray[np.uint8] = arrays["keys"]
+        self._chunk_name_offset: npt.NDArray[np.uint64] = arrays["chunk_name_offset"]
+        self._chunk_names: npt.NDArray[np.uint8] = arrays["chunk_names"]
+        self.chunk_size: npt.NDArray[np.uint64] = arrays["chunk_size"]
+        self.chunk_checksum: npt.NDArray[np.uint64] = arrays["chunk_checksum"]
+        self._arrays = arrays
+
+    # --- lookups ------------------------------------------------------------------
+
+    def key_bytes(self, sample: int) -> bytes:
+        """The key of ``sample`` as stored (bytes)."""
+        lo = int(self.sample_key_offset[sample])
+        hi = int(self.sample_key_offset[sample + 1])
+        return self._keys[lo:hi].tobytes()
+
+    def key(self, sample: int) -> str:
+        """The key of ``sample`` (``os.fsdecode`` of the stored bytes)."""
+        return os.fsdecode(self.key_bytes(sample))
+
+    def members(self, sample: int) -> range:
+        """Member ids of ``sample``."""
+        start = self.sample_member_start
+        return range(int(start[sample]), int(start[sample + 1]))
+
+    def member_owner(self, member: int) -> int:
+        """The sample a member belongs to (binary search over member starts)."""
+        return int(np.searchsorted(self.sample_member_start, member, side="right")) - 1
+
+    def member_path_bytes(self, member: int) -> bytes:
+        """The original relative path of a member: its sample's key plus its extension."""
+        return self.key_bytes(self.member_owner(member)) + self.exts[int(self.member_ext[member])]
+
+    def chunk_name(self, chunk: int) -> str:
+        """The chunk's path relative to the store root."""
+        lo = int(self._chunk_name_offset[chunk])
+        hi = int(self._chunk_name_offset[chunk + 1])
+        return os.fsdecode(self._chunk_names[lo:hi].tobytes())
+
+    def chunk(self, chunk: int) -> ChunkInfo:
+        """The ChunkInfo of one chunk."""
+        return ChunkInfo(
+            chunk,
+            self.chunk_name(chunk),
+            int(self.chunk_size[chunk]),
+            int(self.chunk_checksum[chunk]),
+        )
+
+    def chunks(self) -> list[ChunkInfo]:
+        """Every chunk, in id order."""
+        return [self.chunk(c) for c in range(self.num_chunks)]
+
+    def sample_bytes(self) -> npt.NDArray[np.int64]:
+        """Total data bytes of each sample (vectorised over the member arrays)."""
+        if self.num_samples == 0:
+            return np.zeros(0, dtype=np.int64)
+        starts = self.sample_member_start[:-1].astype(np.int64)
+        return np.add.reduceat(self.member_length.astype(np.int64), starts)
+
+    def sorted_path(self, i: int) -> bytes:
+        """The ``i``-th member path in bytewise path order."""
+        return self.member_path_bytes(int(self.path_order[i]))
+
+    def bisect_path(self, path: bytes) -> int:
+        """Position of the first member whose path is >= ``path`` in path order."""
+        return bisect_left(range(self.num_members), path, key=self.sorted_path)
+
+    def find_member(self, path: bytes) -> int | None:
+        """The member id stored at ``path``, or None: O(log n) path comparisons."""
+        i = self.bisect_path(path)
+        if i < self.num_members and self.sorted_path(i) == path:
+            return int(self.path_order[i])
+        return None
+
+    def find_sample(self, key: str | bytes) -> int | None:
+        """The sample id of ``key``, or None: O(log n).
+
+        A key has no dot in its last component, so its members' paths are the key itself
+        (no extension) or start with ``key + "."``, and every such path belongs to it.
+        """
+        raw = os.fsencode(key)
+        for probe in (raw, raw + b"."):
+            i = self.bisect_path(probe)
+            if i < self.num_members and self.sorted_path(i).startswith(probe):
+                if probe == raw and self.sorted_path(i) != raw:
+                    continue
+                return self.member_owner(int(self.path_order[i]))
+        return None
+
+    def sections_checksum(self) -> int:
+        """Checksum of every section as stored now (compare with the header's, to verify)."""
+        hasher = new_hasher()
+        for name in SECTIONS:
+            offset, nbytes = self.header["sections"][name]
+            hasher.update(self._mm[offset : offset + nbytes])
+        return hasher.intdigest()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def close(self) -> None:
+        """Drop the arrays and unmap the file (views still held elsewhere keep it mapped)."""
+        self._arrays.clear()
+        # A caller may still hold an array view; the mapping then goes with the last one.
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

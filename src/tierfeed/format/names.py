@@ -1,0 +1,64 @@
+"""Sample keys, extensions and member paths: WebDataset grouping and the tar-slip guard.
+
+Paths are handled as bytes (``/``-separated, relative to the store root) so that names which
+are not valid UTF-8 round-trip exactly; the public API shows them as ``os.fsdecode`` strings.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tierfeed.errors import BadMemberError
+
+__all__ = ["field_name", "label_dir", "normalize_member_name", "split_key"]
+
+
+def split_key(path: bytes) -> tuple[bytes, bytes]:
+    """Split a member path into (key, ext) the way WebDataset groups samples.
+
+    The key is the path up to the first dot of its last component; ``ext`` keeps the dot, so
+    ``key + ext == path`` always holds: ``b"cat/x.1.jpg" -> (b"cat/x", b".1.jpg")``,
+    ``b"README" -> (b"README", b"")``.
+    """
+    slash = path.rfind(b"/")
+    dot = path.find(b".", slash + 1)
+    if dot < 0:
+        return path, b""
+    return path[:dot], path[dot:]
+
+
+def field_name(ext: bytes) -> str:
+    """The field name of a member in a Sample: the extension without its leading dot."""
+    return os.fsdecode(ext[1:] if len(ext) > 1 else ext)
+
+
+def label_dir(path: bytes) -> bytes | None:
+    """The ImageFolder class directory of a path (its first component), or None at top level."""
+    slash = path.find(b"/")
+    return path[:slash] if slash > 0 else None
+
+
+def normalize_member_name(name: str, where: str) -> bytes:
+    """Check a member name from an untrusted tar and return it as a safe relative path.
+
+    ``./`` and empty components are dropped (``tar -C dir -cf x.tar .`` writes them). A name
+    that is absolute, contains a ``..`` component or NUL, or is empty is refused.
+
+    Args:
+        name: the member name as tarfile decoded it (surrogateescape).
+        where: the shard path, for the error message.
+
+    Raises:
+        BadMemberError: naming the shard and the member.
+    """
+    raw = os.fsencode(name)
+    if b"\x00" in raw:
+        raise BadMemberError(f"{where}: member {name!r} contains a NUL byte")
+    if raw.startswith(b"/"):
+        raise BadMemberError(f"{where}: member {name!r} is an absolute path")
+    parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
+    if b".." in parts:
+        raise BadMemberError(f"{where}: member {name!r} has a '..' component")
+    if not parts:
+        raise BadMemberError(f"{where}: member {name!r} has an empty name")
+    return b"/".join(parts)

@@ -1,0 +1,348 @@
+"""`tierfeed pack`: read a source tree with parallel readers into tar chunks and one index.
+
+Publishing is atomic: each chunk is written under a temporary name and renamed when whole, a
+journal records finished chunks, and the index is written last. An interrupted pack leaves no
+store that opens; running it again keeps the finished chunks whose source is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from tierfeed.errors import ConfigError, EmptySourceError, PackError, UnreadableFileError
+from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.index import IndexContent, write_index
+from tierfeed.format.layout import INDEX_NAME
+from tierfeed.format.packplan import PackPlan, plan_pack
+from tierfeed.format.source import SourceFile, SourceTree, group_samples, list_files, walk_tree
+from tierfeed.format.tarchunk import ChunkWriter
+
+__all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
+
+JOURNAL = ".tierfeed-pack.journal"
+LOCK = ".tierfeed-pack.lock"
+_READ_AHEAD_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack.
+
+    Attributes:
+        chunk_size: target chunk size in bytes (a larger sample gets a chunk of its own).
+        workers: parallel file readers.
+        labels: ``auto`` (ImageFolder classes when every file is in a class directory),
+            ``folder`` (require that) or ``none``.
+        skip_unreadable: skip unreadable files (counted and listed) instead of failing.
+        overwrite: replace a store already at the destination.
+        progress: show a progress bar on stderr.
+    """
+
+    chunk_size: int = 64 * 2**20
+    workers: int = 8
+    labels: str = "auto"
+    skip_unreadable: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 4096:
+            raise ConfigError(f"chunk size {self.chunk_size} is too small (at least 4 KiB)")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.labels not in ("auto", "folder", "none"):
+            raise ConfigError(f"labels must be auto, folder or none, got {self.labels!r}")
+
+
+@dataclass
+class PackReport:
+    """What a pack did."""
+
+    store: Path
+    samples: int
+    members: int
+    chunks: int
+    data_bytes: int
+    chunk_bytes: int
+    seconds: float
+    resumed_chunks: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def chunk_file_name(chunk: int) -> str:
+    """Store-relative name of packed chunk ``chunk``."""
+    return f"chunks/{chunk:06d}.tar"
+
+
+def _read_file(f: SourceFile) -> bytes:
+    try:
+        with open(f.abs, "rb", buffering=0) as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise UnreadableFileError(f"{os.fsdecode(f.abs)}: {exc.strerror or exc}") from None
+    if len(data) != f.size:
+        raise UnreadableFileError(
+            f"{os.fsdecode(f.abs)}: changed size during pack ({f.size} -> {len(data)} bytes)"
+        )
+    return data
+
+
+class _Packer:
+    """Writes the planned chunks, keeping those an earlier run finished."""
+
+    def __init__(self, dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree):
+        self.dst, self.plan, self.options, self.tree = dst, plan, options, tree
+        n = plan.num_chunks
+        self.offset = np.full(len(plan.files), -1, dtype=np.int64)  # -1: skipped
+        self.chunk_size = np.zeros(n, dtype=np.uint64)
+        self.chunk_checksum = np.zeros(n, dtype=np.uint64)
+        self.journal = self._load_journal()
+        self.resumed = 0
+        self.files_done = 0
+
+    def _load_journal(self) -> dict[int, dict[str, Any]]:
+        entries: dict[int, dict[str, Any]] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for line in (self.dst / JOURNAL).read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                    entries[int(entry["chunk"])] = entry
+                except (ValueError, KeyError, TypeError):
+                    continue  # a torn last line from an interrupted run
+        return entries
+
+    def _reuse(self, chunk: int) -> bool:
+        """Keep a chunk finished by an earlier run if its source is unchanged and it verifies."""
+        entry = self.journal.get(chunk)
+        if entry is None or entry.get("fingerprint") != self.plan.fingerprint(chunk):
+            return False
+        skipped = set(entry.get("skipped", []))
+        members = [m for m in self.plan.chunk_members(chunk) if m not in skipped]
+        offsets, size = self.plan.layout(members)
+        path = self.dst / chunk_file_name(chunk)
+        try:
+            if entry["size"] != size or path.stat().st_size != size:
+                return False
+            hasher = new_hasher()
+            with open(path, "rb") as fh:
+                while block := fh.read(8 * 2**20):
+                    hasher.update(block)
+        except (OSError, KeyError):
+            return False
+        if hasher.intdigest() != entry["checksum"]:
+            return False
+        self.offset[members] = offsets
+        self.chunk_size[chunk], self.chunk_checksum[chunk] = size, entry["checksum"]
+        self.tree.skipped.extend(
+            (os.fsdecode(self.plan.files[m].rel), "unreadable (skipped by an earlier run)")
+            for m in sorted(skipped)
+        )
+        self.resumed += 1
+        return True
+
+    def _reads(self, pool: ThreadPoolExecutor, todo: list[int]) -> Iterator[tuple[int, Any]]:
+        """Yield (member, bytes or the read error) in order, reading ahead on the pool."""
+        queue: deque[tuple[int, Future[bytes]]] = deque()
+        inflight = 0
+        pending = iter(todo)
+        while True:
+            for m in pending:
+                queue.append((m, pool.submit(_read_file, self.plan.files[m])))
+                inflight += self.plan.files[m].size
+                if inflight >= _READ_AHEAD_BYTES or len(queue) >= 64 * self.options.workers:
+                    break
+            if not queue:
+                return
+            m, fut = queue.popleft()
+            inflight -= self.plan.files[m].size
+            try:
+                yield m, fut.result()
+            except UnreadableFileError as exc:
+                yield m, exc
+
+    def run(self, bar: tqdm[Any]) -> None:
+        """Write every chunk that could not be kept from an earlier run."""
+        todo_chunks = [c for c in range(self.plan.num_chunks) if not self._reuse(c)]
+        todo = [m for c in todo_chunks for m in self.plan.chunk_members(c)]
+        bar.update(
+            sum(f.size for f in self.plan.files) - sum(self.plan.files[m].size for m in todo)
+        )
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="tierfeed-pack") as pool:
+            reads = self._reads(pool, todo)
+            try:
+                for chunk in todo_chunks:
+                    self._write_chunk(chunk, reads, bar)
+            finally:
+                for _ in reads:  # let queued reads finish before the pool shuts down
+                    pass
+
+    def _write_chunk(self, chunk: int, reads: Iterator[tuple[int, Any]], bar: tqdm[Any]) -> None:
+        writer = ChunkWriter(self.dst / chunk_file_name(chunk))
+        skipped: list[int] = []
+        try:
+            for _ in self.plan.chunk_members(chunk):
+                m, data = next(reads)
+                if isinstance(data, UnreadableFileError):
+                    if not self.options.skip_unreadable:
+                        raise data
+                    skipped.append(m)
+                    self.tree.skipped.append((os.fsdecode(self.plan.files[m].rel), str(data)))
+                    continue
+                self.offset[m] = writer.add(self.plan.header(m), data)
+                self.files_done += 1
+                bar.set_postfix(files=self.files_done, refresh=False)
+                bar.update(len(data))
+            size, checksum = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        self.chunk_size[chunk], self.chunk_checksum[chunk] = size, checksum
+        entry = {
+            "chunk": chunk,
+            "fingerprint": self.plan.fingerprint(chunk),
+            "size": size,
+            "checksum": checksum,
+            "skipped": skipped,
+        }
+        with open(self.dst / JOURNAL, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def content(self) -> IndexContent:
+        """The index of what was written (skipped members and emptied samples left out)."""
+        plan, tree = self.plan, self.tree
+        kept = self.offset >= 0
+        if not kept.any():
+            raise EmptySourceError(f"{self.dst}: every source file was skipped; nothing to index")
+        member_sample = plan.member_sample[kept]
+        samples, counts = np.unique(member_sample, return_counts=True)
+        start = np.zeros(len(samples) + 1, dtype=np.uint64)
+        np.cumsum(counts, out=start[1:])
+        sizes = np.fromiter((f.size for f in plan.files), dtype=np.uint64, count=len(plan.files))
+        return IndexContent(
+            keys=[tree.samples[i].key for i in samples.tolist()],
+            labels=np.asarray([tree.samples[i].label for i in samples.tolist()], dtype=np.int32),
+            member_start=start,
+            member_chunk=plan.member_chunk[kept].astype(np.uint32),
+            member_offset=self.offset[kept].astype(np.uint64),
+            member_length=sizes[kept],
+            member_ext=plan.member_ext[kept],
+            exts=plan.exts,
+            chunk_names=[chunk_file_name(c) for c in range(plan.num_chunks)],
+            chunk_size=self.chunk_size,
+            chunk_checksum=self.chunk_checksum,
+            classes=tree.classes,
+            extra={"skipped": len(tree.skipped), "chunk_target_bytes": plan.chunk_size},
+        )
+
+
+@contextlib.contextmanager
+def _exclusive(dst: Path) -> Iterator[None]:
+    """One pack at a time per destination; the kernel drops the lock if the process dies."""
+    fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PackError(f"{dst}: another `tierfeed pack` is writing here") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _prepare(src: Path, dst: Path, options: PackOptions) -> None:
+    if not src.is_dir():
+        raise PackError(f"{src}: not a directory; pack takes a source directory")
+    if dst.resolve() == src.resolve():
+        raise PackError(f"{dst}: the destination must differ from the source")
+    index = dst / INDEX_NAME
+    if index.exists():
+        if not options.overwrite:
+            raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
+        index.unlink()  # first, so that an interrupted re-pack leaves no store that opens
+        with contextlib.suppress(FileNotFoundError):
+            (dst / JOURNAL).unlink()
+
+
+def _cleanup(dst: Path, num_chunks: int) -> None:
+    """Remove partial chunks and chunks beyond this pack's count (from an earlier pack)."""
+    for path in (dst / "chunks").iterdir():
+        stem = path.name.split(".", 1)[0]
+        stale = path.name.endswith(".partial") or (stem.isdigit() and int(stem) >= num_chunks)
+        if stale and path.name.endswith((".tar", ".partial")):
+            path.unlink()
+
+
+def pack(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    options: PackOptions | None = None,
+    files: str | os.PathLike[str] | None = None,
+) -> PackReport:
+    """Pack the files under ``src`` (or those listed in ``files``) into a store at ``dst``.
+
+    Args:
+        src: the source directory; paths in the store are relative to it.
+        dst: the store directory (created if missing).
+        options: chunk size, readers, labels, skipping.
+        files: a file listing paths relative to ``src``, one per line, instead of a walk.
+
+    Returns:
+        What was packed, and what was skipped when skipping was asked for.
+    """
+    options = options or PackOptions()
+    src_path, dst_path = Path(src), Path(dst)
+    started = time.perf_counter()
+    (dst_path / "chunks").mkdir(parents=True, exist_ok=True)
+    with _exclusive(dst_path):
+        _prepare(src_path, dst_path, options)
+        skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
+        if files is not None:
+            listing = list_files(src_path, Path(files), skipped)
+        else:
+            listing = walk_tree(src_path, skipped, exclude=dst_path)
+        tree = group_samples(listing, options.labels, src_path)
+        tree.skipped = skipped or []
+        plan = plan_pack(tree, options.chunk_size)
+        packer = _Packer(dst_path, plan, options, tree)
+        total = sum(f.size for f in plan.files)
+        with tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="pack",
+            disable=not options.progress,
+            dynamic_ncols=True,
+        ) as bar:
+            packer.run(bar)
+        content = packer.content()
+        _cleanup(dst_path, plan.num_chunks)
+        write_index(dst_path / INDEX_NAME, content)
+        with contextlib.suppress(FileNotFoundError):
+            (dst_path / JOURNAL).unlink()
+    return PackReport(
+        store=dst_path,
+        samples=len(content.keys),
+        members=len(content.member_offset),
+        chunks=plan.num_chunks,
+        data_bytes=int(content.member_length.sum()),
+        chunk_bytes=int(packer.chunk_size.sum()),
+        seconds=time.perf_counter() - started,
+        resumed_chunks=packer.resumed,
+        skipped=tree.skipped,
+    )

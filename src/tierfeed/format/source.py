@@ -1,0 +1,196 @@
+"""What to pack: walk a source tree or read a file list into sorted samples with labels."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tierfeed.errors import DuplicateKeyError, EmptySourceError, PackError, UnreadableFileError
+from tierfeed.format.names import label_dir, split_key
+
+__all__ = [
+    "SourceFile",
+    "SourceSample",
+    "SourceTree",
+    "assign_labels",
+    "group_samples",
+    "list_files",
+    "walk_tree",
+]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to pack: its path in the store, where to read it, and its stat."""
+
+    rel: bytes
+    abs: bytes
+    size: int
+    mtime: int
+    mode: int
+
+
+@dataclass
+class SourceSample:
+    """Files sharing a key, sorted by extension."""
+
+    key: bytes
+    files: list[tuple[bytes, SourceFile]]  # (ext, file)
+    label: int = -1
+
+
+@dataclass
+class SourceTree:
+    """The sorted samples of a source, its class names and what was skipped."""
+
+    samples: list[SourceSample]
+    classes: list[str]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+
+
+def _unreadable(path: bytes, reason: str) -> UnreadableFileError:
+    return UnreadableFileError(
+        f"{os.fsdecode(path)}: {reason}; fix or remove it, or pass --skip-unreadable to skip "
+        "such files (they are then counted and listed)"
+    )
+
+
+def _stat_file(rel: bytes, path: bytes, skipped: list[tuple[str, str]] | None) -> SourceFile | None:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        reason = "broken symlink" if os.path.islink(path) else (exc.strerror or str(exc))
+        if skipped is None:
+            raise _unreadable(path, reason) from None
+        skipped.append((os.fsdecode(rel), reason))
+        return None
+    return SourceFile(rel, path, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
+
+
+def walk_tree(
+    root: Path, skipped: list[tuple[str, str]] | None = None, exclude: Path | None = None
+) -> list[SourceFile]:
+    """Every regular file under ``root`` (symlinks followed, loops refused), sorted by path.
+
+    Args:
+        root: the source directory.
+        skipped: collect unreadable files here instead of raising.
+        exclude: a directory to leave out (the destination when it lies inside the source).
+
+    Raises:
+        UnreadableFileError: a file or directory cannot be read, or a symlink loops.
+    """
+    base = os.fsencode(root)
+    excluded = os.stat(exclude) if exclude is not None and exclude.exists() else None
+    found: list[SourceFile] = []
+    # Depth-first with the (dev, inode) of every directory on the current path, so that a
+    # symlink pointing back up the tree is caught instead of walked forever.
+    stack: list[tuple[bytes, tuple[tuple[int, int], ...]]] = [(b"", ())]
+    while stack:
+        rel_dir, ancestors = stack.pop()
+        path = os.path.join(base, rel_dir) if rel_dir else base
+        try:
+            st = os.stat(path)
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError as exc:
+            raise _unreadable(path, f"cannot list directory ({exc.strerror})") from None
+        ident = (st.st_dev, st.st_ino)
+        if ident in ancestors:
+            raise _unreadable(path, "symlink loop (it leads back to one of its parents)")
+        if excluded is not None and ident == (excluded.st_dev, excluded.st_ino):
+            continue
+        for entry in reversed(entries):
+            rel = rel_dir + b"/" + entry.name if rel_dir else entry.name
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                stack.append((rel, (*ancestors, ident)))
+            elif entry.is_symlink() or entry.is_file():
+                info = _stat_file(rel, entry.path, skipped)
+                if info is not None:
+                    found.append(info)
+    found.sort(key=lambda f: f.rel)
+    return found
+
+
+def list_files(
+    root: Path, listing: Path, skipped: list[tuple[str, str]] | None
+) -> list[SourceFile]:
+    """The files named in ``listing`` (one path relative to ``root`` per line), sorted."""
+    base = os.fsencode(root)
+    found: list[SourceFile] = []
+    raw_lines = listing.read_bytes().splitlines()
+    for lineno, line in enumerate(raw_lines, 1):
+        rel = line.strip(b"/").rstrip(b"\r")
+        if not rel:
+            continue
+        if b"\0" in rel or b".." in rel.split(b"/"):
+            raise UnreadableFileError(
+                f"{listing}:{lineno}: path {os.fsdecode(rel)!r} leaves the source directory"
+            )
+        info = _stat_file(rel, os.path.join(base, rel), skipped)
+        if info is not None:
+            found.append(info)
+    found.sort(key=lambda f: f.rel)
+    return found
+
+
+def group_samples(files: Iterable[SourceFile], labels: str, source: Path) -> SourceTree:
+    """Group files into samples by key; derive ImageFolder labels when asked.
+
+    Args:
+        files: the files, sorted by path.
+        labels: ``"auto"`` (class = first directory when every file has one), ``"folder"``
+            (the same, but required), or ``"none"``.
+        source: the source, for error messages.
+    """
+    by_key: dict[bytes, SourceSample] = {}
+    for f in files:
+        key, ext = split_key(f.rel)
+        sample = by_key.setdefault(key, SourceSample(key, []))
+        if any(e == ext for e, _ in sample.files):
+            raise DuplicateKeyError(
+                f"{source}: {os.fsdecode(f.rel)!r} is listed twice (sample key "
+                f"{os.fsdecode(key)!r}, extension {os.fsdecode(ext)!r}); remove the duplicate"
+            )
+        sample.files.append((ext, f))
+    if not by_key:
+        raise EmptySourceError(f"{source}: no file to pack (the source is empty)")
+    samples = [by_key[k] for k in sorted(by_key)]
+    for s in samples:
+        s.files.sort(key=lambda item: item[0])
+    labels_of, classes = assign_labels([s.key for s in samples], labels, source)
+    for s, label in zip(samples, labels_of, strict=True):
+        s.label = label
+    return SourceTree(samples, classes)
+
+
+def assign_labels(keys: list[bytes], mode: str, source: Path) -> tuple[list[int], list[str]]:
+    """ImageFolder labels of sample keys: the class is the first directory of the path.
+
+    Args:
+        keys: sample keys in store order.
+        mode: ``auto`` (labels when every key has a directory, else all -1), ``folder``
+            (require one) or ``none`` (all -1).
+        source: the source, for error messages.
+
+    Returns:
+        (label per key, sorted class names).
+    """
+    dirs = [label_dir(k) for k in keys]
+    if mode != "none" and all(d is not None for d in dirs):
+        names = sorted({d for d in dirs if d is not None})
+        number = {n: i for i, n in enumerate(names)}
+        return [number[d] for d in dirs if d is not None], [os.fsdecode(n) for n in names]
+    if mode == "folder":
+        top = next(k for k, d in zip(keys, dirs, strict=True) if d is None)
+        raise PackError(
+            f"{source}: --labels folder needs every file inside a class directory, but "
+            f"{os.fsdecode(top)!r} is at the top level"
+        )
+    return [-1] * len(keys), []
