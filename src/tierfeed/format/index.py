@@ -47,6 +47,7 @@ class IndexContent:
     member_chunk: npt.NDArray[np.uint32]
     member_offset: npt.NDArray[np.uint64]
     member_length: npt.NDArray[np.uint64]
+    member_checksum: npt.NDArray[np.uint64]
     member_ext: npt.NDArray[np.uint16]
     exts: list[bytes]
     chunk_names: list[str]
@@ -93,6 +94,7 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
         "member_chunk": content.member_chunk,
         "member_offset": content.member_offset,
         "member_length": content.member_length,
+        "member_checksum": content.member_checksum,
         "member_ext": content.member_ext,
         "path_order": _path_order(content),
         "keys": keys,
@@ -228,6 +230,7 @@ class Index:
         self.member_chunk: npt.NDArray[np.uint32] = arrays["member_chunk"]
         self.member_offset: npt.NDArray[np.uint64] = arrays["member_offset"]
         self.member_length: npt.NDArray[np.uint64] = arrays["member_length"]
+        self.member_checksum: npt.NDArray[np.uint64] = arrays["member_checksum"]
         self.member_ext: npt.NDArray[np.uint16] = arrays["member_ext"]
         self.path_order: npt.NDArray[np.unsignedinteger[Any]] = arrays["path_order"]
         self._keys: npt.NDArray[np.uint8] = arrays["keys"]

@@ -7,7 +7,7 @@ offset 0   b"TIERFEED"                 magic, 8 bytes
       16   H bytes of JSON             counts, classes, extensions, section table, checksum
       ...  sections, each 64-byte aligned, raw little-endian numpy arrays
 ```
-Per sample 24 bytes and per member 26 bytes (plus the key bytes): a 10M-sample index opens
+Per sample 24 bytes and per member 34 bytes (plus the key bytes): a 10M-sample index opens
 by memory-mapping these arrays, without reading them.
 """
 
@@ -41,6 +41,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "member_chunk": ("<u4", "m"),
     "member_offset": ("<u8", "m"),  # offset of the member's data in its chunk
     "member_length": ("<u8", "m"),
+    "member_checksum": ("<u8", "m"),  # xxh3_64 of the member data: reads check it
     "member_ext": ("<u2", "m"),  # index into the header's extension table
     "path_order": ("<u4", "m"),  # member ids sorted by path bytes (path lookup, listdir)
     "keys": ("u1", "blob"),

@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tierfeed.errors import ConfigError, EmptySourceError, PackError, UnreadableFileError
-from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.packplan import PackPlan, plan_pack
@@ -107,6 +107,7 @@ class _Packer:
         self.dst, self.plan, self.options, self.tree = dst, plan, options, tree
         n = plan.num_chunks
         self.offset = np.full(len(plan.files), -1, dtype=np.int64)  # -1: skipped
+        self.member_sum = np.zeros(len(plan.files), dtype=np.uint64)
         self.chunk_size = np.zeros(n, dtype=np.uint64)
         self.chunk_checksum = np.zeros(n, dtype=np.uint64)
         self.journal = self._load_journal()
@@ -136,14 +137,14 @@ class _Packer:
         try:
             if entry["size"] != size or path.stat().st_size != size:
                 return False
-            hasher = new_hasher()
-            with open(path, "rb") as fh:
-                while block := fh.read(8 * 2**20):
-                    hasher.update(block)
+            data = path.read_bytes()
         except (OSError, KeyError):
             return False
-        if hasher.intdigest() != entry["checksum"]:
+        if checksum_bytes(data) != entry["checksum"]:
             return False
+        view = memoryview(data)
+        for m, off in zip(members, offsets, strict=True):
+            self.member_sum[m] = checksum_bytes(view[off : off + self.plan.files[m].size])
         self.offset[members] = offsets
         self.chunk_size[chunk], self.chunk_checksum[chunk] = size, entry["checksum"]
         self.tree.skipped.extend(
@@ -202,6 +203,7 @@ class _Packer:
                     self.tree.skipped.append((os.fsdecode(self.plan.files[m].rel), str(data)))
                     continue
                 self.offset[m] = writer.add(self.plan.header(m), data)
+                self.member_sum[m] = checksum_bytes(data)
                 self.files_done += 1
                 bar.set_postfix(files=self.files_done, refresh=False)
                 bar.update(len(data))
@@ -240,6 +242,7 @@ class _Packer:
             member_chunk=plan.member_chunk[kept].astype(np.uint32),
             member_offset=self.offset[kept].astype(np.uint64),
             member_length=sizes[kept],
+            member_checksum=self.member_sum[kept],
             member_ext=plan.member_ext[kept],
             exts=plan.exts,
             chunk_names=[chunk_file_name(c) for c in range(plan.num_chunks)],

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tierfeed.errors import BadMemberError, DuplicateKeyError, EmptySourceError, PackError
-from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.chunkref import checksum_bytes, new_hasher
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
@@ -45,6 +45,7 @@ class _Collected:
     chunk: list[int] = field(default_factory=list)
     offset: list[int] = field(default_factory=list)
     length: list[int] = field(default_factory=list)
+    checksum: list[int] = field(default_factory=list)
     ext: list[bytes] = field(default_factory=list)
     seen_paths: set[bytes] = field(default_factory=set)
     seen_keys: set[bytes] = field(default_factory=set)
@@ -74,6 +75,18 @@ def _checksum(path: Path, bar: tqdm[object]) -> tuple[int, int]:
 
 def _add_shard(
     got: _Collected, chunk: int, shard: Path, skip_bad: bool, skipped: list[tuple[str, str]]
+) -> None:
+    with open(shard, "rb") as fh:
+        _add_members(got, chunk, shard, fh.fileno(), skip_bad, skipped)
+
+
+def _add_members(
+    got: _Collected,
+    chunk: int,
+    shard: Path,
+    fd: int,
+    skip_bad: bool,
+    skipped: list[tuple[str, str]],
 ) -> None:
     for member in scan_tar(shard):
         if member.is_dir:
@@ -105,6 +118,7 @@ def _add_shard(
         got.chunk.append(chunk)
         got.offset.append(member.offset)
         got.length.append(member.size)
+        got.checksum.append(checksum_bytes(os.pread(fd, member.size, member.offset)))
         got.ext.append(ext)
 
 
@@ -153,6 +167,7 @@ def index_shards(
         member_chunk=np.asarray(got.chunk, dtype=np.uint32),
         member_offset=np.asarray(got.offset, dtype=np.uint64),
         member_length=np.asarray(got.length, dtype=np.uint64),
+        member_checksum=np.asarray(got.checksum, dtype=np.uint64),
         member_ext=np.asarray([ext_id[e] for e in got.ext], dtype=np.uint16),
         exts=exts,
         chunk_names=names,
