@@ -130,10 +130,11 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
     sections: dict[str, list[int]] = {name: [0, len(data)] for name, data in payloads}
     header["sections"] = sections
     header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + _PREFIX.size)
-    offset = header_len
+    offset = end = header_len
     for name, data in payloads:
         sections[name] = [offset, len(data)]
-        offset = aligned(offset + len(data))
+        end = offset + len(data)
+        offset = aligned(end)
     blob = json.dumps(header).encode()
     head = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
     if len(head) > header_len:
@@ -144,7 +145,7 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
         for name, data in payloads:
             f.seek(sections[name][0])
             f.write(data)
-        f.truncate(offset)
+        f.truncate(end)  # no padding after the last section: truncation is always seen
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
