@@ -73,3 +73,15 @@ def test_find_sample_with_prefix_neighbours(tmp_path: Path) -> None:
             assert i is not None and ix.key(i) == key
         assert ix.find_sample("d/b") is None
         assert store.listdir("d") == ["a", "a-b.jpg", "a.jpg"]
+
+
+@settings(max_examples=300)
+@given(
+    st.binary(min_size=1, max_size=130).filter(lambda b: b"\0" not in b),
+    st.integers(0, 2**40),
+    st.integers(-(2**33), 2**36),
+)
+def test_header_length_shortcut_matches_tarfile(path: bytes, size: int, mtime: int) -> None:
+    from tierfeed.format.tarchunk import header_length, member_header
+
+    assert header_length(path, size, mtime) == len(member_header(path, size, mtime))

@@ -28,7 +28,7 @@ from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.packplan import PackPlan, plan_pack
 from tierfeed.format.source import SourceFile, SourceTree, group_samples, list_files, walk_tree
-from tierfeed.format.tarchunk import ChunkWriter
+from tierfeed.format.tarchunk import ChunkWriter, sync_files
 
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
@@ -335,6 +335,7 @@ def pack(
             packer.run(bar)
         content = packer.content()
         _cleanup(dst_path, plan.num_chunks)
+        sync_files([dst_path / chunk_file_name(c) for c in range(plan.num_chunks)])
         write_index(dst_path / INDEX_NAME, content)
         with contextlib.suppress(FileNotFoundError):
             (dst_path / JOURNAL).unlink()

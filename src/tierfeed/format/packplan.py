@@ -13,7 +13,7 @@ import numpy.typing as npt
 import xxhash
 
 from tierfeed.format.source import SourceFile, SourceTree
-from tierfeed.format.tarchunk import BLOCK, member_header, padding
+from tierfeed.format.tarchunk import BLOCK, header_length, member_header, padding
 
 __all__ = ["PackPlan", "plan_pack"]
 
@@ -82,7 +82,7 @@ def plan_pack(tree: SourceTree, chunk_size: int) -> PackPlan:
     exts = sorted(set(ext_of))
     ext_id = {e: i for i, e in enumerate(exts)}
     header_len = np.fromiter(
-        (len(member_header(f.rel, f.size, f.mtime, f.mode)) for f in files),
+        (header_length(f.rel, f.size, f.mtime) for f in files),
         dtype=np.int64,
         count=len(files),
     )

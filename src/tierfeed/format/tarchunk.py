@@ -17,7 +17,16 @@ from pathlib import Path
 from tierfeed.errors import ChunkCorruptError, FormatError
 from tierfeed.format.chunkref import new_hasher
 
-__all__ = ["BLOCK", "ChunkWriter", "TarMember", "member_header", "padding", "scan_tar"]
+__all__ = [
+    "BLOCK",
+    "ChunkWriter",
+    "TarMember",
+    "header_length",
+    "member_header",
+    "padding",
+    "scan_tar",
+    "sync_files",
+]
 
 BLOCK = 512
 _END = b"\0" * (2 * BLOCK)  # end-of-archive marker: two zero blocks
@@ -26,6 +35,23 @@ _END = b"\0" * (2 * BLOCK)  # end-of-archive marker: two zero blocks
 def padding(size: int) -> int:
     """Bytes of zero padding after a member of ``size`` bytes."""
     return -size % BLOCK
+
+
+def header_length(path: bytes, size: int, mtime: int) -> int:
+    """Length of `member_header`'s result, without building it in the common ustar case."""
+    if len(path) <= 100 and path.isascii() and 0 <= size < 8**11 and 0 <= mtime < 8**11:
+        return BLOCK  # a plain ustar header: no pax record needed
+    return len(member_header(path, size, mtime))
+
+
+def sync_files(paths: list[Path]) -> None:
+    """fsync ``paths`` and their directories, so what is published later is on disk first."""
+    for path in [*paths, *{p.parent for p in paths}]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> bytes:
@@ -61,11 +87,14 @@ class ChunkWriter:
         return offset
 
     def commit(self) -> tuple[int, int]:
-        """Finish the archive, fsync, rename to the final name; returns (size, checksum)."""
+        """Finish the archive and rename it to the final name; returns (size, checksum).
+
+        No fsync here: the pack syncs every chunk once before it publishes the index (see
+        `sync_files`), which lets the kernel write back while the next chunk is filled.
+        """
         self._hasher.update(_END)
         os.write(self._fd, _END)
         self.size += len(_END)
-        os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
         os.replace(self._tmp, self.path)

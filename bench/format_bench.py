@@ -1,0 +1,142 @@
+"""Benchmarks of the format: pack throughput against `tar -cf`, index open time and memory.
+
+Usage:
+    python bench/format_bench.py pack --files 10000 --runs 3
+    python bench/format_bench.py index --samples 1000000 10000000
+
+Both tools read the same page-cached tree and write to the same disk; runs alternate
+(tar, pack, tar, pack, ...) so the machine's noise hits both alike, and medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tierfeed.format.pack import PackOptions, pack
+from tierfeed.synth import SynthSpec, make_imagefolder
+
+_OPEN_CHILD = """
+import json, os, sys, time, resource
+import numpy as np
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+from tierfeed.format.index import Index
+before = rss()
+t0 = time.perf_counter()
+ix = Index(sys.argv[1])
+opened = time.perf_counter() - t0
+after_open = rss()
+rng = np.random.default_rng(0)
+t1 = time.perf_counter()
+for i in rng.integers(0, ix.num_samples, size=10000).tolist():
+    ix.key(i); ix.member_offset[ix.members(i).start]
+lookup_us = (time.perf_counter() - t1) / 10000 * 1e6
+t2 = time.perf_counter()
+for i in rng.integers(0, ix.num_samples, size=1000).tolist():
+    assert ix.find_sample(ix.key(i)) == i
+path_us = (time.perf_counter() - t2) / 1000 * 1e6
+after_lookups = rss()
+print(json.dumps(dict(open_s=opened, open_rss=after_open - before,
+      lookups_rss=after_lookups - before, lookup_us=lookup_us, path_lookup_us=path_us)))
+"""
+
+
+def bench_pack(files: int, runs: int, workdir: Path) -> dict[str, object]:
+    src = workdir / "src"
+    spec = SynthSpec(classes=100, per_class=files // 100, seed=3)
+    total = make_imagefolder(src, spec)
+    # Warm the page cache for both tools alike.
+    subprocess.run(["tar", "-cf", "/dev/null", "-C", str(src), "."], check=True)
+    tar_s, pack_s = [], []
+    for _ in range(runs):
+        out = workdir / "out.tar"
+        t0 = time.perf_counter()
+        subprocess.run(["tar", "-cf", str(out), "-C", str(src), "."], check=True)
+        os.sync()
+        tar_s.append(time.perf_counter() - t0)
+        out.unlink()
+        dst = workdir / "store"
+        t0 = time.perf_counter()
+        pack(src, dst, PackOptions(progress=False))
+        os.sync()
+        pack_s.append(time.perf_counter() - t0)
+        shutil.rmtree(dst)
+    mb = total / 1e6
+    tar_mbps = mb / statistics.median(tar_s)
+    pack_mbps = mb / statistics.median(pack_s)
+    return {
+        "files": spec.classes * spec.per_class,
+        "bytes": total,
+        "runs": runs,
+        "tar_s": tar_s,
+        "pack_s": pack_s,
+        "tar_MBps_median": round(tar_mbps, 1),
+        "pack_MBps_median": round(pack_mbps, 1),
+        "pack_over_tar": round(pack_mbps / tar_mbps, 3),
+    }
+
+
+def bench_index(samples: int, workdir: Path) -> dict[str, object]:
+    from tierfeed.format.synthindex import synthetic_index
+
+    path = workdir / f"index-{samples}.tfi"
+    t0 = time.perf_counter()
+    synthetic_index(path, samples)
+    build_s = time.perf_counter() - t0
+    path.read_bytes()  # warm the page cache for every run alike
+    results = []
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", _OPEN_CHILD, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        results.append(json.loads(done.stdout))
+    size = path.stat().st_size
+    path.unlink()
+    med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+    return {
+        "samples": samples,
+        "build_s": round(build_s, 1),
+        "file_bytes_per_sample": round(size / samples, 1),
+        "open_s_median": round(med["open_s"], 4),
+        "open_rss_bytes_per_sample": round(med["open_rss"] / samples, 3),
+        "rss_after_10k_lookups_bytes_per_sample": round(med["lookups_rss"] / samples, 3),
+        "lookup_by_id_us": round(med["lookup_us"], 2),
+        "lookup_by_key_us": round(med["path_lookup_us"], 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("--files", type=int, default=10000)
+    p.add_argument("--runs", type=int, default=3)
+    i = sub.add_parser("index")
+    i.add_argument("--samples", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        if args.what == "pack":
+            print(json.dumps(bench_pack(args.files, args.runs, Path(tmp)), indent=1))
+        else:
+            for n in args.samples:
+                print(json.dumps(bench_index(n, Path(tmp)), indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
