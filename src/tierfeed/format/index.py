@@ -260,7 +260,8 @@ class Index:
 
     def member_owner(self, member: int) -> int:
         """The sample a member belongs to (binary search over member starts)."""
-        return int(np.searchsorted(self.sample_member_start, member, side="right")) - 1
+        # A typed scalar: with a Python int numpy would cast the whole uint64 array first.
+        return int(np.searchsorted(self.sample_member_start, np.uint64(member), "right")) - 1
 
     def member_path_bytes(self, member: int) -> bytes:
         """The original relative path of a member: its sample's key plus its extension."""

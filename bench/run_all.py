@@ -1,0 +1,34 @@
+"""`make bench`: run every benchmark of this repository and print their JSON results.
+
+Benchmarks are never part of the tests; their figures go into docs/BENCHMARKS.md next to
+the exact command that produced them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+RUNS: list[list[str]] = [
+    ["format_bench.py", "pack", "--files", "10000", "--runs", "3"],
+    ["format_bench.py", "index", "--samples", "1000000"],
+]
+
+
+def main() -> int:
+    """Run each benchmark that exists; returns non-zero if one fails."""
+    failed = 0
+    for args in RUNS:
+        script = HERE / args[0]
+        if not script.exists():
+            continue
+        print(f"== {' '.join(args)}", flush=True)
+        failed |= subprocess.run([sys.executable, str(script), *args[1:]]).returncode
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
