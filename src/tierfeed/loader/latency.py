@@ -1,0 +1,88 @@
+"""Deadlines from recent read latencies: fixed, or k times a running high percentile."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from tierfeed.errors import ConfigError
+
+__all__ = ["DeadlineOptions", "LatencyTracker"]
+
+
+@dataclass(frozen=True)
+class DeadlineOptions:
+    """When a read counts as late, and what happens then.
+
+    Attributes:
+        enabled: the guard is on; off gives the plan's exact order (reads still prefetch).
+        fixed_ms: a fixed deadline in ms; None means adaptive.
+        k: adaptive deadline = k x the ``quantile`` of the last ``history`` read latencies.
+        quantile: the running percentile the adaptive deadline follows.
+        history: how many recent latencies the percentile is taken over.
+        floor_ms: the adaptive deadline is never shorter than this.
+        warmup: reads observed before the adaptive deadline applies (until then: no deferral
+            shorter than ``floor_ms`` x 10).
+        hedge_after_ms: issue a second read from another source after this long; None: no
+            hedging. ``0`` hedges at the deadline.
+        hard_timeout_s: a read still missing after this long is an error naming it.
+    """
+
+    enabled: bool = True
+    fixed_ms: float | None = None
+    k: float = 4.0
+    quantile: float = 0.99
+    history: int = 2048
+    floor_ms: float = 2.0
+    warmup: int = 32
+    hedge_after_ms: float | None = None
+    hard_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.fixed_ms is not None and self.fixed_ms <= 0:
+            raise ConfigError(f"fixed deadline must be > 0 ms, got {self.fixed_ms}")
+        if self.k <= 0 or not 0 < self.quantile < 1 or self.history < 8:
+            raise ConfigError(f"bad adaptive deadline settings: {self}")
+        if self.hard_timeout_s <= 0:
+            raise ConfigError(f"hard timeout must be > 0 s, got {self.hard_timeout_s}")
+
+
+class LatencyTracker:
+    """A ring of recent latencies (seconds) and the deadline they imply; thread-safe."""
+
+    def __init__(self, options: DeadlineOptions) -> None:
+        self.options = options
+        self._ring = np.zeros(options.history, dtype=np.float64)
+        self._count = 0
+        self._cached: float | None = None
+        self._mutex = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        """Record one completed read's latency."""
+        with self._mutex:
+            self._ring[self._count % len(self._ring)] = seconds
+            self._count += 1
+            if self._count % 32 == 0:
+                self._cached = None  # recompute the percentile now and then, not per read
+
+    def deadline(self) -> float:
+        """Seconds a due read may take before it counts as late."""
+        o = self.options
+        if o.fixed_ms is not None:
+            return o.fixed_ms / 1000.0
+        with self._mutex:
+            if self._count < o.warmup:
+                return o.floor_ms * 10 / 1000.0
+            if self._cached is None:
+                seen = self._ring[: min(self._count, len(self._ring))]
+                self._cached = float(np.quantile(seen, o.quantile))
+            return max(o.floor_ms / 1000.0, o.k * self._cached)
+
+    def hedge_after(self) -> float | None:
+        """Seconds after which a read is hedged, or None when hedging is off."""
+        h = self.options.hedge_after_ms
+        if h is None:
+            return None
+        return self.deadline() if h == 0 else h / 1000.0

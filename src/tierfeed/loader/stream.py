@@ -1,0 +1,290 @@
+"""The prefetch window with a deadline guard: dynamic I/O replacement that never drops a sample.
+
+Reads of the plan's next samples run ahead on a thread pool. The consumer gets samples in
+plan order while they arrive in time. When the sample due next misses its deadline, the
+oldest sample that is ready takes its place and the late one is deferred: its read goes on
+(optionally hedged by a second read from another source) and it is delivered as soon as it
+lands, ahead of anything younger. The window only slides forward past delivered samples, so
+a sample can be overtaken by at most ``window`` others, and the epoch ends only when every
+position of the order has been delivered exactly once, or with an error naming the read that
+exceeded the hard timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from tierfeed.errors import ConfigError, StuckReadError
+from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
+
+__all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
+
+T = TypeVar("T")
+_POLL_S = 0.005  # how often a blocked wait re-checks hedges and the hard timeout
+
+
+@dataclass(frozen=True)
+class PrefetchOptions:
+    """How far reads run ahead of the consumer.
+
+    Attributes:
+        window: samples in flight or ready ahead of the consumer.
+        window_bytes: bytes in flight or ready ahead of the consumer.
+        threads: reader threads (reads release the GIL while they wait on storage).
+    """
+
+    window: int = 64
+    window_bytes: int = 256 * 2**20
+    threads: int = 16
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.window_bytes < 1 or self.threads < 1:
+            raise ConfigError(f"prefetch window, bytes and threads must be >= 1: {self}")
+
+
+@dataclass
+class StreamCounters:
+    """What the guard did; read them live or after the epoch."""
+
+    delivered: int = 0
+    late: int = 0  # times the sample due next missed its deadline
+    deferred: int = 0  # samples delivered after a younger one took their place
+    hedges: int = 0  # second reads issued
+    hedge_wins: int = 0  # second reads that landed first
+    stall_s: float = 0.0  # time the consumer waited with nothing ready
+    waits: list[float] = field(default_factory=list)  # per-sample wait of the consumer (s)
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Resumable position in an order: every position < cursor and those in ahead are done."""
+
+    cursor: int = 0
+    ahead: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for a state_dict."""
+        return {"cursor": self.cursor, "ahead": list(self.ahead)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StreamState:
+        """Inverse of `to_dict`."""
+        return cls(int(d["cursor"]), tuple(int(p) for p in d["ahead"]))
+
+
+class _Entry(Generic[T]):
+    __slots__ = ("hedge", "nbytes", "primary", "started")
+
+    def __init__(self, primary: Future[T], nbytes: int) -> None:
+        self.primary = primary
+        self.hedge: Future[T] | None = None
+        self.started = time.monotonic()
+        self.nbytes = nbytes
+
+    def futures(self) -> list[Future[T]]:
+        return [self.primary] if self.hedge is None else [self.primary, self.hedge]
+
+    def done(self) -> bool:
+        return any(f.done() and f.exception() is None for f in self.futures()) or all(
+            f.done() for f in self.futures()
+        )
+
+
+class GuardedStream(Generic[T]):
+    """Iterate ``(sample id, value)`` over ``order`` with read-ahead and the deadline guard.
+
+    Args:
+        order: sample ids in plan order.
+        read: reads one sample (called on the pool's threads).
+        hedge: a second, independent way to read a sample (another tier, or the origin);
+            used only when ``deadline.hedge_after_ms`` is set.
+        size_of: bytes a sample will take, for the byte bound of the window.
+        describe: names a sample in errors (e.g. its key and chunk).
+        prefetch: window and thread settings.
+        deadline: guard settings.
+        state: where to resume in ``order``.
+        pool: a shared thread pool; by default the stream owns one.
+    """
+
+    def __init__(
+        self,
+        order: Sequence[int],
+        read: Callable[[int], T],
+        *,
+        hedge: Callable[[int], T] | None = None,
+        size_of: Callable[[int], int] | None = None,
+        describe: Callable[[int], str] | None = None,
+        prefetch: PrefetchOptions | None = None,
+        deadline: DeadlineOptions | None = None,
+        state: StreamState | None = None,
+        pool: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.order = order
+        self._read, self._hedge = read, hedge
+        self._size_of = size_of or (lambda _: 1)
+        self._describe = describe or (lambda i: f"sample {i}")
+        self.prefetch = prefetch or PrefetchOptions()
+        self.deadline = deadline or DeadlineOptions()
+        self.tracker = LatencyTracker(self.deadline)
+        self.counters = StreamCounters()
+        state = state or StreamState()
+        self._cursor = state.cursor
+        self._done: set[int] = set(state.ahead)  # delivered positions >= cursor
+        self._next = state.cursor  # next position to submit
+        self._window: dict[int, _Entry[T]] = {}
+        self._inflight_bytes = 0
+        self._deferred: set[int] = set()
+        self._own_pool = pool is None
+        self._pool = pool or ThreadPoolExecutor(
+            self.prefetch.threads, thread_name_prefix="tierfeed-read"
+        )
+        self._closed = threading.Event()
+
+    # --- bookkeeping ------------------------------------------------------------------
+
+    def state(self) -> StreamState:
+        """The position to resume from: exactly the positions delivered so far are skipped."""
+        return StreamState(self._cursor, tuple(sorted(self._done)))
+
+    def _submit(self, pos: int, fn: Callable[[int], T]) -> Future[T]:
+        sample = int(self.order[pos])
+        started = time.monotonic()
+        fut = self._pool.submit(fn, sample)
+        fut.add_done_callback(lambda _f: self.tracker.observe(time.monotonic() - started))
+        return fut
+
+    def _fill(self) -> None:
+        p = self.prefetch
+        while self._next < len(self.order) and len(self._window) < p.window:
+            if self._window and self._inflight_bytes >= p.window_bytes:
+                break
+            pos = self._next
+            self._next += 1
+            if pos in self._done:
+                continue
+            nbytes = self._size_of(int(self.order[pos]))
+            self._window[pos] = _Entry(self._submit(pos, self._read), nbytes)
+            self._inflight_bytes += nbytes
+
+    def _take(self, pos: int) -> tuple[int, T]:
+        entry = self._window.pop(pos)
+        self._inflight_bytes -= entry.nbytes
+        self._done.add(pos)
+        while self._cursor in self._done:
+            self._done.discard(self._cursor)
+            self._cursor += 1
+        value = self._result(entry)
+        self.counters.delivered += 1
+        if pos in self._deferred:
+            self._deferred.discard(pos)
+            self.counters.deferred += 1
+        return int(self.order[pos]), value
+
+    def _result(self, entry: _Entry[T]) -> T:
+        ok = [f for f in entry.futures() if f.done() and f.exception() is None]
+        if ok:
+            if ok[0] is entry.hedge or (entry.hedge is not None and entry.primary not in ok):
+                self.counters.hedge_wins += 1
+            return ok[0].result()
+        return entry.primary.result()  # both failed: raise the primary read's error
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def _hedge_late(self, now: float) -> None:
+        after = self.tracker.hedge_after()
+        if after is None or self._hedge is None:
+            return
+        for pos, entry in self._window.items():
+            if entry.hedge is None and not entry.primary.done() and now - entry.started > after:
+                entry.hedge = self._submit(pos, self._hedge)
+                self.counters.hedges += 1
+
+    def _check_stuck(self, head: int, now: float) -> None:
+        entry = self._window[head]
+        if now - entry.started > self.deadline.hard_timeout_s:
+            raise StuckReadError(
+                f"{self._describe(int(self.order[head]))}: read not done after "
+                f"{self.deadline.hard_timeout_s:.0f} s (hard timeout); the storage holding it "
+                "hangs - check it, or raise the hard timeout"
+            )
+
+    def _wait(self, entries: list[_Entry[T]], timeout: float) -> None:
+        futures = [f for e in entries for f in e.futures()]
+        wait(futures, timeout=max(0.0, timeout), return_when=FIRST_COMPLETED)
+
+    def _next_ready(self) -> int | None:
+        for pos in sorted(self._window):
+            if self._window[pos].done():
+                return pos
+        return None
+
+    def _pick(self) -> int:
+        """The position to deliver next: the head if in time, else the oldest ready one."""
+        head = min(self._window)
+        entry = self._window[head]
+        if not self.deadline.enabled:
+            while not entry.done():
+                self._check_stuck(head, time.monotonic())
+                self._wait([entry], _POLL_S * 20)
+            return head
+        due = time.monotonic() + self.tracker.deadline()
+        while not entry.done():
+            now = time.monotonic()
+            self._hedge_late(now)
+            if now >= due:
+                break
+            self._wait([entry], min(due - now, _POLL_S * 20))
+        if entry.done():
+            return head
+        self.counters.late += 1
+        while True:
+            ready = self._next_ready()
+            if ready is not None:
+                if ready != head:
+                    self._deferred.add(head)
+                return ready
+            now = time.monotonic()
+            self._check_stuck(head, now)
+            self._hedge_late(now)
+            self._wait(list(self._window.values()), _POLL_S * 20)
+
+    # --- iteration ----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[int, T]]:
+        try:
+            self._fill()
+            while self._window:
+                asked = time.monotonic()
+                pos = self._pick()
+                waited = time.monotonic() - asked
+                self.counters.waits.append(waited)
+                item = self._take(pos)
+                self._fill()
+                yield item
+        finally:
+            self._cancel_pending()
+
+    def _cancel_pending(self) -> None:
+        for entry in self._window.values():
+            for f in entry.futures():
+                f.cancel()
+
+    def close(self) -> None:
+        """Cancel reads not started and shut the owned pool down (joins its threads)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._cancel_pending()
+        if self._own_pool:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> GuardedStream[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,179 @@
+"""The deadline guard: exactly once whatever is late, deferral, hedging, hard timeout, resume."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierfeed.errors import StuckReadError
+from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
+
+FAST = DeadlineOptions(fixed_ms=15, hard_timeout_s=20)
+
+
+class Gate:
+    """Reads that block until the test opens them; every gate opens at teardown."""
+
+    def __init__(self, held: set[int]) -> None:
+        self.events = {i: threading.Event() for i in held}
+
+    def read(self, i: int) -> str:
+        if i in self.events:
+            self.events[i].wait(timeout=30)
+        return f"v{i}"
+
+    def open(self, i: int | None = None) -> None:
+        for k, e in self.events.items():
+            if i is None or k == i:
+                e.set()
+
+
+@pytest.fixture
+def gate() -> Iterator[Callable[[set[int]], Gate]]:
+    gates: list[Gate] = []
+
+    def make(held: set[int]) -> Gate:
+        gates.append(Gate(held))
+        return gates[-1]
+
+    yield make
+    for g in gates:
+        g.open()
+
+
+def ids(stream: GuardedStream[str]) -> list[int]:
+    return [i for i, _ in stream]
+
+
+@pytest.mark.timeout(30)
+def test_guard_off_gives_the_plans_exact_order() -> None:
+    rng = np.random.default_rng(1)
+    delays = rng.exponential(0.002, size=200)
+
+    def read(i: int) -> int:
+        time.sleep(delays[i])
+        return i * 10
+
+    order = list(rng.permutation(200))
+    with GuardedStream(order, read, deadline=DeadlineOptions(enabled=False)) as s:
+        got = list(s)
+    assert [i for i, _ in got] == order
+    assert all(v == i * 10 for i, v in got)
+
+
+@pytest.mark.timeout(30)
+def test_stalled_read_is_deferred_then_delivered(gate: Callable[[set[int]], Gate]) -> None:
+    g = gate({0})
+    stream = GuardedStream(list(range(20)), g.read, deadline=FAST)
+    out: list[int] = []
+    with stream:
+        for i, value in stream:
+            assert value == f"v{i}"
+            out.append(i)
+            if len(out) == 10:
+                g.open(0)
+    assert sorted(out) == list(range(20))
+    assert out[0] != 0 and 0 in out[:15]  # overtaken, then delivered soon after it landed
+    assert stream.counters.deferred == 1 and stream.counters.late >= 1
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_read_is_overtaken_by_at_most_the_window(gate: Callable[[set[int]], Gate]) -> None:
+    g = gate({3})
+    stream = GuardedStream(list(range(50)), g.read, deadline=FAST, prefetch=PrefetchOptions(8))
+    out: list[int] = []
+    with stream:
+        it = iter(stream)
+        out.extend(i for i, _ in itertools.islice(it, 10))
+        g.open(3)
+        out.extend(i for i, _ in it)
+    # With a window of 8, positions 0..2 and then at most 7 younger ones go before sample 3.
+    assert out.index(3) <= 3 + 7
+    assert sorted(out) == list(range(50))
+
+
+@pytest.mark.timeout(30)
+def test_hedge_lands_first(gate: Callable[[set[int]], Gate]) -> None:
+    g = gate({5})
+    options = DeadlineOptions(fixed_ms=10, hedge_after_ms=20, hard_timeout_s=20)
+    stream = GuardedStream(list(range(10)), g.read, hedge=lambda i: f"v{i}", deadline=options)
+    with stream:
+        got = dict(stream)
+        g.open()  # the primary read is still stalled; close() joins the pool's threads
+    assert got == {i: f"v{i}" for i in range(10)}
+    assert stream.counters.hedges == 1 and stream.counters.hedge_wins == 1
+
+
+@pytest.mark.timeout(30)
+def test_hard_timeout_names_the_stuck_sample(gate: Callable[[set[int]], Gate]) -> None:
+    g = gate({2})
+    options = DeadlineOptions(fixed_ms=5, hard_timeout_s=0.3)
+    stream = GuardedStream(
+        [0, 1, 2, 3], g.read, deadline=options, describe=lambda i: f"sample {i} (chunk 7)"
+    )
+    with stream:
+        with pytest.raises(StuckReadError, match=r"sample 2 \(chunk 7\).*hard timeout"):
+            list(stream)
+        g.open()
+
+
+@pytest.mark.timeout(30)
+def test_read_errors_surface() -> None:
+    def read(i: int) -> int:
+        if i == 4:
+            raise OSError("disk on fire")
+        return i
+
+    with GuardedStream(list(range(8)), read, deadline=FAST) as s, pytest.raises(OSError):
+        list(s)
+
+
+@pytest.mark.timeout(30)
+def test_resume_with_deferred_samples_in_flight(gate: Callable[[set[int]], Gate]) -> None:
+    g = gate({1, 2})
+    first = GuardedStream(list(range(30)), g.read, deadline=FAST)
+    with first:
+        taken = [i for i, _ in itertools.islice(iter(first), 12)]
+        state = StreamState.from_dict(first.state().to_dict())
+        g.open()  # close() joins the reads still in flight
+    assert 1 not in taken and 2 not in taken  # still stalled when we stopped
+    with GuardedStream(list(range(30)), g.read, deadline=FAST, state=state) as second:
+        rest = ids(second)
+    assert sorted(taken + rest) == list(range(30))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    window=st.integers(1, 16),
+    stalls=st.sets(st.integers(0, 59), max_size=5),
+    seed=st.integers(0, 2**16),
+    stop=st.integers(0, 60),
+)
+def test_exactly_once_under_injected_late_reads(n, window, stalls, seed, stop) -> None:
+    rng = np.random.default_rng(seed)
+    delay = rng.exponential(0.0005, size=n)
+    for s in stalls:
+        if s < n:
+            delay[s] = 0.03  # a stall: late against the 2 ms deadline below
+
+    def read(i: int) -> int:
+        time.sleep(delay[i])
+        return i
+
+    order = [int(x) for x in rng.permutation(n)]
+    options = DeadlineOptions(fixed_ms=2, hard_timeout_s=20)
+    prefetch = PrefetchOptions(window=window, threads=8)
+    with GuardedStream(order, read, deadline=options, prefetch=prefetch) as s:
+        first = [i for i, _ in itertools.islice(iter(s), stop)]
+        state = s.state()
+    with GuardedStream(order, read, deadline=options, prefetch=prefetch, state=state) as s:
+        rest = ids(s)  # type: ignore[arg-type]
+    assert sorted(first + rest) == list(range(n))
