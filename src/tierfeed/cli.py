@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "verify": "tierfeed.format.commands:register_verify",
     "slowfs": "tierfeed.slowfs.command:register",
     "simulate": "tierfeed.plan.command:register",
+    "report": "tierfeed.telemetry.command:register",
 }
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
