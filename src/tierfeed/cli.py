@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "slowfs": "tierfeed.slowfs.command:register",
     "simulate": "tierfeed.plan.command:register",
     "report": "tierfeed.telemetry.command:register",
+    "mount": "tierfeed.mount.command:register_mount",
+    "umount": "tierfeed.mount.command:register_umount",
 }
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]

@@ -158,7 +158,7 @@ class Index:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # chunk paths must not depend on a later chdir
         if self.path.is_dir():
             self.path = self.path / INDEX_NAME
         try:

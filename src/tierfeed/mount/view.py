@@ -1,0 +1,209 @@
+"""The read-only FUSE view of a store: the original tree, answered from the metadata snapshot.
+
+stat, readdir and open never reach the origin: they are answered from the index. Reads go to
+the store's chunk source (a plain directory, or the tier stack), one range read per request.
+Live counters are served at ``/.tierfeed/stats.json``, which is left out of listings.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mfusepy
+
+from tierfeed.errors import NotFoundError, TierfeedError
+from tierfeed.format.store import Store
+from tierfeed.telemetry.histogram import LatencyHistogram
+
+__all__ = ["STATS_DIR", "STATS_FILE", "StoreView"]
+
+STATS_DIR = ".tierfeed"
+STATS_FILE = "stats.json"
+_STATS_FH = 0  # file handle of the stats file; members use member id + 1
+_log = logging.getLogger("tierfeed.mount")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _erofs(*_args: object) -> int:
+    raise mfusepy.FuseOSError(errno.EROFS)
+
+
+class StoreView(mfusepy.Operations):  # type: ignore[misc]
+    """FUSE operations serving ``store`` read-only.
+
+    Args:
+        store: the opened store (its ``source`` serves the bytes).
+        extra_stats: returns more counters for the stats file (e.g. the tier stack's).
+        on_open: called with the chunk id when a file is opened (prefetch hints).
+    """
+
+    use_ns = True
+
+    def __init__(
+        self,
+        store: Store,
+        extra_stats: Callable[[], dict[str, Any]] | None = None,
+        on_open: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self._extra = extra_stats or dict
+        self._on_open = on_open
+        st = os.stat(store.index.path)
+        self._time_ns = st.st_mtime_ns
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._counts = {
+            "opens": 0,
+            "reads": 0,
+            "bytes": 0,
+            "getattrs": 0,
+            "readdirs": 0,
+            "errors": 0,
+        }
+        self._read_latency = LatencyHistogram()
+        self._mutex = threading.Lock()
+        self._started = time.time()
+
+    # --- helpers --------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._mutex:
+            self._counts[name] += n
+
+    def _attrs(self, is_dir: bool, size: int) -> dict[str, int]:
+        mode = (stat.S_IFDIR | 0o555) if is_dir else (stat.S_IFREG | 0o444)
+        t = self._time_ns
+        return {
+            "st_mode": mode,
+            "st_nlink": 2 if is_dir else 1,
+            "st_size": size,
+            "st_uid": self._uid,
+            "st_gid": self._gid,
+            "st_atime": t,
+            "st_mtime": t,
+            "st_ctime": t,
+            "st_blksize": 128 * 1024,
+            "st_blocks": (size + 511) // 512,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """The live counters served at /.tierfeed/stats.json."""
+        with self._mutex:
+            counts = dict(self._counts)
+            latency = self._read_latency.summary()
+        return {
+            "uptime_s": time.time() - self._started,
+            "view": counts,
+            "read_latency_s": latency,
+            **self._extra(),
+        }
+
+    def _stats_bytes(self) -> bytes:
+        return (json.dumps(self.stats(), indent=1, default=float) + "\n").encode()
+
+    @staticmethod
+    def _rel(path: str) -> str:
+        return path.lstrip("/")
+
+    def _lookup(self, path: str) -> tuple[bool, int, int]:
+        """(is_dir, size, member) of a path of the tree; ENOENT if absent."""
+        try:
+            found = self.store.stat(self._rel(path))
+        except NotFoundError:
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        return found.is_dir, found.size, found.member
+
+    # --- metadata: answered from the index ---------------------------------------------
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
+        self._count("getattrs")
+        rel = self._rel(path)
+        if rel == STATS_DIR:
+            return self._attrs(True, 0)
+        if rel == f"{STATS_DIR}/{STATS_FILE}":
+            return self._attrs(False, len(self._stats_bytes()))
+        is_dir, size, _ = self._lookup(path)
+        return self._attrs(is_dir, size)
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        self._count("readdirs")
+        rel = self._rel(path)
+        if rel == STATS_DIR:
+            return [".", "..", STATS_FILE]
+        try:
+            names = self.store.listdir(rel)
+        except NotFoundError:
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        return [".", "..", *names]
+
+    def open(self, path: str, fi: Any) -> int:
+        """Open for reading; the view is mounted with ``raw_fi`` to choose caching per file."""
+        if fi.flags & _WRITE_FLAGS:
+            raise mfusepy.FuseOSError(errno.EROFS)
+        if self._rel(path) == f"{STATS_DIR}/{STATS_FILE}":
+            fi.fh = _STATS_FH
+            fi.direct_io = 1  # live content: never from the page cache
+            return 0
+        is_dir, _, member = self._lookup(path)
+        if is_dir:
+            raise mfusepy.FuseOSError(errno.EISDIR)
+        self._count("opens")
+        if self._on_open is not None:
+            self._on_open(int(self.store.index.member_chunk[member]))
+        fi.fh = member + 1
+        fi.keep_cache = 1  # immutable data: keep what the page cache holds across opens
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        fh = int(fi.fh)
+        if fh == _STATS_FH:
+            return self._stats_bytes()[offset : offset + size]
+        member = fh - 1
+        ix = self.store.index
+        length = int(ix.member_length[member])
+        if offset >= length:
+            return b""
+        n = min(size, length - offset)
+        started = time.perf_counter()
+        try:
+            data = self.store.source.read_range(
+                int(ix.member_chunk[member]), int(ix.member_offset[member]) + offset, n
+            )
+        except TierfeedError as exc:
+            _log.error("read of %s failed: %s", path, exc)
+            with self._mutex:
+                self._counts["errors"] += 1
+            raise mfusepy.FuseOSError(errno.EIO) from None
+        with self._mutex:
+            self._counts["reads"] += 1
+            self._counts["bytes"] += len(data)
+            self._read_latency.add(time.perf_counter() - started)
+        return data
+
+    def release(self, path: str, fi: Any) -> int:
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        total = int(self.store.index.member_length.sum())
+        return {
+            "f_bsize": 4096,
+            "f_frsize": 4096,
+            "f_blocks": (total + 4095) // 4096,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": self.store.index.num_members,
+            "f_ffree": 0,
+            "f_namemax": 255,
+        }
+
+    # --- everything that would change the tree: read-only ------------------------------
+
+    write = truncate = mkdir = rmdir = unlink = rename = symlink = link = _erofs
+    chmod = chown = utimens = create = setxattr = removexattr = _erofs
