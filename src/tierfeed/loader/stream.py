@@ -19,6 +19,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from tierfeed.errors import ConfigError, StuckReadError
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
 
@@ -113,7 +116,7 @@ class GuardedStream(Generic[T]):
 
     def __init__(
         self,
-        order: Sequence[int],
+        order: Sequence[int] | npt.NDArray[np.integer[Any]],
         read: Callable[[int], T],
         *,
         hedge: Callable[[int], T] | None = None,

@@ -1,5 +1,7 @@
 """The PyTorch face of tierfeed: the only package that imports torch.utils.data."""
 
+from tierfeed.torch.dataset import Batch, Dataset, OrderPlan
 from tierfeed.torch.imagefolder import IMG_EXTENSIONS, ImageFolder, pil_loader
+from tierfeed.torch.loader import Loader
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolder", "pil_loader"]
+__all__ = ["IMG_EXTENSIONS", "Batch", "Dataset", "ImageFolder", "Loader", "OrderPlan", "pil_loader"]

@@ -1,0 +1,187 @@
+"""`tierfeed.torch.Dataset`: batches built in the workers from the plan, behind the deadline guard.
+
+Each DataLoader worker takes a disjoint slice of the rank's plan, reads it through a
+`GuardedStream` (read-ahead, deferral, hedging) and assembles whole batches, so one
+shared-memory transfer carries a batch rather than a sample. Every batch carries the worker's
+stream position, which is what makes `Loader.state_dict()` exact.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from tierfeed.config import world_from_env
+from tierfeed.errors import ConfigError
+from tierfeed.format.chunkref import ChunkSource
+from tierfeed.format.store import Sample, Store, open_store
+from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
+from tierfeed.world import World
+
+__all__ = ["Batch", "Dataset", "OrderPlan"]
+
+
+class OrderPlan(Protocol):
+    """What the dataset needs of a sampling plan: a rank's sample order for an epoch."""
+
+    def order(self, epoch: int, world: World) -> npt.NDArray[np.int64]:
+        """Sample ids this rank reads in ``epoch``, in order."""
+        ...
+
+
+@dataclass
+class Batch:
+    """A collated batch and where the worker that built it stands in its slice of the plan."""
+
+    data: Any
+    worker: int
+    epoch: int
+    state: dict[str, Any]
+    counters: dict[str, float]
+
+
+def _identity(sample: Sample) -> Any:
+    return sample
+
+
+class Dataset(IterableDataset[Batch]):
+    """Yields collated batches of decoded samples in the plan's order (guard permitting).
+
+    Args:
+        store: a store directory, or a function returning a ChunkSource-backed Store for this
+            process (e.g. over a tier stack).
+        plan: the sampling plan.
+        batch_size: samples per batch.
+        decode: Sample -> what the batch holds per sample (e.g. (tensor, label)).
+        collate: list of decoded samples -> batch (torch's default_collate by default).
+        drop_last: drop a worker's last short batch.
+        prefetch: read-ahead window per worker.
+        deadline: the deadline guard (on, adaptive, by default).
+        world: rank and world size; from torch.distributed or torchrun's environment if None.
+        hedge_source: a second ChunkSource to hedge late reads against (e.g. the origin).
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Callable[[], Store],
+        plan: OrderPlan,
+        batch_size: int,
+        decode: Callable[[Sample], Any] = _identity,
+        collate: Callable[[list[Any]], Any] = default_collate,
+        drop_last: bool = False,
+        prefetch: PrefetchOptions | None = None,
+        deadline: DeadlineOptions | None = None,
+        world: World | None = None,
+        hedge_source: Callable[[], ChunkSource] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self._opener: Callable[[], Store] = store if callable(store) else _Opener(Path(store))
+        self.plan, self.batch_size, self.decode, self.collate = plan, batch_size, decode, collate
+        self.drop_last = drop_last
+        self.prefetch = prefetch or PrefetchOptions()
+        self.deadline = deadline or DeadlineOptions()
+        self.world = world or _world()
+        self.hedge_source = hedge_source
+        self.epoch = 0
+        self.resume: dict[int, StreamState] = {}  # worker -> where to start (set by Loader)
+        self._store: Store | None = None
+        self._pid = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration reads (as DistributedSampler.set_epoch)."""
+        self.epoch = epoch
+
+    def store(self) -> Store:
+        """This process's store (opened lazily; workers open their own)."""
+        if self._store is None or self._pid != os.getpid():
+            self._store = self._opener()
+            self._pid = os.getpid()
+        return self._store
+
+    def worker_order(self, worker: int, num_workers: int) -> npt.NDArray[np.int64]:
+        """The slice of the rank's order that one worker reads: every num_workers-th sample."""
+        order = np.asarray(self.plan.order(self.epoch, self.world), dtype=np.int64)
+        return order[worker::num_workers]
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        store = self.store()
+        order = self.worker_order(worker, num_workers)
+        sizes = store.index.sample_bytes()
+        hedge = self._hedge_reader(store)
+        stream: GuardedStream[Any] = GuardedStream(
+            order,
+            lambda i: self.decode(store.read_sample(i)),
+            hedge=hedge,
+            size_of=lambda i: int(sizes[i]),
+            describe=lambda i: _describe(store, i),
+            prefetch=self.prefetch,
+            deadline=self.deadline,
+            state=self.resume.get(worker),
+        )
+        with stream:
+            yield from self._batches(stream, worker)
+
+    def _hedge_reader(self, store: Store) -> Callable[[int], Any] | None:
+        if self.hedge_source is None:
+            return None
+        second = Store(store.index, self.hedge_source())
+        return lambda i: self.decode(second.read_sample(i))
+
+    def _batches(self, stream: GuardedStream[Any], worker: int) -> Iterator[Batch]:
+        items: list[Any] = []
+        started = time.perf_counter()
+        for _, value in stream:
+            items.append(value)
+            if len(items) == self.batch_size:
+                yield self._batch(items, worker, stream, started)
+                items, started = [], time.perf_counter()
+        if items and not self.drop_last:
+            yield self._batch(items, worker, stream, started)
+
+    def _batch(
+        self, items: list[Any], worker: int, stream: GuardedStream[Any], started: float
+    ) -> Batch:
+        c = stream.counters
+        counters = {
+            "late": c.late,
+            "deferred": c.deferred,
+            "hedges": c.hedges,
+            "hedge_wins": c.hedge_wins,
+            "assemble_s": time.perf_counter() - started,
+        }
+        return Batch(self.collate(items), worker, self.epoch, stream.state().to_dict(), counters)
+
+
+@dataclass(frozen=True)
+class _Opener:
+    """Opens a store by path; picklable, so spawned workers can open their own."""
+
+    path: Path
+
+    def __call__(self) -> Store:
+        return open_store(self.path)
+
+
+def _describe(store: Store, sample: int) -> str:
+    chunk = store.chunks[int(store.index.sample_chunk[sample])]
+    return f"sample {store.index.key(sample)!r} (chunk {store.root / chunk.name})"
+
+
+def _world() -> World:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size())
+    return world_from_env()

@@ -1,0 +1,138 @@
+"""`tierfeed.torch.Loader`: a DataLoader over `Dataset` with exact resume and run telemetry."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from tierfeed.errors import ConfigError
+from tierfeed.loader import StreamState
+from tierfeed.telemetry import EpochMeter, RunRecorder
+from tierfeed.torch.dataset import Batch, Dataset
+
+__all__ = ["Loader"]
+
+
+class Loader:
+    """Iterate batches of a `Dataset` with PyTorch's DataLoader conventions.
+
+    Batches are assembled inside the workers (``batch_size=None`` for the DataLoader), so a
+    batch crosses from a worker to the trainer in one transfer. ``state_dict()`` records where
+    every worker stands in its slice of the plan, deferred samples included, and
+    ``load_state_dict()`` resumes exactly there.
+
+    Args:
+        dataset: the tierfeed Dataset (it holds batch size, plan and guard settings).
+        num_workers: DataLoader worker processes (0 reads in this process).
+        pin_memory: as DataLoader's.
+        prefetch_factor: batches each worker keeps ready (DataLoader's).
+        run_file: append per-epoch JSON-lines records here (for `tierfeed report`).
+        system: the name written into run records.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        run_file: str | os.PathLike[str] | None = None,
+        system: str = "tierfeed",
+    ) -> None:
+        if num_workers < 0:
+            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self._kwargs: dict[str, Any] = {"pin_memory": pin_memory}
+        if num_workers > 0:
+            self._kwargs["prefetch_factor"] = prefetch_factor or 2
+            self._kwargs["multiprocessing_context"] = "fork" if os.name == "posix" else None
+        self._states: dict[int, dict[str, Any]] = {}
+        self._counters: dict[int, dict[str, float]] = {}
+        self.recorder = RunRecorder(run_file, {"system": system}) if run_file else None
+        self.system = system
+        self.last_epoch: dict[str, Any] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self.dataset.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (as DistributedSampler.set_epoch); clears any resume position."""
+        if epoch != self.dataset.epoch:
+            self.dataset.resume = {}
+            self._states = {}
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A few plain values: the epoch and each worker's position in its slice of the plan."""
+        return {
+            "epoch": self.dataset.epoch,
+            "num_workers": self.num_workers,
+            "workers": {str(w): s for w, s in sorted(self._states.items())},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a `state_dict()`: the next iteration delivers the rest of the epoch."""
+        if int(state["num_workers"]) != self.num_workers:
+            raise ConfigError(
+                f"the state was saved with num_workers={state['num_workers']}, this loader has "
+                f"{self.num_workers}; resume with the same number of workers"
+            )
+        self.dataset.set_epoch(int(state["epoch"]))
+        self._states = {int(w): s for w, s in state["workers"].items()}
+        self.dataset.resume = {w: StreamState.from_dict(s) for w, s in self._states.items()}
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = DataLoader(
+            self.dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs
+        )
+        meter = EpochMeter(self.dataset.epoch)
+        asked = time.perf_counter()
+        batch: Batch
+        for batch in loader:
+            meter.batch(_batch_len(batch.data), time.perf_counter() - asked)
+            self._states[batch.worker] = batch.state
+            self._counters[batch.worker] = batch.counters
+            yield batch.data
+            asked = time.perf_counter()
+        self._finish(meter)
+
+    def _finish(self, meter: EpochMeter) -> None:
+        totals: dict[str, float] = {}
+        for counters in self._counters.values():
+            for k, v in counters.items():
+                totals[k] = totals.get(k, 0) + v
+        totals.pop("assemble_s", None)
+        meter.extra = {"system": self.system, "guard": totals}
+        self.last_epoch = meter.record()
+        if self.recorder is not None:
+            self.recorder.write(self.last_epoch)
+        # The epoch is complete: a state_dict taken now resumes at the next epoch.
+        self.dataset.resume, self._states, self._counters = {}, {}, {}
+        self.dataset.set_epoch(self.dataset.epoch + 1)
+
+    def close(self) -> None:
+        """Close the run file."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _batch_len(data: Any) -> int:
+    if isinstance(data, dict):
+        data = next(iter(data.values()))
+    if isinstance(data, (list, tuple)):
+        data = data[0]
+    shape = getattr(data, "shape", None)
+    return int(shape[0]) if shape else len(data)
