@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +18,14 @@ from tests.format.conftest import QUIET, read_tree, write_tree
 from tierfeed.cli import main
 from tierfeed.format.pack import pack
 from tierfeed.format.synthindex import synthetic_index
-from tierfeed.mount.process import FuseProcess, is_mounted, python_argv
+from tierfeed.mount.lifecycle import FuseProcess, is_mounted, unmount
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(90)]
+
+
+def python_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tierfeed", *args]
+
 
 FILES = {
     f"class_{c}/img_{i:03d}.jpg".encode(): os.urandom(200 + 997 * i % 30_000)
@@ -35,6 +41,7 @@ def mounted(tmp_path: Path) -> Iterator[Path]:
     write_tree(tmp_path / "src", FILES)
     pack(tmp_path / "src", tmp_path / "store", QUIET)
     mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
     argv = python_argv("mount", str(tmp_path / "store"), str(mnt), "--foreground")
     with FuseProcess(argv, mnt):
         yield mnt
@@ -82,6 +89,7 @@ def test_unmount_with_open_files(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", FILES)
     pack(tmp_path / "src", tmp_path / "store", QUIET)
     mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
     proc = FuseProcess(python_argv("mount", str(tmp_path / "store"), str(mnt), "--foreground"), mnt)
     proc.start()
     try:
@@ -97,11 +105,12 @@ def test_killed_server_leaves_no_hung_mountpoint(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", FILES)
     pack(tmp_path / "src", tmp_path / "store", QUIET)
     mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
     argv = python_argv("mount", str(tmp_path / "store"), str(mnt), "--foreground")
     proc = FuseProcess(argv, mnt).start()
-    assert proc.proc is not None
-    os.kill(proc.proc.pid, signal.SIGKILL)
-    proc.proc.wait(timeout=10)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
     with pytest.raises(OSError) as info:
         os.listdir(mnt)
     assert info.value.errno == errno.ENOTCONN
@@ -117,6 +126,7 @@ def test_directory_of_100k_entries_lists(tmp_path: Path) -> None:
     store.mkdir()
     synthetic_index(store / "index.tfi", 100_000, classes=1)  # metadata only, no chunk data
     mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
     with FuseProcess(python_argv("mount", str(store), str(mnt), "--foreground"), mnt):
         names = os.listdir(mnt / "c0000")
         assert len(names) == 100_000 and names[0].endswith(".jpg")
@@ -127,11 +137,11 @@ def test_cli_mount_detaches_and_umount(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", FILES)
     pack(tmp_path / "src", tmp_path / "store", QUIET)
     mnt = tmp_path / "mnt"
-    mnt.mkdir()
+    mnt.mkdir(exist_ok=True)
     try:
         assert main(["mount", str(tmp_path / "store"), str(mnt)]) == 0
         assert is_mounted(mnt) and read_tree(mnt) == FILES
         assert main(["umount", str(mnt)]) == 0
         assert not is_mounted(mnt)
     finally:
-        FuseProcess([], mnt).close()
+        unmount(mnt)

@@ -42,7 +42,7 @@ def serve(store_path: str, mountpoint: str, allow_other: bool = False) -> None:
 
 
 def _unmount_quietly(mountpoint: str) -> None:
-    from tierfeed.mount.process import unmount
+    from tierfeed.mount.lifecycle import unmount
 
     try:
         unmount(mountpoint)
@@ -55,14 +55,13 @@ def _run_mount(args: argparse.Namespace) -> int:
         serve(args.store, args.mountpoint, args.allow_other)
         return 0
     from tierfeed.format.index import Index
-    from tierfeed.mount.process import FuseProcess, python_argv
+    from tierfeed.mount.lifecycle import FuseProcess
 
     Index(args.store).close()  # a bad store fails here, with its own message
-    argv = python_argv("mount", args.store, args.mountpoint, "--foreground")
+    argv = [sys.executable, "-m", "tierfeed", "mount", args.store, args.mountpoint, "--foreground"]
     if args.allow_other:
         argv.append("--allow-other")
-    proc = FuseProcess(argv, args.mountpoint).start()
-    proc.proc = None  # leave the server running: `tierfeed umount` stops it
+    FuseProcess(argv, args.mountpoint, name="tierfeed mount", detachable=True).start().detach()
     print(f"mounted {args.store} at {args.mountpoint} (read-only); `tierfeed umount` to stop")
     return 0
 
@@ -80,7 +79,7 @@ def register_mount(sub: Any) -> None:
 
 
 def _run_umount(args: argparse.Namespace) -> int:
-    from tierfeed.mount.process import is_mounted, unmount
+    from tierfeed.mount.lifecycle import is_mounted, unmount
 
     if not is_mounted(args.mountpoint):
         raise ConfigError(f"{args.mountpoint}: nothing is mounted there")

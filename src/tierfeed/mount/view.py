@@ -27,7 +27,7 @@ __all__ = ["STATS_DIR", "STATS_FILE", "StoreView"]
 
 STATS_DIR = ".tierfeed"
 STATS_FILE = "stats.json"
-_STATS_FH = 0  # file handle of the stats file; members use member id + 1
+_STATS_FH = 2**62  # stats file handles start here; members use member id + 1
 _log = logging.getLogger("tierfeed.mount")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -70,6 +70,8 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         self._read_latency = LatencyHistogram()
         self._mutex = threading.Lock()
         self._started = time.time()
+        self._snapshots: dict[int, bytes] = {}  # stats file handle -> the JSON it reads
+        self._next_snapshot = _STATS_FH
 
     # --- helpers --------------------------------------------------------------------
 
@@ -148,7 +150,11 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         if fi.flags & _WRITE_FLAGS:
             raise mfusepy.FuseOSError(errno.EROFS)
         if self._rel(path) == f"{STATS_DIR}/{STATS_FILE}":
-            fi.fh = _STATS_FH
+            # One snapshot per open: a read split into several requests stays consistent.
+            with self._mutex:
+                fi.fh = self._next_snapshot
+                self._next_snapshot += 1
+            self._snapshots[fi.fh] = self._stats_bytes()
             fi.direct_io = 1  # live content: never from the page cache
             return 0
         is_dir, _, member = self._lookup(path)
@@ -163,8 +169,8 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
         fh = int(fi.fh)
-        if fh == _STATS_FH:
-            return self._stats_bytes()[offset : offset + size]
+        if fh >= _STATS_FH:
+            return self._snapshots[fh][offset : offset + size]
         member = fh - 1
         ix = self.store.index
         length = int(ix.member_length[member])
@@ -188,6 +194,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         return data
 
     def release(self, path: str, fi: Any) -> int:
+        self._snapshots.pop(int(fi.fh), None)
         return 0
 
     def statfs(self, path: str) -> dict[str, int]:
