@@ -1,59 +1,179 @@
-"""`make demo`: generate an ImageFolder dataset, pack it, inspect and verify it, read it back."""
+"""`make demo`: a per-file PyTorch loader against tierfeed, both on a slowed heavy-tailed origin.
+
+Generates an ImageFolder dataset of real JPEGs with ImageNet-like sizes, packs it, serves both
+trees through ``tierfeed slowfs`` (the same seeded latency model with a heavy tail), runs two
+epochs of (a) a plain per-file Dataset + DataLoader and (b) tierfeed, prints a side-by-side
+table and writes the report PNG.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import argparse
+import io
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
-from tierfeed.format.chunkfiles import DirectoryChunks
-from tierfeed.format.commands import human
+import numpy as np
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+
+import torch
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import open_store
-from tierfeed.format.verify import verify_store
+from tierfeed.format.store import Sample
+from tierfeed.loader import DeadlineOptions, PrefetchOptions
+from tierfeed.slowfs import SlowFS
+from tierfeed.storage.latency import LatencyModel
 from tierfeed.synth import SynthSpec, make_imagefolder
+from tierfeed.telemetry import EpochMeter, RunRecorder
+from tierfeed.telemetry.report import draw_report
+from tierfeed.torch import Dataset, Loader
+from tierfeed.world import World
 
 __all__ = ["main"]
 
+SIDE = 64  # decoded images are scaled down in the JPEG decoder (draft mode): I/O dominates
 
-def main(workdir: str = "demo-data") -> int:
-    """Run the demo in ``workdir``; returns the exit code."""
-    root = Path(workdir)
-    src, store_dir = root / "imagefolder", root / "store"
-    spec = SynthSpec(classes=20, per_class=100, jpeg=True, seed=1)
-    if not src.exists():
-        print(f"generating {spec.classes * spec.per_class} JPEGs with ImageNet-like sizes in {src}")
-        make_imagefolder(src, spec, progress=True)
-    shutil.rmtree(store_dir, ignore_errors=True)
-    report = pack(src, store_dir, PackOptions(chunk_size=16 * 2**20))
-    print(
-        f"packed {report.samples} samples into {report.chunks} chunks "
-        f"({human(report.chunk_bytes)}) in {report.seconds:.2f} s"
-    )
-    from tierfeed.cli import main as cli
 
-    cli(["inspect", str(store_dir)])
-    problems = verify_store(store_dir, progress=False)
-    print("verify:", problems or "ok")
-    started = time.perf_counter()
-    mismatches = 0
-    with open_store(store_dir) as store:
-        for i in range(len(store)):
-            sample = store.read_sample(i)
-            original = (src / (sample.key + ".jpg")).read_bytes()
-            mismatches += (
-                hashlib.md5(original).digest() != hashlib.md5(sample.fields["jpg"]).digest()
-            )
-        elapsed = time.perf_counter() - started
-        opens = store.source.opens if isinstance(store.source, DirectoryChunks) else "?"
-        print(
-            f"read back {len(store)} samples in {elapsed:.2f} s "
-            f"({len(store) / elapsed:,.0f} samples/s, {opens} chunk opens for "
-            f"{len(store)} files); byte-identical: {mismatches == 0}"
+def decode_jpeg(data: bytes) -> torch.Tensor:
+    """JPEG bytes -> a SIDE x SIDE uint8 CHW tensor."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.draft("RGB", (SIDE, SIDE))
+        small = img.convert("RGB").resize((SIDE, SIDE))
+    return torch.from_numpy(np.asarray(small, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+class PerFileImageFolder(TorchDataset[tuple[torch.Tensor, int]]):
+    """What most training scripts do: one open and read per file, straight from the tree."""
+
+    def __init__(self, root: Path) -> None:
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        self.items = [
+            (str(path), label)
+            for label, c in enumerate(classes)
+            for path in sorted((root / c).iterdir())
+        ]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path, label = self.items[i]
+        with open(path, "rb") as fh:
+            return decode_jpeg(fh.read()), label
+
+
+def tierfeed_decode(sample: Sample) -> tuple[torch.Tensor, int]:
+    """A store sample -> (image tensor, label)."""
+    return decode_jpeg(sample.fields["jpg"]), sample.label
+
+
+class Shuffle:
+    """A seeded global shuffle, split across ranks."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n, self.seed = n, seed
+
+    def order(self, epoch: int, world: World) -> np.ndarray[Any, np.dtype[np.int64]]:
+        rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+        return rng.permutation(self.n)[world.rank :: world.world_size]
+
+
+def _timed_epochs(
+    name: str, epochs: int, run: Callable[[int], Iterable[Any]], fs: SlowFS, rec: RunRecorder
+) -> list[dict[str, Any]]:
+    rows = []
+    for epoch in range(epochs):
+        fs.reset()
+        meter = EpochMeter(epoch)
+        asked = time.perf_counter()
+        for images, _ in run(epoch):
+            meter.batch(len(images), time.perf_counter() - asked)
+            asked = time.perf_counter()
+        s = fs.stats()
+        meter.extra = {
+            "system": name,
+            "origin": {"opens": s.opens, "stats": s.stats, "reads": s.reads, "bytes": s.bytes_read},
+        }
+        record = meter.record()
+        rec.write(record)
+        rows.append(record)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'loader':<10} {'epoch':>5} {'samples/s':>10} {'p50 wait':>9} {'p99.99 wait':>12} "
+    head += f"{'origin opens':>13} {'origin reads':>13} {'origin MB':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        w, o = r["batch_wait"], r["origin"]
+        lines.append(
+            f"{r['system']:<10} {r['epoch']:>5} {r['samples_per_s']:>10,.0f} "
+            f"{w['p50'] * 1e3:>7.1f}ms {w['p99.99'] * 1e3:>10.1f}ms {o['opens']:>13,} "
+            f"{o['reads']:>13,} {o['bytes'] / 1e6:>10.1f}"
         )
-    return 0 if not problems and mismatches == 0 else 1
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit code."""
+    parser = argparse.ArgumentParser(description="tierfeed demo: per-file loader vs tierfeed")
+    parser.add_argument("--workdir", default="demo-data")
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--latency", default="heavy-tail", help="slowfs latency model")
+    args = parser.parse_args(argv)
+    work = Path(args.workdir).absolute()
+    origin, raw, store = work / "origin", work / "origin" / "raw", work / "origin" / "store"
+    spec = SynthSpec(classes=20, per_class=max(1, args.images // 20), jpeg=True, seed=1)
+    if (
+        not (raw / "class_000").exists()
+        or len(list((raw / "class_000").iterdir())) != spec.per_class
+    ):
+        shutil.rmtree(raw, ignore_errors=True)
+        print(f"generating {spec.classes * spec.per_class} JPEGs (ImageNet-like sizes) in {raw}")
+        make_imagefolder(raw, spec, progress=True)
+    shutil.rmtree(store, ignore_errors=True)
+    report = pack(raw, store, PackOptions(chunk_size=32 * 2**20))
+    print(f"packed {report.samples} images into {report.chunks} chunks in {report.seconds:.1f} s")
+    model = LatencyModel.parse(args.latency)
+    mnt = work / "mnt"
+    mnt.mkdir(exist_ok=True)
+    run_file = work / "run.jsonl"
+    run_file.unlink(missing_ok=True)
+    rows: list[dict[str, Any]] = []
+    with SlowFS(origin, mnt, model) as fs, RunRecorder(run_file, {"demo": True}) as rec:
+        print(f"origin served through slowfs ({args.latency}: {model})")
+        per_file = PerFileImageFolder(mnt / "raw")
+        loader = DataLoader(per_file, batch_size=64, shuffle=True, num_workers=args.workers)
+        rows += _timed_epochs("per-file", args.epochs, lambda e: loader, fs, rec)
+        ds = Dataset(
+            mnt / "store",
+            Shuffle(report.samples),
+            batch_size=64,
+            decode=tierfeed_decode,
+            # Many threads: a read stuck behind a stalled open or lookup blocks its thread.
+            prefetch=PrefetchOptions(window=256, threads=64),
+            deadline=DeadlineOptions(hedge_after_ms=0),  # hedge a late read at its deadline
+        )
+        tf = Loader(ds, num_workers=args.workers)
+
+        def tierfeed_epoch(epoch: int) -> Loader:
+            tf.set_epoch(epoch)
+            return tf
+
+        rows += _timed_epochs("tierfeed", args.epochs, tierfeed_epoch, fs, rec)
+    print()
+    print(_table(rows))
+    png = draw_report([run_file], work / "report.png")
+    print(f"\nrun records: {run_file}\nreport: {png}")
+    return 0
 
 
 if __name__ == "__main__":

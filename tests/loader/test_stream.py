@@ -79,8 +79,9 @@ def test_stalled_read_is_deferred_then_delivered(gate: Callable[[set[int]], Gate
             out.append(i)
             if len(out) == 10:
                 g.open(0)
+                time.sleep(0.05)  # a training step: the released read lands meanwhile
     assert sorted(out) == list(range(20))
-    assert out[0] != 0 and 0 in out[:15]  # overtaken, then delivered soon after it landed
+    assert out[0] != 0 and out.index(0) == 10  # overtaken, then delivered once it landed
     assert stream.counters.deferred == 1 and stream.counters.late >= 1
 
 
@@ -95,7 +96,7 @@ def test_a_stuck_read_is_overtaken_by_at_most_the_window(gate: Callable[[set[int
         g.open(3)
         out.extend(i for i, _ in it)
     # With a window of 8, positions 0..2 and then at most 7 younger ones go before sample 3.
-    assert out.index(3) <= 3 + 7
+    assert out[:10] == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10] and out[10] == 3
     assert sorted(out) == list(range(50))
 
 

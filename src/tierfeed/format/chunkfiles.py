@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections import OrderedDict
@@ -35,10 +36,20 @@ class DirectoryChunks:
     File descriptors are cached (at most ``max_open``) and reference-counted, so a descriptor
     is never closed while another thread reads through it and its number cannot be reused
     under a reader.
+
+    With ``direct``, files are opened ``O_DIRECT``: reads bypass the page cache, so a second
+    read of a range does not queue behind a first one that holds its pages locked (hedged
+    reads on FUSE and NFS). Where the file system wants aligned direct reads (EINVAL), this
+    source falls back to buffered reads.
     """
 
     def __init__(
-        self, root: Path, chunks: Sequence[ChunkInfo], index_path: Path, max_open: int = 128
+        self,
+        root: Path,
+        chunks: Sequence[ChunkInfo],
+        index_path: Path,
+        max_open: int = 128,
+        direct: bool = False,
     ) -> None:
         self.root = root
         self.chunks = chunks
@@ -49,24 +60,33 @@ class DirectoryChunks:
         self.opens = 0
         self.reads = 0
         self.bytes_read = 0
+        self._flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
 
     def _acquire(self, chunk: int) -> _Fd:
         with self._mutex:
             entry = self._open.get(chunk)
             if entry is not None:
                 self._open.move_to_end(chunk)
+                entry.refs += 1
+                return entry
+        # Open outside the lock: an open that hangs on slow storage must not stall reads of
+        # chunks that are already open. Two threads may race to open; the loser closes its own.
+        try:
+            fd = self._open_file(chunk)
+        except FileNotFoundError:
+            raise ChunkCorruptError(
+                f"chunk {self._paths[chunk]} is missing; the store is incomplete "
+                "(run `tierfeed verify` on it)"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"{self._paths[chunk]}: {exc.strerror}") from None
+        with self._mutex:
+            self.opens += 1
+            entry = self._open.get(chunk)
+            if entry is not None:
+                os.close(fd)
             else:
-                try:
-                    entry = _Fd(os.open(self._paths[chunk], os.O_RDONLY | os.O_CLOEXEC))
-                except FileNotFoundError:
-                    raise ChunkCorruptError(
-                        f"chunk {self._paths[chunk]} is missing; the store is incomplete "
-                        "(run `tierfeed verify` on it)"
-                    ) from None
-                except OSError as exc:
-                    raise StorageError(f"{self._paths[chunk]}: {exc.strerror}") from None
-                self.opens += 1
-                self._open[chunk] = entry
+                entry = self._open[chunk] = _Fd(fd)
                 while len(self._open) > self._max_open:
                     _, old = self._open.popitem(last=False)
                     old.evicted = True
@@ -74,6 +94,15 @@ class DirectoryChunks:
                         os.close(old.fd)
             entry.refs += 1
             return entry
+
+    def _open_file(self, chunk: int) -> int:
+        try:
+            return os.open(self._paths[chunk], self._flags)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self._flags & os.O_DIRECT:
+                raise
+            self._flags &= ~os.O_DIRECT  # no O_DIRECT on this file system
+            return os.open(self._paths[chunk], self._flags)
 
     def _release(self, entry: _Fd) -> None:
         with self._mutex:
@@ -93,7 +122,12 @@ class DirectoryChunks:
         try:
             data = os.pread(entry.fd, length, offset)
         except OSError as exc:
-            raise StorageError(f"{self._paths[chunk]}: read failed: {exc.strerror}") from None
+            if exc.errno == errno.EINVAL and self._flags & os.O_DIRECT:
+                # Unaligned direct reads refused here: read through the page cache instead.
+                with open(self._paths[chunk], "rb", buffering=0) as fh:
+                    data = os.pread(fh.fileno(), length, offset)
+            else:
+                raise StorageError(f"{self._paths[chunk]}: read failed: {exc.strerror}") from None
         finally:
             self._release(entry)
         self.reads += 1

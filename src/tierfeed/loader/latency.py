@@ -33,7 +33,7 @@ class DeadlineOptions:
     enabled: bool = True
     fixed_ms: float | None = None
     k: float = 4.0
-    quantile: float = 0.99
+    quantile: float = 0.9  # robust: stalls cluster (a stalled open holds many reads)
     history: int = 2048
     floor_ms: float = 2.0
     warmup: int = 32

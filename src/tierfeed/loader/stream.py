@@ -4,8 +4,9 @@ Reads of the plan's next samples run ahead on a thread pool. The consumer gets s
 plan order while they arrive in time. When the sample due next misses its deadline, the
 oldest sample that is ready takes its place and the late one is deferred: its read goes on
 (optionally hedged by a second read from another source) and it is delivered as soon as it
-lands, ahead of anything younger. The window only slides forward past delivered samples, so
-a sample can be overtaken by at most ``window`` others, and the epoch ends only when every
+lands, ahead of anything younger. The window spans ``window`` positions from the oldest
+sample not yet delivered, so a sample is overtaken by at most ``window - 1`` others, and the
+epoch ends only when every
 position of the order has been delivered exactly once, or with an error naming the read that
 exceeded the hard timeout.
 """
@@ -29,6 +30,7 @@ __all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
 
 T = TypeVar("T")
 _POLL_S = 0.005  # how often a blocked wait re-checks hedges and the hard timeout
+_HEDGE_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,13 @@ class StreamState:
 
 
 class _Entry(Generic[T]):
-    __slots__ = ("hedge", "nbytes", "primary", "started")
+    __slots__ = ("hedge", "nbytes", "primary", "running_since", "submitted")
 
-    def __init__(self, primary: Future[T], nbytes: int) -> None:
-        self.primary = primary
+    def __init__(self, nbytes: int) -> None:
+        self.primary: Future[T] = Future()
         self.hedge: Future[T] | None = None
-        self.started = time.monotonic()
+        self.submitted = time.monotonic()
+        self.running_since: float | None = None  # set when a thread starts the read
         self.nbytes = nbytes
 
     def futures(self) -> list[Future[T]]:
@@ -142,9 +145,16 @@ class GuardedStream(Generic[T]):
         self._window: dict[int, _Entry[T]] = {}
         self._inflight_bytes = 0
         self._deferred: set[int] = set()
+        self._due: dict[int, float] = {}  # position -> when it became late; fixed once set
         self._own_pool = pool is None
         self._pool = pool or ThreadPoolExecutor(
             self.prefetch.threads, thread_name_prefix="tierfeed-read"
+        )
+        # Hedges get threads of their own: queued behind the window they would land late.
+        self._hedge_pool = (
+            ThreadPoolExecutor(_HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
+            if hedge is not None and self.deadline.hedge_after_ms is not None
+            else None
         )
         self._closed = threading.Event()
 
@@ -154,16 +164,29 @@ class GuardedStream(Generic[T]):
         """The position to resume from: exactly the positions delivered so far are skipped."""
         return StreamState(self._cursor, tuple(sorted(self._done)))
 
-    def _submit(self, pos: int, fn: Callable[[int], T]) -> Future[T]:
+    def _submit(
+        self, entry: _Entry[T], pos: int, fn: Callable[[int], T], pool: ThreadPoolExecutor
+    ) -> Future[T]:
         sample = int(self.order[pos])
-        started = time.monotonic()
-        fut = self._pool.submit(fn, sample)
-        fut.add_done_callback(lambda _f: self.tracker.observe(time.monotonic() - started))
-        return fut
+
+        def timed() -> T:
+            # Latency counts from the moment a thread starts the read, not from the queue.
+            started = time.monotonic()
+            if entry.running_since is None:
+                entry.running_since = started
+            try:
+                return fn(sample)
+            finally:
+                self.tracker.observe(time.monotonic() - started)
+
+        return pool.submit(timed)
 
     def _fill(self) -> None:
         p = self.prefetch
-        while self._next < len(self.order) and len(self._window) < p.window:
+        # The window spans positions [cursor, cursor + window): a stuck sample holds the span,
+        # so it is overtaken by at most window - 1 others before the stream waits for it.
+        end = min(len(self.order), self._cursor + p.window)
+        while self._next < end:
             if self._window and self._inflight_bytes >= p.window_bytes:
                 break
             pos = self._next
@@ -171,11 +194,14 @@ class GuardedStream(Generic[T]):
             if pos in self._done:
                 continue
             nbytes = self._size_of(int(self.order[pos]))
-            self._window[pos] = _Entry(self._submit(pos, self._read), nbytes)
+            entry: _Entry[T] = _Entry(nbytes)
+            entry.primary = self._submit(entry, pos, self._read, self._pool)
+            self._window[pos] = entry
             self._inflight_bytes += nbytes
 
     def _take(self, pos: int) -> tuple[int, T]:
         entry = self._window.pop(pos)
+        self._due.pop(pos, None)
         self._inflight_bytes -= entry.nbytes
         self._done.add(pos)
         while self._cursor in self._done:
@@ -199,17 +225,20 @@ class GuardedStream(Generic[T]):
     # --- waiting ------------------------------------------------------------------------
 
     def _hedge_late(self, now: float) -> None:
+        """Issue a second read for reads that have been running longer than hedge_after."""
         after = self.tracker.hedge_after()
-        if after is None or self._hedge is None:
+        if after is None or self._hedge is None or self._hedge_pool is None:
             return
         for pos, entry in self._window.items():
-            if entry.hedge is None and not entry.primary.done() and now - entry.started > after:
-                entry.hedge = self._submit(pos, self._hedge)
+            since = entry.running_since
+            idle = entry.hedge is None and since is not None and not entry.primary.done()
+            if idle and since is not None and now - since > after:
+                entry.hedge = self._submit(entry, pos, self._hedge, self._hedge_pool)
                 self.counters.hedges += 1
 
     def _check_stuck(self, head: int, now: float) -> None:
         entry = self._window[head]
-        if now - entry.started > self.deadline.hard_timeout_s:
+        if now - entry.submitted > self.deadline.hard_timeout_s:
             raise StuckReadError(
                 f"{self._describe(int(self.order[head]))}: read not done after "
                 f"{self.deadline.hard_timeout_s:.0f} s (hard timeout); the storage holding it "
@@ -235,7 +264,9 @@ class GuardedStream(Generic[T]):
                 self._check_stuck(head, time.monotonic())
                 self._wait([entry], _POLL_S * 20)
             return head
-        due = time.monotonic() + self.tracker.deadline()
+        # A sample's deadline is set once, when it is first due: a head already declared late
+        # is not waited on again while younger samples are ready.
+        due = self._due.setdefault(head, time.monotonic() + self.tracker.deadline())
         while not entry.done():
             now = time.monotonic()
             self._hedge_late(now)
@@ -285,6 +316,8 @@ class GuardedStream(Generic[T]):
         self._cancel_pending()
         if self._own_pool:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._hedge_pool is not None:
+            self._hedge_pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> GuardedStream[T]:
         return self

@@ -22,6 +22,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from tierfeed.config import world_from_env
 from tierfeed.errors import ConfigError
+from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.store import Sample, Store, open_store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
@@ -67,7 +68,9 @@ class Dataset(IterableDataset[Batch]):
         prefetch: read-ahead window per worker.
         deadline: the deadline guard (on, adaptive, by default).
         world: rank and world size; from torch.distributed or torchrun's environment if None.
-        hedge_source: a second ChunkSource to hedge late reads against (e.g. the origin).
+        hedge_source: a second ChunkSource to hedge late reads against (e.g. the origin);
+            when hedging is on and none is given, late reads are re-issued on the store's
+            own chunk files with O_DIRECT (bypassing the pages the first read holds).
     """
 
     def __init__(
@@ -134,9 +137,13 @@ class Dataset(IterableDataset[Batch]):
             yield from self._batches(stream, worker)
 
     def _hedge_reader(self, store: Store) -> Callable[[int], Any] | None:
-        if self.hedge_source is None:
+        if self.deadline.hedge_after_ms is None:
             return None
-        second = Store(store.index, self.hedge_source())
+        if self.hedge_source is not None:
+            source = self.hedge_source()
+        else:
+            source = DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
+        second = Store(store.index, source)
         return lambda i: self.decode(second.read_sample(i))
 
     def _batches(self, stream: GuardedStream[Any], worker: int) -> Iterator[Batch]:
