@@ -1,0 +1,247 @@
+"""Sampling plans: pure functions of (shape, spec, epoch, world) returning numpy arrays.
+
+Policies:
+    global      one permutation of all samples per epoch, split across ranks with equal
+                counts (DistributedSampler semantics: padded by wrapping, or drop_last).
+    local       each rank owns a fixed partition of whole chunks, balanced by sample count,
+                and permutes it each epoch.
+    partial(q)  partial local shuffling (PLS): partitions evolve; each epoch every rank sends
+                a random q-fraction of its partition to a peer and receives as many.
+    chunkwise   (composes with the three) DIESEL's window shuffle instead of a full one.
+
+Partial shuffling without history replay: every rank has slots 0..n_r-1, initially holding its
+local partition in order. At epoch t a slot set J_t (k = floor(q * min n) indices drawn from
+[0, min n)) is common to all ranks, and a random ring sigma_t (one cycle through all ranks)
+pairs them: slot (r, j), j in J_t, receives what slot (sigma_t^-1(r), j) held. Slot indices
+never move, so the content of slot (r, j) at epoch e is the initial content of slot
+(R, j), where R follows sigma^-1 back through the epochs t <= e with j in J_t. One rank's
+plan at epoch e costs O(e * N/M) time and O(N/M + M) memory, with no communication, and
+every rank can compute every other rank's plan and the whole exchange schedule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.errors import ConfigError
+from tierfeed.plan.shape import DatasetShape
+from tierfeed.plan.shuffle import (
+    PURPOSE_ORDER,
+    PURPOSE_RING,
+    PURPOSE_SLOTS,
+    local_bounds,
+    rng_for,
+    shuffle_samples,
+)
+
+__all__ = ["Exchange", "Plan", "PlanSpec"]
+
+IntArray = npt.NDArray[np.int64]
+POLICIES = ("global", "local", "partial")
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """A sampling policy: ``global``, ``local`` or ``partial`` with fraction ``q``.
+
+    Attributes:
+        policy: global, local or partial.
+        q: fraction of each partition exchanged per epoch (partial only).
+        window: chunk-wise shuffle in windows of this many chunks; 0 shuffles samples fully.
+        drop_last: cut every rank to the smallest count instead of padding by wrapping.
+        seed: the seed of every random choice.
+    """
+
+    policy: str = "global"
+    q: float = 0.0
+    window: int = 0
+    drop_last: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown plan policy {self.policy!r}; use one of {POLICIES}")
+        if not 0.0 <= self.q <= 1.0:
+            raise ConfigError(f"partial fraction q must lie in [0, 1], got {self.q}")
+        if self.window < 0:
+            raise ConfigError(f"chunkwise window must be >= 0, got {self.window}")
+
+    @classmethod
+    def parse(cls, text: str, seed: int = 0, drop_last: bool = False) -> PlanSpec:
+        """Read ``global``, ``local``, ``partial:0.3``, ``chunkwise:8`` (global + window) or
+        combinations such as ``partial:0.1,chunkwise:4``."""
+        policy, q, window = "global", 0.0, 0
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            m = re.fullmatch(r"(global|local|partial|chunkwise)(?::([0-9.]+))?", part)
+            if m is None:
+                raise ConfigError(
+                    f"cannot read plan {text!r}: write global, local, partial:Q, chunkwise:K "
+                    "or a policy and a window joined by a comma"
+                )
+            name, arg = m.group(1), m.group(2)
+            if name == "chunkwise":
+                window = int(arg or 8)
+            else:
+                policy = name
+                q = float(arg) if name == "partial" and arg else q
+        return cls(policy, q, window, drop_last, seed)
+
+    def __str__(self) -> str:
+        text = self.policy + (f":{self.q:g}" if self.policy == "partial" else "")
+        return text + (f",chunkwise:{self.window}" if self.window else "")
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Transfers that make the partitions of ``epoch``: each row one sample moving.
+
+    ``step`` is the batch of epoch ``epoch - 1`` after which the sender no longer needs the
+    sample (it has read it), so the transfer overlaps that epoch's training.
+    """
+
+    epoch: int
+    sample: IntArray
+    src: IntArray
+    dst: IntArray
+    step: IntArray
+
+
+@dataclass
+class Plan:
+    """The plan of a dataset under a spec; every method is a pure function of its arguments."""
+
+    shape: DatasetShape
+    spec: PlanSpec = field(default_factory=PlanSpec)
+
+    # --- partitions -------------------------------------------------------------------
+
+    def _bounds(self, world_size: int) -> IntArray:
+        if world_size > max(1, self.shape.num_chunks) and self.spec.policy != "global":
+            raise ConfigError(
+                f"{world_size} ranks but only {self.shape.num_chunks} chunks: local and partial "
+                "plans give every rank whole chunks; re-pack with a smaller --chunk-size"
+            )
+        return local_bounds(self.shape, world_size)
+
+    def exchange_size(self, world_size: int) -> int:
+        """Samples each rank sends (and receives) per epoch under partial(q)."""
+        if self.spec.policy != "partial" or world_size < 2:
+            return 0
+        return int(self.spec.q * int(np.diff(self._bounds(world_size)).min()))
+
+    def _ring_inverse(self, epoch: int, world_size: int) -> IntArray:
+        ring = rng_for(self.spec.seed, epoch, PURPOSE_RING).permutation(world_size)
+        inverse = np.empty(world_size, dtype=np.int64)
+        inverse[ring] = np.roll(ring, 1)  # ring[i] receives from ring[i - 1]
+        return inverse
+
+    def _slot_set(self, epoch: int, world_size: int, n_min: int) -> IntArray:
+        k = self.exchange_size(world_size)
+        return rng_for(self.spec.seed, epoch, PURPOSE_SLOTS).choice(n_min, k, replace=False)
+
+    def partition(self, epoch: int, rank: int, world_size: int) -> IntArray:
+        """Samples rank ``rank`` holds in ``epoch`` (local, partial), in slot order."""
+        bounds = self._bounds(world_size)
+        n_r = int(bounds[rank + 1] - bounds[rank])
+        src = np.full(n_r, rank, dtype=np.int64)
+        if self.spec.policy == "partial" and self.exchange_size(world_size) > 0:
+            n_min = int(np.diff(bounds).min())
+            for t in range(epoch, 0, -1):  # trace back: the latest exchange first
+                j = self._slot_set(t, world_size, n_min)
+                src[j] = self._ring_inverse(t, world_size)[src[j]]
+        return bounds[src] + np.arange(n_r, dtype=np.int64)
+
+    # --- orders ------------------------------------------------------------------------
+
+    def _global_positions(self, rank: int, world_size: int) -> IntArray:
+        """Positions of rank's share in the epoch's permutation padded to equal counts.
+
+        Positions >= num_samples are padding: they wrap to the permutation's start, as
+        DistributedSampler pads. drop_last cuts the permutation instead.
+        """
+        n = self.shape.num_samples
+        per = n // world_size if self.spec.drop_last else -(-n // world_size)
+        if self.spec.window:  # chunk-wise: contiguous shares keep whole windows on a rank
+            return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
+        return np.arange(rank, per * world_size, world_size, dtype=np.int64)
+
+    def _global_permutation(self, epoch: int) -> IntArray:
+        rng = rng_for(self.spec.seed, epoch, PURPOSE_ORDER)
+        return shuffle_samples(np.arange(self.shape.num_samples), self.shape, rng, self.spec.window)
+
+    def _unpadded(self, epoch: int, rank: int, world_size: int) -> IntArray:
+        spec, shape = self.spec, self.shape
+        if spec.policy == "global":
+            positions = self._global_positions(rank, world_size)
+            return self._global_permutation(epoch)[positions[positions < shape.num_samples]]
+        rng = rng_for(spec.seed, epoch, PURPOSE_ORDER, rank)
+        return shuffle_samples(self.partition(epoch, rank, world_size), shape, rng, spec.window)
+
+    def order(self, epoch: int, rank: int, world_size: int) -> IntArray:
+        """Sample ids rank ``rank`` reads in ``epoch``, in order, with equal counts per rank."""
+        if self.spec.policy == "global":
+            perm = self._global_permutation(epoch)
+            return perm[self._global_positions(rank, world_size) % max(1, len(perm))]
+        counts = self.counts(epoch, world_size)
+        target = min(counts) if self.spec.drop_last else max(counts)
+        return _fit(self._unpadded(epoch, rank, world_size), target)
+
+    def counts(self, epoch: int, world_size: int) -> list[int]:
+        """Unpadded samples per rank in ``epoch`` (cheap: no shuffle is computed)."""
+        n = self.shape.num_samples
+        if self.spec.policy == "global":
+            return [
+                int((self._global_positions(r, world_size) < n).sum()) for r in range(world_size)
+            ]
+        return [int(c) for c in np.diff(self._bounds(world_size))]
+
+    def chunk_sequence(self, order: IntArray) -> IntArray:
+        """Chunks in the order an ``order`` first needs them, consecutive repeats merged.
+
+        The future access sequence of a reader: what clairvoyant prefetch and eviction use.
+        """
+        chunks = self.shape.sample_chunk[order]
+        if len(chunks) == 0:
+            return chunks
+        keep = np.ones(len(chunks), dtype=bool)
+        keep[1:] = chunks[1:] != chunks[:-1]
+        return chunks[keep]
+
+    # --- exchanges (partial) -----------------------------------------------------------
+
+    def exchange(self, epoch: int, world_size: int, batch_size: int = 1) -> Exchange:
+        """Every transfer that turns the partitions of ``epoch - 1`` into those of ``epoch``."""
+        k = self.exchange_size(world_size)
+        empty = np.zeros(0, dtype=np.int64)
+        if epoch < 1 or k == 0:
+            return Exchange(epoch, empty, empty, empty, empty)
+        bounds = self._bounds(world_size)
+        j = self._slot_set(epoch, world_size, int(np.diff(bounds).min()))
+        inverse = self._ring_inverse(epoch, world_size)
+        samples, srcs, dsts, steps = [], [], [], []
+        for dst in range(world_size):
+            src = int(inverse[dst])
+            held = self.partition(epoch - 1, src, world_size)[j]
+            order = self.order(epoch - 1, src, world_size)
+            position = np.full(self.shape.num_samples, len(order), dtype=np.int64)
+            position[order[::-1]] = np.arange(len(order))[::-1]  # first use
+            samples.append(held)
+            srcs.append(np.full(k, src))
+            dsts.append(np.full(k, dst))
+            steps.append(position[held] // max(1, batch_size))
+        return Exchange(
+            epoch, np.concatenate(samples), np.concatenate(srcs), np.concatenate(dsts),
+            np.concatenate(steps),
+        )  # fmt: skip
+
+
+def _fit(order: IntArray, target: int) -> IntArray:
+    if len(order) >= target:
+        return order[:target]
+    if len(order) == 0:
+        raise ConfigError("a rank has no sample to pad from; use fewer ranks or drop_last")
+    return np.resize(order, target)  # wraps around, as DistributedSampler pads
