@@ -31,7 +31,6 @@ from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.telemetry import EpochMeter, RunRecorder
 from tierfeed.telemetry.report import draw_report
 from tierfeed.torch import Dataset, Loader
-from tierfeed.world import World
 
 __all__ = ["main"]
 
@@ -71,17 +70,6 @@ class PerFileImageFolder(TorchDataset[tuple[torch.Tensor, int]]):
 def tierfeed_decode(sample: Sample) -> tuple[torch.Tensor, int]:
     """A store sample -> (image tensor, label)."""
     return decode_jpeg(sample.fields["jpg"]), sample.label
-
-
-class Shuffle:
-    """A seeded global shuffle, split across ranks."""
-
-    def __init__(self, n: int, seed: int = 0) -> None:
-        self.n, self.seed = n, seed
-
-    def order(self, epoch: int, world: World) -> np.ndarray[Any, np.dtype[np.int64]]:
-        rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
-        return rng.permutation(self.n)[world.rank :: world.world_size]
 
 
 def _timed_epochs(
@@ -155,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += _timed_epochs("per-file", args.epochs, lambda e: loader, fs, rec)
         ds = Dataset(
             mnt / "store",
-            Shuffle(report.samples),
+            "global",
             batch_size=64,
             decode=tierfeed_decode,
             # Many threads: a read stuck behind a stalled open or lookup blocks its thread.

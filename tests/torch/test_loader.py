@@ -18,7 +18,6 @@ from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.telemetry import read_records
 from tierfeed.torch import Dataset, Loader
-from tierfeed.world import World
 
 N = 120
 
@@ -29,9 +28,9 @@ class PermPlan:
     def __init__(self, n: int) -> None:
         self.n = n
 
-    def order(self, epoch: int, world: World) -> np.ndarray:
+    def order(self, epoch: int, rank: int, world_size: int) -> np.ndarray:
         perm = np.random.default_rng(epoch).permutation(self.n)
-        return perm[world.rank :: world.world_size]
+        return perm[rank::world_size]
 
 
 class SlowChunks(DirectoryChunks):
@@ -89,7 +88,7 @@ def test_guard_off_gives_the_plan_order(store_dir: Path) -> None:
     )
     got = values(list(Loader(ds)))
     with Index(store_dir) as ix:
-        keys = [int(ix.key(i).split("s")[-1]) for i in plan.order(0, World())]
+        keys = [int(ix.key(i).split("s")[-1]) for i in plan.order(0, 0, 1)]
     assert got == keys
 
 
@@ -132,3 +131,13 @@ def test_run_file_records_epochs(store_dir: Path, tmp_path: Path) -> None:
     assert [r["epoch"] for r in epochs] == [0, 1]
     assert all(r["samples"] == N and r["batch_wait"]["count"] == 12 for r in epochs)
     assert "deferred" in epochs[0]["guard"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("plan", ["global", "local", "partial:0.5", "global,chunkwise:2"])
+def test_real_plans_from_the_store_index(store_dir: Path, plan: str) -> None:
+    ds = Dataset(store_dir, plan, batch_size=16, decode=decode, drop_last=False)
+    loader = Loader(ds)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sorted(values(list(loader))) == list(range(N))  # one rank: the whole epoch

@@ -24,18 +24,20 @@ from tierfeed.config import world_from_env
 from tierfeed.errors import ConfigError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
+from tierfeed.format.index import Index
 from tierfeed.format.store import Sample, Store, open_store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
+from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.world import World
 
-__all__ = ["Batch", "Dataset", "OrderPlan"]
+__all__ = ["Batch", "Dataset", "OrderPlan", "plan_for"]
 
 
 class OrderPlan(Protocol):
     """What the dataset needs of a sampling plan: a rank's sample order for an epoch."""
 
-    def order(self, epoch: int, world: World) -> npt.NDArray[np.int64]:
-        """Sample ids this rank reads in ``epoch``, in order."""
+    def order(self, epoch: int, rank: int, world_size: int) -> npt.NDArray[np.int64]:
+        """Sample ids rank ``rank`` reads in ``epoch``, in order (`tierfeed.plan.Plan` does)."""
         ...
 
 
@@ -60,7 +62,8 @@ class Dataset(IterableDataset[Batch]):
     Args:
         store: a store directory, or a function returning a ChunkSource-backed Store for this
             process (e.g. over a tier stack).
-        plan: the sampling plan.
+        plan: the sampling plan: a `PlanSpec`, its text (``"global"``, ``"local"``,
+            ``"partial:0.1"``, ``"global,chunkwise:8"``) or any object with ``order()``.
         batch_size: samples per batch.
         decode: Sample -> what the batch holds per sample (e.g. (tensor, label)).
         collate: list of decoded samples -> batch (torch's default_collate by default).
@@ -76,8 +79,8 @@ class Dataset(IterableDataset[Batch]):
     def __init__(
         self,
         store: str | os.PathLike[str] | Callable[[], Store],
-        plan: OrderPlan,
-        batch_size: int,
+        plan: OrderPlan | PlanSpec | str = "global",
+        batch_size: int = 32,
         decode: Callable[[Sample], Any] = _identity,
         collate: Callable[[list[Any]], Any] = default_collate,
         drop_last: bool = False,
@@ -89,7 +92,12 @@ class Dataset(IterableDataset[Batch]):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self._opener: Callable[[], Store] = store if callable(store) else _Opener(Path(store))
-        self.plan, self.batch_size, self.decode, self.collate = plan, batch_size, decode, collate
+        self.batch_size, self.decode, self.collate = batch_size, decode, collate
+        self._store: Store | None = None
+        self._pid = -1
+        self.plan: OrderPlan = (
+            plan_for(self.store().index, plan) if isinstance(plan, (str, PlanSpec)) else plan
+        )
         self.drop_last = drop_last
         self.prefetch = prefetch or PrefetchOptions()
         self.deadline = deadline or DeadlineOptions()
@@ -97,8 +105,6 @@ class Dataset(IterableDataset[Batch]):
         self.hedge_source = hedge_source
         self.epoch = 0
         self.resume: dict[int, StreamState] = {}  # worker -> where to start (set by Loader)
-        self._store: Store | None = None
-        self._pid = -1
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration reads (as DistributedSampler.set_epoch)."""
@@ -113,7 +119,9 @@ class Dataset(IterableDataset[Batch]):
 
     def worker_order(self, worker: int, num_workers: int) -> npt.NDArray[np.int64]:
         """The slice of the rank's order that one worker reads: every num_workers-th sample."""
-        order = np.asarray(self.plan.order(self.epoch, self.world), dtype=np.int64)
+        order = np.asarray(
+            self.plan.order(self.epoch, self.world.rank, self.world.world_size), dtype=np.int64
+        )
         return order[worker::num_workers]
 
     def __iter__(self) -> Iterator[Batch]:
@@ -169,6 +177,17 @@ class Dataset(IterableDataset[Batch]):
             "assemble_s": time.perf_counter() - started,
         }
         return Batch(self.collate(items), worker, self.epoch, stream.state().to_dict(), counters)
+
+
+def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
+    """The plan of a store's samples under ``spec``."""
+    if isinstance(spec, str):
+        spec = PlanSpec.parse(spec)
+    labels = np.asarray(index.sample_label, dtype=np.int64)
+    shape = DatasetShape(
+        np.asarray(index.sample_chunk, dtype=np.int64), index.sample_bytes(), labels
+    )
+    return Plan(shape, spec)
 
 
 @dataclass(frozen=True)
