@@ -116,6 +116,7 @@ class Plan:
 
     shape: DatasetShape
     spec: PlanSpec = field(default_factory=PlanSpec)
+    _bounds_of: dict[int, IntArray] = field(default_factory=dict, repr=False, compare=False)
 
     # --- partitions -------------------------------------------------------------------
 
@@ -125,7 +126,9 @@ class Plan:
                 f"{world_size} ranks but only {self.shape.num_chunks} chunks: local and partial "
                 "plans give every rank whole chunks; re-pack with a smaller --chunk-size"
             )
-        return local_bounds(self.shape, world_size)
+        if world_size not in self._bounds_of:
+            self._bounds_of[world_size] = local_bounds(self.shape, world_size)
+        return self._bounds_of[world_size]
 
     def exchange_size(self, world_size: int) -> int:
         """Samples each rank sends (and receives) per epoch under partial(q)."""

@@ -58,8 +58,9 @@ def local_bounds(shape: DatasetShape, world_size: int) -> npt.NDArray[np.int64]:
     cut[0], cut[-1] = 0, num_chunks
     # Step 2: at least one chunk per rank when there are enough chunks (forward, then back).
     if num_chunks >= world_size:
-        for r in range(1, world_size):
-            cut[r] = max(cut[r], cut[r - 1] + 1)
-        for r in range(world_size - 1, 0, -1):
-            cut[r] = min(cut[r], cut[r + 1] - 1)
+        r = np.arange(world_size + 1)
+        cut = np.maximum.accumulate(cut - r) + r  # cut[r] >= cut[r-1] + 1
+        cut[-1] = num_chunks
+        cut = np.minimum.accumulate((cut - r)[::-1])[::-1] + r  # cut[r] <= cut[r+1] - 1
+        cut[0] = 0
     return starts[np.maximum.accumulate(cut)].astype(np.int64)
