@@ -30,16 +30,24 @@ def shuffle_samples(
     """
     if window <= 0:
         return rng.permutation(samples)
-    # Step 1: the chunks present, in a random order.
+    # Step 1: the chunks present, in a random order (runs of a sorted chunk column are
+    # found without a sort).
     chunks = shape.sample_chunk[samples]
-    present, inverse = np.unique(chunks, return_inverse=True)
-    chunk_pos = np.empty(len(present), dtype=np.int64)
-    chunk_pos[rng.permutation(len(present))] = np.arange(len(present))
+    if len(chunks) > 1 and bool(np.all(chunks[1:] >= chunks[:-1])):
+        starts = np.ones(len(chunks), dtype=bool)
+        starts[1:] = chunks[1:] != chunks[:-1]
+        inverse = np.cumsum(starts) - 1
+        present = int(inverse[-1]) + 1
+    else:
+        inverse = np.unique(chunks, return_inverse=True)[1].reshape(-1)
+        present = int(inverse.max()) + 1 if len(inverse) else 0
+    chunk_pos = np.empty(present, dtype=np.int64)
+    chunk_pos[rng.permutation(present)] = np.arange(present)
     # Step 2: each sample's window is its chunk's position // window.
     window_of = chunk_pos[inverse] // window
-    # Step 3: a random key orders samples inside each window.
-    key = rng.random(len(samples))
-    return samples[np.lexsort((key, window_of))]
+    # Step 3: a random key in [0, 1) orders samples inside each window: one argsort.
+    key = window_of + rng.random(len(samples))
+    return samples[np.argsort(key)]  # keys are distinct with probability 1
 
 
 def local_bounds(shape: DatasetShape, world_size: int) -> npt.NDArray[np.int64]:
