@@ -11,12 +11,14 @@ Policies:
 
 Partial shuffling without history replay: every rank has slots 0..n_r-1, initially holding its
 local partition in order. At epoch t a slot set J_t (k = floor(q * min n) indices drawn from
-[0, min n)) is common to all ranks, and a random ring sigma_t (one cycle through all ranks)
-pairs them: slot (r, j), j in J_t, receives what slot (sigma_t^-1(r), j) held. Slot indices
-never move, so the content of slot (r, j) at epoch e is the initial content of slot
-(R, j), where R follows sigma^-1 back through the epochs t <= e with j in J_t. One rank's
-plan at epoch e costs O(e * N/M) time and O(N/M + M) memory, with no communication, and
-every rank can compute every other rank's plan and the whole exchange schedule.
+[0, min n)) is common to all ranks and split into G = min(M, 32) groups; each group g has its
+own random ring sigma_{t,g} (one cycle through all ranks, a one-to-one matching): slot (r, j)
+of group g receives what slot (sigma_{t,g}^-1(r), j) held, so a rank receives from up to G
+peers and q = 1 mixes like a global shuffle. Slot indices never move, so the content of slot
+(r, j) at epoch e is the initial content of slot (R, j), where R follows the inverse rings
+back through the epochs t <= e with j in J_t. One rank's plan at epoch e costs
+O(e * (N/M + G*M)) time and O(N/M + G*M) memory, with no communication, and every rank can
+compute every other rank's plan and the whole exchange schedule.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = ["Exchange", "Plan", "PlanSpec"]
 
 IntArray = npt.NDArray[np.int64]
 POLICIES = ("global", "local", "partial")
+_GROUPS = 32  # rings per epoch in partial(q): a rank receives from up to this many peers
 
 
 @dataclass(frozen=True)
@@ -136,15 +139,22 @@ class Plan:
             return 0
         return int(self.spec.q * int(np.diff(self._bounds(world_size)).min()))
 
-    def _ring_inverse(self, epoch: int, world_size: int) -> IntArray:
-        ring = rng_for(self.spec.seed, epoch, PURPOSE_RING).permutation(world_size)
-        inverse = np.empty(world_size, dtype=np.int64)
-        inverse[ring] = np.roll(ring, 1)  # ring[i] receives from ring[i - 1]
+    def _ring_inverses(self, epoch: int, world_size: int) -> IntArray:
+        """inverse[g, r]: the rank that rank r receives from in group g (G rings)."""
+        groups = min(world_size, _GROUPS)
+        rng = rng_for(self.spec.seed, epoch, PURPOSE_RING)
+        rings = rng.permuted(np.tile(np.arange(world_size), (groups, 1)), axis=1)
+        inverse = np.empty_like(rings)
+        rows = np.arange(groups)[:, None]
+        inverse[rows, rings] = np.roll(rings, 1, axis=1)  # ring[i] receives from ring[i - 1]
         return inverse
 
-    def _slot_set(self, epoch: int, world_size: int, n_min: int) -> IntArray:
+    def _slot_set(self, epoch: int, world_size: int, n_min: int) -> tuple[IntArray, IntArray]:
+        """The exchanged slots of ``epoch`` and the ring group of each."""
         k = self.exchange_size(world_size)
-        return rng_for(self.spec.seed, epoch, PURPOSE_SLOTS).choice(n_min, k, replace=False)
+        rng = rng_for(self.spec.seed, epoch, PURPOSE_SLOTS)
+        slots = rng.choice(n_min, k, replace=False)
+        return slots, rng.integers(0, min(world_size, _GROUPS), size=k)
 
     def partition(self, epoch: int, rank: int, world_size: int) -> IntArray:
         """Samples rank ``rank`` holds in ``epoch`` (local, partial), in slot order."""
@@ -154,8 +164,8 @@ class Plan:
         if self.spec.policy == "partial" and self.exchange_size(world_size) > 0:
             n_min = int(np.diff(bounds).min())
             for t in range(epoch, 0, -1):  # trace back: the latest exchange first
-                j = self._slot_set(t, world_size, n_min)
-                src[j] = self._ring_inverse(t, world_size)[src[j]]
+                j, g = self._slot_set(t, world_size, n_min)
+                src[j] = self._ring_inverses(t, world_size)[g, src[j]]
         return bounds[src] + np.arange(n_r, dtype=np.int64)
 
     # --- orders ------------------------------------------------------------------------
@@ -223,22 +233,24 @@ class Plan:
         if epoch < 1 or k == 0:
             return Exchange(epoch, empty, empty, empty, empty)
         bounds = self._bounds(world_size)
-        j = self._slot_set(epoch, world_size, int(np.diff(bounds).min()))
-        inverse = self._ring_inverse(epoch, world_size)
-        samples, srcs, dsts, steps = [], [], [], []
+        j, g = self._slot_set(epoch, world_size, int(np.diff(bounds).min()))
+        inverse = self._ring_inverses(epoch, world_size)
+        held = [self.partition(epoch - 1, r, world_size) for r in range(world_size)]
+        # The step after which the sender has read each sample in epoch - 1 (first use).
+        first_use = np.zeros(self.shape.num_samples, dtype=np.int64)
+        for r in range(world_size):
+            order = self.order(epoch - 1, r, world_size)
+            first_use[order[::-1]] = np.arange(len(order))[::-1] // max(1, batch_size)
+        samples, srcs, dsts = [], [], []
         for dst in range(world_size):
-            src = int(inverse[dst])
-            held = self.partition(epoch - 1, src, world_size)[j]
-            order = self.order(epoch - 1, src, world_size)
-            position = np.full(self.shape.num_samples, len(order), dtype=np.int64)
-            position[order[::-1]] = np.arange(len(order))[::-1]  # first use
-            samples.append(held)
-            srcs.append(np.full(k, src))
+            src = inverse[g, dst]  # per exchanged slot
+            samples.append(np.array([held[s][slot] for s, slot in zip(src, j, strict=True)]))
+            srcs.append(src)
             dsts.append(np.full(k, dst))
-            steps.append(position[held] // max(1, batch_size))
+        sample = np.concatenate(samples).astype(np.int64)
         return Exchange(
-            epoch, np.concatenate(samples), np.concatenate(srcs), np.concatenate(dsts),
-            np.concatenate(steps),
+            epoch, sample, np.concatenate(srcs).astype(np.int64), np.concatenate(dsts),
+            first_use[sample],
         )  # fmt: skip
 
 
