@@ -1,0 +1,52 @@
+"""Storage: drivers (posix, memory, fsspec, slow), placement policies and the tier stack."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tierfeed.errors import ConfigError
+from tierfeed.storage.driver import Driver, OpCounters
+from tierfeed.storage.latency import LatencyModel, LatencySampler
+from tierfeed.storage.memory import MemoryDriver
+from tierfeed.storage.posix import PosixDriver
+from tierfeed.storage.slow import SlowDriver
+from tierfeed.storage.tiers import Tier, TierOptions, TierStack, disk_tier
+
+__all__ = [
+    "DRIVERS",
+    "Driver",
+    "LatencyModel",
+    "LatencySampler",
+    "MemoryDriver",
+    "OpCounters",
+    "PosixDriver",
+    "SlowDriver",
+    "Tier",
+    "TierOptions",
+    "TierStack",
+    "disk_tier",
+    "driver_for",
+]
+
+# name -> (module:Class, what to install when its dependency is missing)
+DRIVERS: dict[str, tuple[str, str]] = {
+    "posix": ("tierfeed.storage.posix:PosixDriver", ""),
+    "memory": ("tierfeed.storage.memory:MemoryDriver", ""),
+    "fsspec": ("tierfeed.storage.fsspec_driver:FsspecDriver", "pip install 'tierfeed[fsspec]'"),
+    "slow": ("tierfeed.storage.slow:SlowDriver", ""),
+}
+
+
+def driver_for(location: str, read_only: bool = True, **options: Any) -> Driver:
+    """A driver for a directory path or a URL (``s3://...`` and other fsspec protocols)."""
+    name = "fsspec" if "://" in location and not location.startswith("file://") else "posix"
+    target, hint = DRIVERS[name]
+    module_name, _, cls_name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except ImportError:
+        raise ConfigError(f"the {name} driver is not installed: {hint}") from None
+    path = location.removeprefix("file://")
+    driver: Driver = cls(path, read_only=read_only, **options)
+    return driver

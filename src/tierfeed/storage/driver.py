@@ -1,0 +1,115 @@
+"""The storage driver protocol: a few primitives; everything else is derived once, here."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from tierfeed.errors import NotFoundError, ReadOnlyError
+
+__all__ = ["Driver", "OpCounters"]
+
+
+@dataclass
+class OpCounters:
+    """Operations a driver served; a thread-safe tally, read with `snapshot()`."""
+
+    reads: int = 0
+    bytes_read: int = 0
+    writes: int = 0
+    bytes_written: int = 0
+    deletes: int = 0
+    stats: int = 0
+    lists: int = 0
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        """Add to named counters."""
+        with self._mutex:
+            for name, value in deltas.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        with self._mutex:
+            return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+class Driver(ABC):
+    """A place that stores whole objects by path: a directory, RAM, an object store.
+
+    Subclasses implement five primitives; reads of whole objects, existence checks and the
+    read-only guard are derived here. Errors leave a driver as tierfeed errors only.
+
+    Args:
+        read_only: refuse writes and deletes (the origin is always read-only).
+    """
+
+    name = "driver"
+
+    def __init__(self, read_only: bool = False) -> None:
+        self.read_only = read_only
+        self.counters = OpCounters()
+
+    # --- primitives ---------------------------------------------------------------------
+
+    @abstractmethod
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """Size of the object in bytes. Raises NotFoundError."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Paths of the objects under ``prefix``, sorted."""
+
+    @abstractmethod
+    def _write(self, path: str, data: bytes) -> None:
+        """Store ``data`` at ``path`` atomically: whole or not at all."""
+
+    @abstractmethod
+    def _delete(self, path: str) -> None:
+        """Remove the object. Raises NotFoundError."""
+
+    # --- derived ------------------------------------------------------------------------
+
+    def read(self, path: str) -> bytes:
+        """The whole object."""
+        return self.read_range(path, 0, self.size(path))
+
+    def exists(self, path: str) -> bool:
+        """Whether an object is stored at ``path``."""
+        try:
+            self.size(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def write(self, path: str, data: bytes) -> None:
+        """Store ``data`` at ``path`` atomically. Raises ReadOnlyError on read-only storage."""
+        if self.read_only:
+            raise ReadOnlyError(f"{self}: read-only; refusing to write {path}")
+        self._write(path, data)
+        self.counters.add(writes=1, bytes_written=len(data))
+
+    def delete(self, path: str) -> None:
+        """Remove the object at ``path``. Raises ReadOnlyError on read-only storage."""
+        if self.read_only:
+            raise ReadOnlyError(f"{self}: read-only; refusing to delete {path}")
+        self._delete(path)
+        self.counters.add(deletes=1)
+
+    def close(self) -> None:  # noqa: B027 - most drivers hold nothing to release
+        """Release files and connections; idempotent."""
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"

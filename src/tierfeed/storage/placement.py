@@ -1,0 +1,159 @@
+"""Placement policies: pure decisions of what to cache where and what to evict (no I/O).
+
+fill-top      Monarch's: place while there is room, never evict.
+lru           evict the least recently used chunks to make room.
+clairvoyant   Belady's: the future access sequence is known (the plan gives it): evict the
+              chunk whose next use is furthest away, never cache a chunk needed later than
+              every cached one, and prefetch the next chunks that fit.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.errors import ConfigError
+
+__all__ = ["POLICIES", "Clairvoyant", "FillTop", "Lru", "Placement", "make_policy"]
+
+NEVER = float("inf")
+
+
+class Placement(ABC):
+    """Decides, for one tier, whether a chunk goes in and which chunks leave for it."""
+
+    name = "placement"
+
+    def accessed(self, chunk: int) -> None:  # noqa: B027 - most policies need no history
+        """A read of ``chunk`` happened (from any tier)."""
+
+    @abstractmethod
+    def choose(
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+    ) -> tuple[bool, list[int]]:
+        """(place?, victims) for putting ``chunk`` of ``size`` bytes into a tier holding
+        ``cached`` ({chunk: size}) under ``quota`` bytes."""
+
+
+class FillTop(Placement):
+    """Place while the tier has room; never evict."""
+
+    name = "fill-top"
+
+    def choose(
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+    ) -> tuple[bool, list[int]]:
+        return sum(cached.values()) + size <= quota, []
+
+
+class Lru(Placement):
+    """Evict the least recently accessed chunks until the new one fits."""
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._recent: OrderedDict[int, None] = OrderedDict()
+
+    def accessed(self, chunk: int) -> None:
+        self._recent.pop(chunk, None)
+        self._recent[chunk] = None
+
+    def choose(
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+    ) -> tuple[bool, list[int]]:
+        if size > quota:
+            return False, []
+        free = quota - sum(cached.values())
+        # Oldest first; chunks never accessed in this process count as oldest of all.
+        age = {c: i for i, c in enumerate(self._recent)}
+        by_age = sorted(cached, key=lambda c: age.get(c, -1))
+        victims = []
+        for victim in by_age:
+            if free >= size:
+                break
+            if victim != chunk:
+                victims.append(victim)
+                free += cached[victim]
+        return free >= size, victims if free >= size else []
+
+
+class Clairvoyant(Placement):
+    """Belady's optimal replacement on the known future access sequence."""
+
+    name = "clairvoyant"
+
+    def __init__(self) -> None:
+        self._uses: dict[int, list[int]] = {}
+        self._now = 0
+        self._future: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+
+    def set_future(self, sequence: npt.ArrayLike) -> None:
+        """The chunk ids the readers will access, in order (from the plan)."""
+        self._future = np.asarray(sequence, dtype=np.int64)
+        self._uses = {}
+        for i, c in enumerate(self._future.tolist()):
+            self._uses.setdefault(c, []).append(i)
+        self._now = 0
+
+    def accessed(self, chunk: int) -> None:
+        uses = self._uses.get(chunk)
+        if uses:
+            # Advance the clock to this access of the chunk (the next one at or after now).
+            i = bisect_right(uses, self._now - 1)
+            if i < len(uses):
+                self._now = uses[i] + 1
+
+    def next_use(self, chunk: int) -> float:
+        """Index of the chunk's next access at or after now (inf if never)."""
+        uses = self._uses.get(chunk, [])
+        i = bisect_right(uses, self._now - 1)
+        return float(uses[i]) if i < len(uses) else NEVER
+
+    def choose(
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+    ) -> tuple[bool, list[int]]:
+        if size > quota:
+            return False, []
+        mine = self.next_use(chunk)
+        if mine == NEVER:
+            return False, []  # never needed again: caching it can only displace something
+        free = quota - sum(cached.values())
+        victims = []
+        for victim in sorted(cached, key=self.next_use, reverse=True):
+            if free >= size:
+                break
+            if self.next_use(victim) <= mine:
+                return False, []  # everything left is needed sooner than this chunk
+            victims.append(victim)
+            free += cached[victim]
+        return free >= size, victims if free >= size else []
+
+    def prefetch(self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int],
+                 horizon: int = 64) -> Iterator[int]:  # fmt: skip
+        """Chunks worth fetching now: the next ones in the future not cached that fit."""
+        planned = dict(cached)  # what the tier will hold once earlier prefetches land
+        for c in self._future[self._now : self._now + horizon].tolist():
+            if c in planned:
+                continue
+            place, victims = self.choose(planned, c, sizes[c], quota)
+            if place:
+                for v in victims:
+                    del planned[v]
+                planned[c] = sizes[c]
+                yield c
+
+
+POLICIES: dict[str, type[Placement]] = {p.name: p for p in (FillTop, Lru, Clairvoyant)}
+
+
+def make_policy(name: str) -> Placement:
+    """A fresh policy by name: fill-top, lru or clairvoyant."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ConfigError(f"unknown placement {name!r}; use one of {sorted(POLICIES)}") from None

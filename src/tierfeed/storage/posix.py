@@ -1,0 +1,121 @@
+"""The POSIX driver: objects are files under a root directory; writes are tmp-then-rename."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path, PurePosixPath
+
+from tierfeed.errors import NotFoundError, StorageError
+from tierfeed.storage.driver import Driver
+
+__all__ = ["PosixDriver"]
+
+
+class PosixDriver(Driver):
+    """Files under ``root``.
+
+    Args:
+        root: the directory (created, mode 0700 unless ``shared``, when writable).
+        read_only: refuse writes and deletes.
+        shared: create directories 0755 and files 0644 (a cache shared between users,
+            configured explicitly); otherwise 0700 and 0600, private to their creator.
+    """
+
+    name = "posix"
+
+    def __init__(self, root: str | os.PathLike[str], read_only: bool = False, shared: bool = False):
+        super().__init__(read_only)
+        self.root = Path(root).absolute()
+        self._dir_mode, self._file_mode = (0o755, 0o644) if shared else (0o700, 0o600)
+        if not read_only:
+            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+        self.name = f"posix:{self.root}"
+
+    def _path(self, path: str) -> Path:
+        parts = PurePosixPath(path).parts
+        if not parts or path.startswith("/") or ".." in parts:
+            raise StorageError(f"{self}: path {path!r} would leave the root")
+        return self.root.joinpath(*parts)
+
+    def _fail(self, path: str, exc: OSError) -> StorageError:
+        if exc.errno == errno.ENOENT:
+            return NotFoundError(f"{self}: no object {path!r}")
+        return StorageError(f"{self}: {path}: {exc.strerror or exc}")
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._path(path), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise self._fail(path, exc) from None
+        self.counters.add(reads=1, bytes_read=len(data))
+        return data
+
+    def size(self, path: str) -> int:
+        self.counters.add(stats=1)
+        try:
+            return self._path(path).stat().st_size
+        except OSError as exc:
+            raise self._fail(path, exc) from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        self.counters.add(lists=1)
+        out = []
+        for dirpath, _, names in os.walk(self.root):
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in names:
+                p = name if rel == "." else f"{rel}/{name}"
+                if p.startswith(prefix) and ".tmp." not in name:
+                    out.append(p)
+        return sorted(out)
+
+    def _write(self, path: str, data: bytes) -> None:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+        tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, self._file_mode)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise self._fail(path, exc) from None
+
+    def _delete(self, path: str) -> None:
+        try:
+            self._path(path).unlink()
+        except OSError as exc:
+            raise self._fail(path, exc) from None
+
+    def remove_stale_temporaries(self) -> int:
+        """Delete temporary files left by processes that died mid-write; returns how many."""
+        removed = 0
+        for tmp in self.root.rglob(".tmp.*"):
+            pid = tmp.name.split(".")[2]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                    removed += 1
+        return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,58 @@
+"""The slow driver: wraps another and delays each operation by the seeded latency model."""
+
+from __future__ import annotations
+
+import time
+
+from tierfeed.storage.driver import Driver
+from tierfeed.storage.latency import LatencyModel, LatencySampler
+
+__all__ = ["SlowDriver"]
+
+
+class SlowDriver(Driver):
+    """``inner`` with every read, stat and list delayed by ``model`` (per-op counters kept).
+
+    Args:
+        inner: the driver slowed down.
+        model: the latency model (lognormal latency, stall tail, bandwidth cap).
+    """
+
+    def __init__(self, inner: Driver, model: LatencyModel) -> None:
+        super().__init__(inner.read_only)
+        self.inner = inner
+        self.sampler = LatencySampler(model)
+        self.name = f"slow:{inner.name}"
+        self.delay_s = 0.0
+
+    def _sleep(self, nbytes: int = 0) -> None:
+        seconds = self.sampler.delay(nbytes)
+        self.delay_s += seconds
+        time.sleep(seconds)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        self._sleep(length)
+        data = self.inner.read_range(path, offset, length)
+        self.counters.add(reads=1, bytes_read=len(data))
+        return data
+
+    def size(self, path: str) -> int:
+        self._sleep()
+        self.counters.add(stats=1)
+        return self.inner.size(path)
+
+    def list(self, prefix: str = "") -> list[str]:
+        self._sleep()
+        self.counters.add(lists=1)
+        return self.inner.list(prefix)
+
+    def _write(self, path: str, data: bytes) -> None:
+        self._sleep(len(data))
+        self.inner.write(path, data)
+
+    def _delete(self, path: str) -> None:
+        self._sleep()
+        self.inner.delete(path)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,89 @@
+"""Driver fixtures: every driver the conformance suite runs against, a real S3 server included."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tierfeed.storage import Driver, LatencyModel, MemoryDriver, PosixDriver, SlowDriver
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server in this process, on loopback only."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def s3_options(endpoint: str) -> dict[str, object]:
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "skip_instance_cache": True,
+    }
+
+
+@pytest.fixture
+def make_s3(s3_endpoint: str, request: pytest.FixtureRequest) -> Callable[..., Driver]:
+    import boto3
+
+    bucket = f"b-{abs(hash(request.node.nodeid)) % 10**10}"
+    client = boto3.client(
+        "s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    )  # fmt: skip
+    client.create_bucket(Bucket=bucket)
+
+    def make(read_only: bool = False) -> Driver:
+        from tierfeed.storage.fsspec_driver import FsspecDriver
+
+        return FsspecDriver(f"s3://{bucket}/root", read_only, **s3_options(s3_endpoint))
+
+    return make
+
+
+@pytest.fixture(params=["posix", "memory", "slow", "fsspec-s3"])
+def make_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Driver]:
+    """A factory of one driver kind over one shared backing store."""
+    kind = request.param
+    if kind == "posix":
+        return lambda read_only=False: PosixDriver(tmp_path / "root", read_only)
+    if kind == "memory":
+        backing = MemoryDriver()
+
+        def memory(read_only: bool = False) -> Driver:
+            if read_only:
+                view = MemoryDriver(read_only=True)
+                view._objects = backing._objects  # same objects, read-only face
+                return view
+            return backing
+
+        return memory
+    if kind == "slow":
+        inner = MemoryDriver()
+        model = LatencyModel(median_ms=0.2, sigma=0.3, seed=3)
+        return lambda read_only=False: SlowDriver(inner if not read_only else _ro(inner), model)
+    return request.getfixturevalue("make_s3")  # type: ignore[no-any-return]
+
+
+def _ro(inner: MemoryDriver) -> MemoryDriver:
+    view = MemoryDriver(read_only=True)
+    view._objects = inner._objects
+    return view

@@ -1,0 +1,88 @@
+"""Placement decisions on small known sequences, and quotas under random access (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierfeed.storage.placement import Clairvoyant, FillTop, Lru, Placement, make_policy
+
+
+def run(policy: Placement, accesses: list[int], quota: int, size: int = 1) -> tuple[int, list]:
+    """Misses of a read sequence through one tier, and the evictions in order."""
+    cached: dict[int, int] = {}
+    misses, evicted = 0, []
+    for chunk in accesses:
+        policy.accessed(chunk)
+        if chunk in cached:
+            continue
+        misses += 1
+        ok, victims = policy.choose(cached, chunk, size, quota)
+        assert ok or not victims
+        for v in victims:
+            evicted.append(v)
+            del cached[v]
+        if ok:
+            cached[chunk] = size
+        assert sum(cached.values()) <= quota
+    return misses, evicted
+
+
+def test_fill_top_never_evicts() -> None:
+    assert run(FillTop(), [1, 2, 3, 1, 2, 3], quota=2) == (4, [])
+
+
+def test_lru_evicts_least_recent() -> None:
+    misses, evicted = run(Lru(), [1, 2, 1, 3, 2, 4], quota=2)
+    assert evicted == [2, 1, 3] and misses == 5
+
+
+def test_clairvoyant_evicts_furthest_next_use() -> None:
+    seq = [1, 2, 3, 1, 2, 4, 1, 2]
+    policy = Clairvoyant()
+    policy.set_future(seq)
+    misses, evicted = run(policy, seq, quota=2)
+    # Belady: 3 is never needed again, so it is not even cached; 4 likewise.
+    assert evicted == [] and misses == 4
+    lru_misses, _ = run(Lru(), seq, quota=2)
+    assert misses < lru_misses
+
+
+def test_clairvoyant_prefetch_takes_the_next_chunks_that_fit() -> None:
+    policy = Clairvoyant()
+    policy.set_future([5, 6, 5, 7, 8])
+    assert list(policy.prefetch({}, quota=2, sizes=dict.fromkeys(range(10), 1))) == [5, 6]
+
+
+@settings(max_examples=200)
+@given(
+    name=st.sampled_from(["fill-top", "lru", "clairvoyant"]),
+    accesses=st.lists(st.integers(0, 12), min_size=1, max_size=80),
+    quota=st.integers(0, 8),
+    sizes=st.lists(st.integers(1, 4), min_size=13, max_size=13),
+)
+def test_quota_is_never_exceeded(name: str, accesses: list[int], quota: int, sizes) -> None:
+    policy = make_policy(name)
+    if isinstance(policy, Clairvoyant):
+        policy.set_future(accesses)
+    cached: dict[int, int] = {}
+    for chunk in accesses:
+        policy.accessed(chunk)
+        if chunk in cached:
+            continue
+        ok, victims = policy.choose(cached, chunk, sizes[chunk], quota)
+        for v in victims:
+            del cached[v]
+        if ok:
+            cached[chunk] = sizes[chunk]
+        assert sum(cached.values()) <= quota
+
+
+@settings(max_examples=100)
+@given(accesses=st.lists(st.integers(0, 9), min_size=1, max_size=60), quota=st.integers(1, 6))
+def test_clairvoyant_never_misses_more_than_lru_or_fill_top(accesses, quota) -> None:
+    policy = Clairvoyant()
+    policy.set_future(accesses)
+    best, _ = run(policy, accesses, quota)
+    assert best <= run(Lru(), accesses, quota)[0]
+    assert best <= run(FillTop(), accesses, quota)[0]

@@ -1,0 +1,195 @@
+"""The tier stack on a real packed store: hits, one fetch per miss, quotas, corruption, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.format.conftest import write_tree
+from tierfeed.errors import ChunkCorruptError
+from tierfeed.format.index import Index
+from tierfeed.format.pack import PackOptions, pack
+from tierfeed.format.store import Store, open_store
+from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
+from tierfeed.storage.tiers import cache_key, disk_tier
+
+pytestmark = pytest.mark.timeout(90)
+FILES = {f"c{i % 3}/f{i:03d}.bin".encode(): os.urandom(2000 + 37 * i) for i in range(120)}
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiers")
+    write_tree(root / "src", FILES)
+    pack(root / "src", root / "store", PackOptions(chunk_size=32 * 1024, progress=False))
+    return root / "store"
+
+
+def stack(store_dir: Path, tiers: list[Tier], policy: str = "fill-top", **kw: object) -> TierStack:
+    index = Index(store_dir)
+    origin = kw.pop("origin", None) or PosixDriver(store_dir, read_only=True)
+    return TierStack(index.chunks(), origin, tiers, policy)  # type: ignore[arg-type]
+
+
+def read_all(store: Store) -> dict[str, bytes]:
+    return {store.index.key(i): store.read_sample(i).fields["bin"] for i in range(len(store))}
+
+
+def test_reads_then_hits_from_the_tier(store_dir: Path) -> None:
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with stack(store_dir, [ram]) as tiers, open_store(store_dir, source=tiers) as store:
+        first = read_all(store)
+        tiers.drain()
+        origin_bytes = tiers.origin_counters.bytes
+        assert read_all(store) == first
+        assert tiers.origin_counters.bytes == origin_bytes  # second pass: no origin reads
+        assert ram.counters.hits > 0 and tiers.origin_counters.copies == len(store.chunks)
+    assert {k + ".bin": v for k, v in first.items()} == {
+        os.fsdecode(k): v for k, v in FILES.items()
+    }
+
+
+def test_concurrent_misses_fetch_a_chunk_once(store_dir: Path) -> None:
+    slow = SlowDriver(PosixDriver(store_dir, read_only=True), LatencyModel(median_ms=20))
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with stack(store_dir, [ram], origin=slow) as tiers:
+        go = threading.Barrier(16)
+
+        def reader() -> None:
+            go.wait()
+            tiers.read_range(0, 512, 100)
+
+        threads = [threading.Thread(target=reader) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        tiers.drain()
+        assert tiers.origin_counters.copies == 1 and list(ram.held) == [0]
+
+
+@pytest.mark.parametrize("policy", ["fill-top", "lru", "clairvoyant"])
+def test_quota_is_respected(store_dir: Path, policy: str) -> None:
+    chunk_size = Index(store_dir).chunk(0).size
+    ram = Tier(MemoryDriver(), quota=2 * chunk_size + 100, name="ram")
+    with stack(store_dir, [ram], policy) as tiers, open_store(store_dir, source=tiers) as store:
+        tiers.set_future(store.index.sample_chunk.tolist() * 2)
+        for _ in range(2):
+            for i in range(len(store)):
+                store.read_sample(i)
+                assert sum(ram.held.values()) <= ram.quota
+            tiers.drain()
+        assert ram.driver.used <= ram.quota  # type: ignore[attr-defined]
+
+
+def test_corrupt_cache_entry_is_dropped_and_refetched(store_dir: Path, tmp_path: Path) -> None:
+    with stack(store_dir, [disk_tier(tmp_path / "cache", 10**9)]) as tiers:
+        tiers.read_range(1, 0, 10)
+        tiers.drain()
+    info = Index(store_dir).chunk(1)
+    cached = tmp_path / "cache" / cache_key(info)
+    raw = bytearray(cached.read_bytes())
+    raw[700] ^= 0xFF
+    cached.write_bytes(bytes(raw))
+    disk = disk_tier(tmp_path / "cache", 10**9)
+    with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+        assert read_all(store)  # correct bytes: the damaged entry was not served
+        tiers.drain()
+        assert disk.counters.corrupt_dropped == 1
+    assert cached.read_bytes() == (store_dir / info.name).read_bytes()  # fetched again
+
+
+def test_corrupt_origin_chunk_is_named(store_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    (bad / "chunks").mkdir(parents=True)
+    for p in (store_dir / "chunks").iterdir():
+        (bad / "chunks" / p.name).write_bytes(p.read_bytes())
+    (bad / "index.tfi").write_bytes((store_dir / "index.tfi").read_bytes())
+    target = bad / "chunks" / "000000.tar"
+    raw = bytearray(target.read_bytes())
+    raw[600] ^= 0xFF
+    target.write_bytes(bytes(raw))
+    with stack(bad, [Tier(MemoryDriver(), 10**9, name="ram")]) as tiers:
+        tiers.read_range(0, 0, 10)
+        tiers.drain()
+        with pytest.raises(ChunkCorruptError, match=r"chunks/000000\.tar at the origin"):
+            tiers.read_range(0, 0, 10)
+
+
+def test_disk_tier_persists_across_processes_and_is_private(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    child = f"""
+import sys; sys.path.insert(0, {str(Path.cwd())!r})
+from tests.storage.test_tiers import stack
+from tierfeed.storage.tiers import disk_tier
+from tierfeed.format.store import open_store
+from pathlib import Path
+with stack(Path({str(store_dir)!r}), [disk_tier({str(cache)!r}, 10**9)]) as t:
+    s = open_store({str(store_dir)!r}, source=t)
+    [s.read_sample(i) for i in range(len(s))]
+    t.drain()
+"""
+    subprocess.run([sys.executable, "-c", child], check=True, timeout=60)
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    disk = disk_tier(cache, 10**9)
+    with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+        read_all(store)
+        assert tiers.origin_counters.bytes == 0 and disk.counters.hits > 0
+
+
+def test_kill_9_during_a_copy_leaves_nothing_served(store_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    child = f"""
+import sys, time; sys.path.insert(0, {str(Path.cwd())!r})
+from pathlib import Path
+from tests.storage.test_tiers import stack
+from tierfeed.storage import LatencyModel, PosixDriver, SlowDriver
+from tierfeed.storage.tiers import disk_tier
+origin = SlowDriver(PosixDriver({str(store_dir)!r}, read_only=True), LatencyModel())
+t = stack(Path({str(store_dir)!r}), [disk_tier({str(cache)!r}, 10**9)], origin=origin)
+real = t.tiers[0].driver._write
+def slow_write(path, data):  # die while the temporary file is being written
+    import os
+    tmp = t.tiers[0].driver.root / (".tmp." + str(os.getpid()) + "." + path)
+    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY)
+    os.write(fd, data[: len(data) // 2]); print("writing", flush=True); time.sleep(60)
+t.tiers[0].driver._write = slow_write
+t.read_range(0, 0, 10)
+time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert list(cache.glob(".tmp.*"))  # the half-written temporary is there
+    disk = disk_tier(cache, 10**9)
+    with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+        assert not list(cache.glob(".tmp.*"))  # cleaned at start
+        assert disk.held == {}  # nothing half-written is ever listed, let alone served
+        assert read_all(store)
+        tiers.drain()
+        assert 0 in disk.held
+
+
+def test_origin_is_never_written(store_dir: Path) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in (store_dir / "chunks").iterdir()}
+    origin = PosixDriver(store_dir, read_only=True)
+    with stack(store_dir, [Tier(MemoryDriver(), 10**9, name="ram")], origin=origin) as tiers:
+        for c in range(len(tiers.chunks)):
+            tiers.read_range(c, 0, 100)
+        tiers.drain()
+        time.sleep(0.01)
+    assert origin.counters.snapshot()["writes"] == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (store_dir / "chunks").iterdir()} == before
