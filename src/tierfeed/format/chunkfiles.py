@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
 
-__all__ = ["DirectoryChunks", "safe_chunk_path"]
+__all__ = ["DirectoryChunks", "FdCache", "safe_chunk_path"]
 
 
 def safe_chunk_path(root: Path, name: str, where: Path) -> Path:
@@ -28,6 +29,87 @@ class _Fd:
 
     def __init__(self, fd: int) -> None:
         self.fd, self.refs, self.evicted = fd, 0, False
+
+
+class FdCache:
+    """Open file descriptors by path, at most ``max_open``, reference-counted.
+
+    A descriptor is never closed while a thread reads through it, so its number cannot be
+    reused under a reader. Opens happen outside the lock: an open that hangs on slow storage
+    does not stall reads of files already open.
+    """
+
+    def __init__(self, max_open: int = 128, flags: int = os.O_RDONLY | os.O_CLOEXEC) -> None:
+        self.max_open = max_open
+        self.flags = flags
+        self.opens = 0
+        self._open: OrderedDict[str, _Fd] = OrderedDict()
+        self._mutex = threading.Lock()
+
+    def _open_file(self, path: str) -> int:
+        try:
+            return os.open(path, self.flags)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self.flags & os.O_DIRECT:
+                raise
+            self.flags &= ~os.O_DIRECT  # no O_DIRECT on this file system
+            return os.open(path, self.flags)
+
+    @contextlib.contextmanager
+    def fd(self, path: str) -> Iterator[int]:
+        """A descriptor of ``path`` for the duration of the block (OSError if it won't open)."""
+        entry = self._acquire(path)
+        try:
+            yield entry.fd
+        finally:
+            self._release(entry)
+
+    def _acquire(self, path: str) -> _Fd:
+        with self._mutex:
+            entry = self._open.get(path)
+            if entry is not None:
+                self._open.move_to_end(path)
+                entry.refs += 1
+                return entry
+        fd = self._open_file(path)  # two threads may race to open; the loser closes its own
+        with self._mutex:
+            self.opens += 1
+            entry = self._open.get(path)
+            if entry is not None:
+                os.close(fd)
+            else:
+                entry = self._open[path] = _Fd(fd)
+                while len(self._open) > self.max_open:
+                    _, old = self._open.popitem(last=False)
+                    old.evicted = True
+                    if old.refs == 0:
+                        os.close(old.fd)
+            entry.refs += 1
+            return entry
+
+    def _release(self, entry: _Fd) -> None:
+        with self._mutex:
+            entry.refs -= 1
+            if entry.evicted and entry.refs == 0:
+                os.close(entry.fd)
+
+    def forget(self, path: str) -> None:
+        """Drop a cached descriptor (the file was deleted or replaced)."""
+        with self._mutex:
+            entry = self._open.pop(path, None)
+            if entry is not None:
+                entry.evicted = True
+                if entry.refs == 0:
+                    os.close(entry.fd)
+
+    def close(self) -> None:
+        """Close every descriptor not in use (those in use close on release)."""
+        with self._mutex:
+            for entry in self._open.values():
+                entry.evicted = True
+                if entry.refs == 0:
+                    os.close(entry.fd)
+            self._open.clear()
 
 
 class DirectoryChunks:
@@ -54,61 +136,15 @@ class DirectoryChunks:
         self.root = root
         self.chunks = chunks
         self._paths = [safe_chunk_path(root, c.name, index_path) for c in chunks]
-        self._max_open = max_open
-        self._open: OrderedDict[int, _Fd] = OrderedDict()
-        self._mutex = threading.Lock()
-        self.opens = 0
         self.reads = 0
         self.bytes_read = 0
-        self._flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
+        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
+        self._fds = FdCache(max_open, flags)
 
-    def _acquire(self, chunk: int) -> _Fd:
-        with self._mutex:
-            entry = self._open.get(chunk)
-            if entry is not None:
-                self._open.move_to_end(chunk)
-                entry.refs += 1
-                return entry
-        # Open outside the lock: an open that hangs on slow storage must not stall reads of
-        # chunks that are already open. Two threads may race to open; the loser closes its own.
-        try:
-            fd = self._open_file(chunk)
-        except FileNotFoundError:
-            raise ChunkCorruptError(
-                f"chunk {self._paths[chunk]} is missing; the store is incomplete "
-                "(run `tierfeed verify` on it)"
-            ) from None
-        except OSError as exc:
-            raise StorageError(f"{self._paths[chunk]}: {exc.strerror}") from None
-        with self._mutex:
-            self.opens += 1
-            entry = self._open.get(chunk)
-            if entry is not None:
-                os.close(fd)
-            else:
-                entry = self._open[chunk] = _Fd(fd)
-                while len(self._open) > self._max_open:
-                    _, old = self._open.popitem(last=False)
-                    old.evicted = True
-                    if old.refs == 0:
-                        os.close(old.fd)
-            entry.refs += 1
-            return entry
-
-    def _open_file(self, chunk: int) -> int:
-        try:
-            return os.open(self._paths[chunk], self._flags)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL or not self._flags & os.O_DIRECT:
-                raise
-            self._flags &= ~os.O_DIRECT  # no O_DIRECT on this file system
-            return os.open(self._paths[chunk], self._flags)
-
-    def _release(self, entry: _Fd) -> None:
-        with self._mutex:
-            entry.refs -= 1
-            if entry.evicted and entry.refs == 0:
-                os.close(entry.fd)
+    @property
+    def opens(self) -> int:
+        """Chunk files opened so far."""
+        return self._fds.opens
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of ``chunk`` at ``offset`` (one pread)."""
@@ -118,18 +154,16 @@ class DirectoryChunks:
                 f"index points past the end of chunk {info.name} (range {offset}+{length} > "
                 f"{info.size} bytes); the index is damaged, re-create it"
             )
-        entry = self._acquire(chunk)
+        path = os.fspath(self._paths[chunk])
         try:
-            data = os.pread(entry.fd, length, offset)
+            with self._fds.fd(path) as fd:
+                data = _pread(fd, path, length, offset, self._fds.flags)
+        except FileNotFoundError:
+            raise ChunkCorruptError(
+                f"chunk {path} is missing; the store is incomplete (run `tierfeed verify` on it)"
+            ) from None
         except OSError as exc:
-            if exc.errno == errno.EINVAL and self._flags & os.O_DIRECT:
-                # Unaligned direct reads refused here: read through the page cache instead.
-                with open(self._paths[chunk], "rb", buffering=0) as fh:
-                    data = os.pread(fh.fileno(), length, offset)
-            else:
-                raise StorageError(f"{self._paths[chunk]}: read failed: {exc.strerror}") from None
-        finally:
-            self._release(entry)
+            raise StorageError(f"{path}: read failed: {exc.strerror}") from None
         self.reads += 1
         self.bytes_read += len(data)
         if len(data) != length:
@@ -141,9 +175,15 @@ class DirectoryChunks:
 
     def close(self) -> None:
         """Close every cached descriptor not in use (those in use close on release)."""
-        with self._mutex:
-            for entry in self._open.values():
-                entry.evicted = True
-                if entry.refs == 0:
-                    os.close(entry.fd)
-            self._open.clear()
+        self._fds.close()
+
+
+def _pread(fd: int, path: str, length: int, offset: int, flags: int) -> bytes:
+    """One pread; an unaligned O_DIRECT read refused (EINVAL) goes through the page cache."""
+    try:
+        return os.pread(fd, length, offset)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL or not flags & os.O_DIRECT:
+            raise
+        with open(path, "rb", buffering=0) as fh:
+            return os.pread(fh.fileno(), length, offset)

@@ -15,6 +15,7 @@ __all__ = ["Driver", "OpCounters"]
 class OpCounters:
     """Operations a driver served; a thread-safe tally, read with `snapshot()`."""
 
+    opens: int = 0
     reads: int = 0
     bytes_read: int = 0
     writes: int = 0
@@ -29,6 +30,12 @@ class OpCounters:
         with self._mutex:
             for name, value in deltas.items():
                 setattr(self, name, getattr(self, name) + value)
+
+    def set(self, **values: int) -> None:
+        """Set named counters (tallies kept elsewhere, e.g. an fd cache's opens)."""
+        with self._mutex:
+            for name, value in values.items():
+                setattr(self, name, value)
 
     def snapshot(self) -> dict[str, int]:
         """The counters as a plain dict."""

@@ -8,6 +8,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from tierfeed.errors import NotFoundError, StorageError
+from tierfeed.format.chunkfiles import FdCache
 from tierfeed.storage.driver import Driver
 
 __all__ = ["PosixDriver"]
@@ -32,6 +33,7 @@ class PosixDriver(Driver):
         if not read_only:
             self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
         self.name = f"posix:{self.root}"
+        self._fds = FdCache()  # no open per read: the origin sees one open per file
 
     def _path(self, path: str) -> Path:
         parts = PurePosixPath(path).parts
@@ -46,14 +48,12 @@ class PosixDriver(Driver):
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         try:
-            fd = os.open(self._path(path), os.O_RDONLY | os.O_CLOEXEC)
-            try:
+            with self._fds.fd(os.fspath(self._path(path))) as fd:
                 data = os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
         except OSError as exc:
             raise self._fail(path, exc) from None
         self.counters.add(reads=1, bytes_read=len(data))
+        self.counters.set(opens=self._fds.opens)
         return data
 
     def size(self, path: str) -> int:
@@ -88,16 +88,22 @@ class PosixDriver(Driver):
             finally:
                 os.close(fd)
             os.replace(tmp, target)
+            self._fds.forget(os.fspath(target))
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise self._fail(path, exc) from None
 
     def _delete(self, path: str) -> None:
+        target = self._path(path)
         try:
-            self._path(path).unlink()
+            target.unlink()
         except OSError as exc:
             raise self._fail(path, exc) from None
+        self._fds.forget(os.fspath(target))
+
+    def close(self) -> None:
+        self._fds.close()
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left by processes that died mid-write; returns how many."""
