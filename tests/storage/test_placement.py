@@ -80,9 +80,19 @@ def test_quota_is_never_exceeded(name: str, accesses: list[int], quota: int, siz
 
 @settings(max_examples=100)
 @given(accesses=st.lists(st.integers(0, 9), min_size=1, max_size=60), quota=st.integers(1, 6))
-def test_clairvoyant_never_misses_more_than_lru_or_fill_top(accesses, quota) -> None:
+def test_clairvoyant_never_caches_a_chunk_not_read_again(accesses, quota) -> None:
     policy = Clairvoyant()
     policy.set_future(accesses)
-    best, _ = run(policy, accesses, quota)
-    assert best <= run(Lru(), accesses, quota)[0]
-    assert best <= run(FillTop(), accesses, quota)[0]
+    cached: dict[int, int] = {}
+    for chunk in accesses:
+        policy.accessed(chunk)
+        if chunk in cached:
+            continue
+        ok, victims = policy.choose(cached, chunk, 1, quota)
+        if ok:
+            assert policy.next_use(chunk) != float("inf")
+            # Belady: every victim is needed later than the chunk that displaces it.
+            assert all(policy.next_use(v) > policy.next_use(chunk) for v in victims)
+            for v in victims:
+                del cached[v]
+            cached[chunk] = 1

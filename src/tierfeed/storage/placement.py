@@ -2,9 +2,11 @@
 
 fill-top      Monarch's: place while there is room, never evict.
 lru           evict the least recently used chunks to make room.
-clairvoyant   Belady's: the future access sequence is known (the plan gives it): evict the
-              chunk whose next use is furthest away, never cache a chunk needed later than
-              every cached one, and prefetch the next chunks that fit.
+clairvoyant   Belady's, made cost-aware: the future reads are known (the plan gives them).
+              A chunk is copied only if its reads before it would be evicted pay for the
+              copy (a copy costs about ``payoff`` reads of it); to make room it evicts the
+              chunk whose next use is furthest away, only when the newcomer's reads before
+              that next use pay for both copies. It prefetches the next chunks that fit.
 """
 
 from __future__ import annotations
@@ -91,9 +93,17 @@ class Clairvoyant(Placement):
         self._uses: dict[int, list[int]] = {}
         self._now = 0
         self._future: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.payoff = 1.0
 
-    def set_future(self, sequence: npt.ArrayLike) -> None:
-        """The chunk ids the readers will access, in order (from the plan)."""
+    def set_future(self, sequence: npt.ArrayLike, payoff: float = 1.0) -> None:
+        """The chunk of every read to come, in order (one entry per read, from the plan).
+
+        Args:
+            sequence: chunk ids, one per read.
+            payoff: reads of a chunk that cost as much as copying it whole (about its
+                samples per chunk when each read is one sample).
+        """
+        self.payoff = max(1.0, payoff)
         self._future = np.asarray(sequence, dtype=np.int64)
         self._uses = {}
         for i, c in enumerate(self._future.tolist()):
@@ -114,24 +124,32 @@ class Clairvoyant(Placement):
         i = bisect_right(uses, self._now - 1)
         return float(uses[i]) if i < len(uses) else NEVER
 
+    def uses_before(self, chunk: int, until: float) -> int:
+        """Reads of ``chunk`` from now until index ``until`` (exclusive)."""
+        uses = self._uses.get(chunk, [])
+        lo = bisect_right(uses, self._now - 1)
+        hi = len(uses) if until == NEVER else bisect_right(uses, int(until) - 1)
+        return max(0, hi - lo)
+
     def choose(
         self, cached: Mapping[int, int], chunk: int, size: int, quota: int
     ) -> tuple[bool, list[int]]:
-        if size > quota:
-            return False, []
-        mine = self.next_use(chunk)
-        if mine == NEVER:
+        if size > quota or self.next_use(chunk) == NEVER:
             return False, []  # never needed again: caching it can only displace something
         free = quota - sum(cached.values())
         victims = []
         for victim in sorted(cached, key=self.next_use, reverse=True):
             if free >= size:
                 break
-            if self.next_use(victim) <= mine:
-                return False, []  # everything left is needed sooner than this chunk
             victims.append(victim)
             free += cached[victim]
-        return free >= size, victims if free >= size else []
+        if free < size:
+            return False, []
+        # Held until the earliest next use among the victims (or for good): do the reads it
+        # serves in that time pay for its copy, and for re-copying what it displaces?
+        until = min((self.next_use(v) for v in victims), default=NEVER)
+        needed = self.payoff * (1 + len(victims))
+        return (True, victims) if self.uses_before(chunk, until) >= needed else (False, [])
 
     def prefetch(self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int],
                  horizon: int = 64) -> Iterator[int]:  # fmt: skip

@@ -273,11 +273,16 @@ class TierStack:
 
     # --- clairvoyance ---------------------------------------------------------------------
 
-    def set_future(self, sequence: npt.ArrayLike) -> None:
-        """Tell clairvoyant tiers the chunk access sequence to come, and prefetch its start."""
+    def set_future(self, sequence: npt.ArrayLike, payoff: float = 1.0) -> None:
+        """Tell clairvoyant tiers the chunk of every read to come, and prefetch its start.
+
+        Args:
+            sequence: one chunk id per read, in order (from the plan).
+            payoff: reads that cost as much as one whole-chunk copy (samples per chunk).
+        """
         for policy in self.policies:
             if isinstance(policy, Clairvoyant):
-                policy.set_future(sequence)
+                policy.set_future(sequence, payoff)
         self.prefetch()
 
     def prefetch(self) -> int:
