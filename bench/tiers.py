@@ -28,7 +28,7 @@ def run(shape: DatasetShape, spec: str, policy_name: str, fraction: float, epoch
     policy = make_policy(policy_name)
     if isinstance(policy, Clairvoyant):
         reads = np.concatenate([shape.sample_chunk[o] for o in orders])  # one per read
-        policy.set_future(reads, payoff=len(shape.sample_chunk) / len(chunk_bytes))
+        policy.set_future(reads, read_bytes=float(shape.sample_bytes.mean()))
     cached: dict[int, int] = {}
     rows = []
     for e, order in enumerate(orders):

@@ -4,7 +4,7 @@ fill-top      Monarch's: place while there is room, never evict.
 lru           evict the least recently used chunks to make room.
 clairvoyant   Belady's, made cost-aware: the future reads are known (the plan gives them).
               A chunk is copied only if its reads before it would be evicted pay for the
-              copy (a copy costs about ``payoff`` reads of it); to make room it evicts the
+              copy (a copy costs size / ``read_bytes`` reads); to make room it evicts the
               chunk whose next use is furthest away, only when the newcomer's reads before
               that next use pay for both copies. It prefetches the next chunks that fit.
 """
@@ -93,17 +93,17 @@ class Clairvoyant(Placement):
         self._uses: dict[int, list[int]] = {}
         self._now = 0
         self._future: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self.payoff = 1.0
+        self.read_bytes = 0.0  # 0: a copy costs one read
 
-    def set_future(self, sequence: npt.ArrayLike, payoff: float = 1.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """The chunk of every read to come, in order (one entry per read, from the plan).
 
         Args:
             sequence: chunk ids, one per read.
-            payoff: reads of a chunk that cost as much as copying it whole (about its
-                samples per chunk when each read is one sample).
+            read_bytes: the mean bytes of one read; copying a chunk of ``size`` bytes costs
+                as much as size / read_bytes reads (0: as much as one read).
         """
-        self.payoff = max(1.0, payoff)
+        self.read_bytes = read_bytes
         self._future = np.asarray(sequence, dtype=np.int64)
         self._uses = {}
         for i, c in enumerate(self._future.tolist()):
@@ -148,7 +148,8 @@ class Clairvoyant(Placement):
         # Held until the earliest next use among the victims (or for good): do the reads it
         # serves in that time pay for its copy, and for re-copying what it displaces?
         until = min((self.next_use(v) for v in victims), default=NEVER)
-        needed = self.payoff * (1 + len(victims))
+        payoff = max(1.0, size / self.read_bytes) if self.read_bytes > 0 else 1.0
+        needed = payoff * (1 + 2 * len(victims))  # its copy, and each victim copied back + read
         return (True, victims) if self.uses_before(chunk, until) >= needed else (False, [])
 
     def prefetch(self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int],

@@ -246,11 +246,12 @@ class TierStack:
             )
             return
         self.origin_counters.copies += 1
+        # Inclusive: every tier that accepts the chunk keeps it, so a persistent disk tier
+        # still holds it when the processes owning the RAM tiers are gone (DataLoader workers).
         for i, tier in enumerate(self.tiers):
             if self._place(i, tier, info, data):
                 tier.counters.copies += 1
                 tier.counters.copy_s += time.perf_counter() - started
-                return
 
     def _place(self, i: int, tier: Tier, info: ChunkInfo, data: bytes) -> bool:
         with self._tier_lock(tier):
@@ -273,16 +274,16 @@ class TierStack:
 
     # --- clairvoyance ---------------------------------------------------------------------
 
-    def set_future(self, sequence: npt.ArrayLike, payoff: float = 1.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell clairvoyant tiers the chunk of every read to come, and prefetch its start.
 
         Args:
             sequence: one chunk id per read, in order (from the plan).
-            payoff: reads that cost as much as one whole-chunk copy (samples per chunk).
+            read_bytes: mean bytes of one read (weighs a whole-chunk copy against reads).
         """
         for policy in self.policies:
             if isinstance(policy, Clairvoyant):
-                policy.set_future(sequence, payoff)
+                policy.set_future(sequence, read_bytes)
         self.prefetch()
 
     def prefetch(self) -> int:

@@ -1,7 +1,16 @@
 """The PyTorch face of tierfeed: the only package that imports torch.utils.data."""
 
-from tierfeed.torch.dataset import Batch, Dataset, OrderPlan
+from tierfeed.torch.dataset import Batch, Dataset, OrderPlan, TierConfig
 from tierfeed.torch.imagefolder import IMG_EXTENSIONS, ImageFolder, pil_loader
 from tierfeed.torch.loader import Loader
 
-__all__ = ["IMG_EXTENSIONS", "Batch", "Dataset", "ImageFolder", "Loader", "OrderPlan", "pil_loader"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "Batch",
+    "Dataset",
+    "ImageFolder",
+    "Loader",
+    "OrderPlan",
+    "TierConfig",
+    "pil_loader",
+]

@@ -8,6 +8,7 @@ stream position, which is what makes `Loader.state_dict()` exact.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -21,16 +22,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from tierfeed.config import world_from_env
-from tierfeed.errors import ConfigError
+from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.format.store import Sample, Store, open_store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
+from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
 from tierfeed.world import World
 
-__all__ = ["Batch", "Dataset", "OrderPlan", "plan_for"]
+__all__ = ["Batch", "Dataset", "OrderPlan", "TierConfig", "plan_for"]
 
 
 class OrderPlan(Protocol):
@@ -50,6 +52,42 @@ class Batch:
     epoch: int
     state: dict[str, Any]
     counters: dict[str, float]
+    tiers: dict[str, dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Cache tiers between the store and the readers, built in each process.
+
+    Attributes:
+        ram_bytes: a RAM tier of this many bytes per process (0: none).
+        disk_dir: a local-disk tier here, shared by every process of the host (None: none).
+        disk_bytes: quota of the disk tier.
+        policy: ``fill-top``, ``lru`` or ``clairvoyant`` (fed the plan's reads).
+        threads: background copy threads per process.
+    """
+
+    ram_bytes: int = 0
+    disk_dir: str | None = None
+    disk_bytes: int = 0
+    policy: str = "clairvoyant"
+    threads: int = 2
+
+    def build(self, store_path: Path) -> Store:
+        """The store at ``store_path`` read through these tiers (origin read-only)."""
+        index = Index(store_path)
+        tiers = []
+        if self.ram_bytes > 0:
+            tiers.append(Tier(MemoryDriver(self.ram_bytes), self.ram_bytes, name="ram"))
+        if self.disk_dir is not None and self.disk_bytes > 0:
+            tiers.append(disk_tier(self.disk_dir, self.disk_bytes))
+        origin = PosixDriver(index.path.parent, read_only=True)
+        stack = TierStack(index.chunks(), origin, tiers, self.policy, TierOptions(self.threads))
+        return Store(index, stack)
+
+
+_EPOCHS_AHEAD = 2  # epochs of future reads given to clairvoyant tiers
+_DRAIN_S = 30.0  # how long an exiting worker waits for its queued copies
 
 
 def _identity(sample: Sample) -> Any:
@@ -71,6 +109,7 @@ class Dataset(IterableDataset[Batch]):
         prefetch: read-ahead window per worker.
         deadline: the deadline guard (on, adaptive, by default).
         world: rank and world size; from torch.distributed or torchrun's environment if None.
+        tiers: cache tiers (RAM, local disk) between the store and the readers.
         hedge_source: a second ChunkSource to hedge late reads against (e.g. the origin);
             when hedging is on and none is given, late reads are re-issued on the store's
             own chunk files with O_DIRECT (bypassing the pages the first read holds).
@@ -88,10 +127,13 @@ class Dataset(IterableDataset[Batch]):
         deadline: DeadlineOptions | None = None,
         world: World | None = None,
         hedge_source: Callable[[], ChunkSource] | None = None,
+        tiers: TierConfig | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self._opener: Callable[[], Store] = store if callable(store) else _Opener(Path(store))
+        self._opener: Callable[[], Store] = (
+            store if callable(store) else _Opener(Path(store).absolute(), tiers)
+        )
         self.batch_size, self.decode, self.collate = batch_size, decode, collate
         self._store: Store | None = None
         self._pid = -1
@@ -117,10 +159,13 @@ class Dataset(IterableDataset[Batch]):
             self._pid = os.getpid()
         return self._store
 
-    def worker_order(self, worker: int, num_workers: int) -> npt.NDArray[np.int64]:
+    def worker_order(
+        self, worker: int, num_workers: int, epoch: int | None = None
+    ) -> npt.NDArray[np.int64]:
         """The slice of the rank's order that one worker reads: every num_workers-th sample."""
+        epoch = self.epoch if epoch is None else epoch
         order = np.asarray(
-            self.plan.order(self.epoch, self.world.rank, self.world.world_size), dtype=np.int64
+            self.plan.order(epoch, self.world.rank, self.world.world_size), dtype=np.int64
         )
         return order[worker::num_workers]
 
@@ -131,6 +176,19 @@ class Dataset(IterableDataset[Batch]):
         order = self.worker_order(worker, num_workers)
         sizes = store.index.sample_bytes()
         hedge = self._hedge_reader(store)
+        if isinstance(store.source, TierStack):
+            # Clairvoyant tiers learn this worker's reads for this epoch and the next ones:
+            # a copy made now also serves later epochs.
+            chunk_of = np.asarray(store.index.sample_chunk)
+            ahead = [order] + [
+                self.worker_order(worker, num_workers, self.epoch + k)
+                for k in range(1, _EPOCHS_AHEAD + 1)
+            ]
+            reads = np.concatenate([chunk_of[o] for o in ahead])
+            # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
+            # reads of it.
+            footprint = float(store.index.chunk_size.sum()) / max(1, len(store.index))
+            store.source.set_future(reads, read_bytes=footprint)
         stream: GuardedStream[Any] = GuardedStream(
             order,
             lambda i: self.decode(store.read_sample(i)),
@@ -143,6 +201,10 @@ class Dataset(IterableDataset[Batch]):
         )
         with stream:
             yield from self._batches(stream, worker)
+        if info is not None and isinstance(store.source, TierStack):
+            # A worker process ends with its epoch: let its copies reach the shared disk tier.
+            with contextlib.suppress(StorageError):
+                store.source.drain(timeout=_DRAIN_S)
 
     def _hedge_reader(self, store: Store) -> Callable[[int], Any] | None:
         if self.deadline.hedge_after_ms is None:
@@ -176,7 +238,10 @@ class Dataset(IterableDataset[Batch]):
             "hedge_wins": c.hedge_wins,
             "assemble_s": time.perf_counter() - started,
         }
-        return Batch(self.collate(items), worker, self.epoch, stream.state().to_dict(), counters)
+        source = self.store().source
+        tiers = source.stats() if isinstance(source, TierStack) else None
+        state = stream.state().to_dict()
+        return Batch(self.collate(items), worker, self.epoch, state, counters, tiers)
 
 
 def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
@@ -192,12 +257,13 @@ def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
 
 @dataclass(frozen=True)
 class _Opener:
-    """Opens a store by path; picklable, so spawned workers can open their own."""
+    """Opens a store by path (through tiers if configured); picklable for spawned workers."""
 
     path: Path
+    tiers: TierConfig | None = None
 
     def __call__(self) -> Store:
-        return open_store(self.path)
+        return open_store(self.path) if self.tiers is None else self.tiers.build(self.path)
 
 
 def _describe(store: Store, sample: int) -> str:

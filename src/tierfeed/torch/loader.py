@@ -53,6 +53,8 @@ class Loader:
             self._kwargs["multiprocessing_context"] = "fork" if os.name == "posix" else None
         self._states: dict[int, dict[str, Any]] = {}
         self._counters: dict[int, dict[str, float]] = {}
+        self._tiers: dict[int, dict[str, dict[str, Any]]] = {}
+        self._tier_base: dict[str, dict[str, float]] = {}  # in-process: counters carry over
         self.recorder = RunRecorder(run_file, {"system": system}) if run_file else None
         self.system = system
         self.last_epoch: dict[str, Any] | None = None
@@ -99,6 +101,8 @@ class Loader:
             meter.batch(_batch_len(batch.data), time.perf_counter() - asked)
             self._states[batch.worker] = batch.state
             self._counters[batch.worker] = batch.counters
+            if batch.tiers is not None:
+                self._tiers[batch.worker] = batch.tiers
             yield batch.data
             asked = time.perf_counter()
         self._finish(meter)
@@ -109,13 +113,31 @@ class Loader:
             for k, v in counters.items():
                 totals[k] = totals.get(k, 0) + v
         totals.pop("assemble_s", None)
-        meter.extra = {"system": self.system, "guard": totals}
+        tiers = self._tier_totals()
+        meter.extra = {
+            "system": self.system,
+            "guard": totals,
+            "tiers": _minus(tiers, self._tier_base),
+        }
+        if self.num_workers == 0:  # one process for every epoch: its counters accumulate
+            self._tier_base = tiers
         self.last_epoch = meter.record()
         if self.recorder is not None:
             self.recorder.write(self.last_epoch)
         # The epoch is complete: a state_dict taken now resumes at the next epoch.
-        self.dataset.resume, self._states, self._counters = {}, {}, {}
+        self.dataset.resume, self._states, self._counters, self._tiers = {}, {}, {}, {}
         self.dataset.set_epoch(self.dataset.epoch + 1)
+
+    def _tier_totals(self) -> dict[str, dict[str, float]]:
+        """Tier counters summed over workers (each worker reports its own process's)."""
+        out: dict[str, dict[str, float]] = {}
+        for stats in self._tiers.values():
+            for tier, counters in stats.items():
+                into = out.setdefault(tier, {})
+                for k, v in counters.items():
+                    if isinstance(v, (int, float)):
+                        into[k] = into.get(k, 0) + v
+        return out
 
     def close(self) -> None:
         """Close the run file."""
@@ -127,6 +149,12 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _minus(
+    now: dict[str, dict[str, float]], base: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    return {t: {k: v - base.get(t, {}).get(k, 0) for k, v in c.items()} for t, c in now.items()}
 
 
 def _batch_len(data: Any) -> int:
