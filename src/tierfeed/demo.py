@@ -30,7 +30,7 @@ from tierfeed.storage.latency import LatencyModel
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.telemetry import EpochMeter, RunRecorder
 from tierfeed.telemetry.report import draw_report
-from tierfeed.torch import Dataset, Loader
+from tierfeed.torch import Dataset, Loader, TierConfig
 
 __all__ = ["main"]
 
@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         per_file = PerFileImageFolder(mnt / "raw")
         loader = DataLoader(per_file, batch_size=64, shuffle=True, num_workers=args.workers)
         rows += _timed_epochs("per-file", args.epochs, lambda e: loader, fs, rec)
+        cache = work / "cache"
+        shutil.rmtree(cache, ignore_errors=True)  # a cold start for every demo
         ds = Dataset(
             mnt / "store",
             "global",
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             # Many threads: a read stuck behind a stalled open or lookup blocks its thread.
             prefetch=PrefetchOptions(window=256, threads=64),
             deadline=DeadlineOptions(hedge_after_ms=0),  # hedge a late read at its deadline
+            tiers=TierConfig(ram_bytes=256 * 2**20, disk_dir=str(cache), disk_bytes=2 * 2**30),
         )
         tf = Loader(ds, num_workers=args.workers)
 
