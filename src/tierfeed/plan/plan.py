@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
+from tierfeed.plan.bijection import feistel_permute
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.shuffle import (
     PURPOSE_ORDER,
@@ -182,23 +183,48 @@ class Plan:
             return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
         return np.arange(rank, per * world_size, world_size, dtype=np.int64)
 
-    def _global_permutation(self, epoch: int) -> IntArray:
-        rng = rng_for(self.spec.seed, epoch, PURPOSE_ORDER)
-        return shuffle_samples(np.arange(self.shape.num_samples), self.shape, rng, self.spec.window)
+    def _global_at(self, epoch: int, positions: IntArray) -> IntArray:
+        """The epoch's global permutation at ``positions``, without building all of it.
+
+        Sample-level: a keyed bijection of [0, N). Chunk-wise: a permutation of the chunks,
+        and the samples of only the windows the positions fall in, each window shuffled by a
+        generator of its own.
+        """
+        n = self.shape.num_samples
+        if not self.spec.window:
+            seq = np.random.SeedSequence([self.spec.seed, epoch, PURPOSE_ORDER])
+            words = np.asarray(seq.generate_state(8, np.uint64), dtype=np.uint64)
+            return feistel_permute(positions, n, words)
+        starts = self.shape.chunk_starts()
+        chunks = rng_for(self.spec.seed, epoch, PURPOSE_ORDER).permutation(self.shape.num_chunks)
+        sizes = np.diff(starts)[chunks]
+        window_of_slot = np.arange(len(chunks)) // self.spec.window
+        window_start = np.zeros(int(window_of_slot[-1]) + 2, dtype=np.int64)
+        np.cumsum(np.bincount(window_of_slot, weights=sizes).astype(np.int64), out=window_start[1:])
+        windows = np.searchsorted(window_start, positions, side="right") - 1
+        out = np.empty(len(positions), dtype=np.int64)
+        for w in np.unique(windows).tolist():
+            members = chunks[w * self.spec.window : (w + 1) * self.spec.window]
+            samples = np.concatenate([np.arange(starts[c], starts[c + 1]) for c in members])
+            rng = rng_for(self.spec.seed, epoch, PURPOSE_ORDER, rank=w + 1)
+            sequence = rng.permutation(samples)
+            here = windows == w
+            out[here] = sequence[positions[here] - window_start[w]]
+        return out
 
     def _unpadded(self, epoch: int, rank: int, world_size: int) -> IntArray:
         spec, shape = self.spec, self.shape
         if spec.policy == "global":
             positions = self._global_positions(rank, world_size)
-            return self._global_permutation(epoch)[positions[positions < shape.num_samples]]
+            return self._global_at(epoch, positions[positions < shape.num_samples])
         rng = rng_for(spec.seed, epoch, PURPOSE_ORDER, rank)
         return shuffle_samples(self.partition(epoch, rank, world_size), shape, rng, spec.window)
 
     def order(self, epoch: int, rank: int, world_size: int) -> IntArray:
         """Sample ids rank ``rank`` reads in ``epoch``, in order, with equal counts per rank."""
         if self.spec.policy == "global":
-            perm = self._global_permutation(epoch)
-            return perm[self._global_positions(rank, world_size) % max(1, len(perm))]
+            positions = self._global_positions(rank, world_size) % max(1, self.shape.num_samples)
+            return self._global_at(epoch, positions)
         counts = self.counts(epoch, world_size)
         target = min(counts) if self.spec.drop_last else max(counts)
         return _fit(self._unpadded(epoch, rank, world_size), target)

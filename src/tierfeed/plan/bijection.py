@@ -1,0 +1,61 @@
+"""A keyed pseudo-random permutation of [0, n) evaluated at any positions, without building it.
+
+A balanced Feistel network on 2k bits (2^2k >= n) with a splitmix64-style round function is a
+bijection of [0, 2^2k); cycle-walking (re-applying it to values >= n) restricts it to [0, n).
+A rank can then read its share of a global shuffle in O(N/M) time and memory instead of
+permuting all N samples as DistributedSampler does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["feistel_permute"]
+
+ROUNDS = 6
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint64]:
+    """splitmix64's finaliser of x ^ key: every output bit depends on every input bit."""
+    with np.errstate(over="ignore"):
+        z = x ^ key
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def _feistel(
+    x: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64], half: int
+) -> npt.NDArray[np.uint64]:
+    mask = np.uint64((1 << half) - 1)
+    left, right = x >> np.uint64(half), x & mask
+    for key in keys:
+        left, right = right, left ^ (_mix(right, key) & mask)
+    return (left << np.uint64(half)) | right
+
+
+def feistel_permute(
+    positions: npt.ArrayLike, n: int, seed_words: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.int64]:
+    """perm[positions] of a keyed permutation of [0, n).
+
+    Args:
+        positions: indices in [0, n).
+        n: the size of the permuted range.
+        seed_words: at least ROUNDS uint64 keys (e.g. SeedSequence.generate_state).
+    """
+    pos = np.asarray(positions, dtype=np.uint64)
+    if n <= 1:
+        return pos.astype(np.int64)
+    half = max(1, (int(n - 1).bit_length() + 1) // 2)
+    keys = np.asarray(seed_words[:ROUNDS], dtype=np.uint64)
+    out = _feistel(pos, keys, half)
+    # Cycle-walk: the domain is < 4n, so each step leaves fewer than 3/4 outside [0, n).
+    outside = out >= np.uint64(n)
+    while outside.any():
+        out[outside] = _feistel(out[outside], keys, half)
+        outside = out >= np.uint64(n)
+    return out.astype(np.int64)
