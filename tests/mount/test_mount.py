@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,3 +146,39 @@ def test_cli_mount_detaches_and_umount(tmp_path: Path) -> None:
         assert not is_mounted(mnt)
     finally:
         unmount(mnt)
+
+
+@pytest.mark.slow
+def test_tiered_mount_over_a_slowed_origin(tmp_path: Path) -> None:
+    """Metadata never reaches the origin; the second pass reads only local tiers."""
+    from tierfeed.slowfs import SlowFS
+
+    write_tree(tmp_path / "src", FILES)
+    pack(tmp_path / "src", tmp_path / "origin" / "store", QUIET)
+    slow, mnt = tmp_path / "slow", tmp_path / "mnt"
+    slow.mkdir()
+    mnt.mkdir()
+    with SlowFS(tmp_path / "origin", slow) as origin:
+        argv = python_argv(
+            "mount", str(slow / "store"), str(mnt), "--foreground",
+            "--disk", str(tmp_path / "cache"), "--disk-size", "1GiB",
+        )  # fmt: skip
+        with FuseProcess(argv, mnt):
+            origin.reset()
+            assert read_tree(mnt) == FILES  # find + read of every file
+            first = origin.stats()
+            chunks = len(list((tmp_path / "origin" / "store" / "chunks").iterdir()))
+            # Chunk files and the index, never one per file: two threads may race to open a
+            # chunk (the loser closes its own), hence the factor 2.
+            assert first.opens <= 2 * chunks + 1 < len(FILES)
+            assert first.readdirs == 0
+            deadline = time.monotonic() + 30  # let the background copies land
+            while len(list((tmp_path / "cache").glob("*.tar"))) < chunks:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            stats = json.loads((mnt / ".tierfeed" / "stats.json").read_text())
+            assert stats["origin"]["hits"] > 0
+            origin.reset()
+            assert read_tree(mnt) == FILES
+            second = origin.stats()
+            assert (second.opens, second.reads, second.bytes_read) == (0, 0, 0)

@@ -8,23 +8,64 @@ import sys
 from typing import Any
 
 from tierfeed.errors import ConfigError
+from tierfeed.format.commands import parse_size
 
 __all__ = ["register_mount", "register_umount", "serve"]
 
 
-def serve(store_path: str, mountpoint: str, allow_other: bool = False) -> None:
-    """Serve the store at ``mountpoint`` in this process until unmounted or signalled."""
+def _tiered_store(store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str) -> Any:
+    """The store read through RAM and local-disk tiers, or directly when none is asked."""
+    from tierfeed.format.index import Index
+    from tierfeed.format.store import Store, open_store
+    from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack, disk_tier
+
+    if ram <= 0 and disk is None:
+        return open_store(store_path)
+    index = Index(store_path)
+    tiers = [Tier(MemoryDriver(ram), ram, name="ram")] if ram > 0 else []
+    if disk is not None:
+        tiers.append(disk_tier(disk, disk_bytes))
+    origin = PosixDriver(index.path.parent, read_only=True)
+    return Store(index, TierStack(index.chunks(), origin, tiers, policy))
+
+
+def serve(
+    store_path: str,
+    mountpoint: str,
+    allow_other: bool = False,
+    tiers: tuple[int, str | None, int, str] = (0, None, 0, "fill-top"),
+) -> None:
+    """Serve the store at ``mountpoint`` in this process until unmounted or signalled.
+
+    Args:
+        store_path: the store directory.
+        mountpoint: an existing empty directory.
+        allow_other: let other users see the mount.
+        tiers: (RAM bytes, disk directory or None, disk bytes, placement policy).
+    """
     import logging
 
     import mfusepy
 
-    from tierfeed.format.store import open_store
     from tierfeed.mount.view import StoreView
+    from tierfeed.storage import TierStack
 
     logging.basicConfig(format="tierfeed mount: %(message)s", level=logging.WARNING)
-    store = open_store(store_path)
+    store = _tiered_store(store_path, *tiers)
     try:
-        view = StoreView(store)
+        source = store.source
+        if isinstance(source, TierStack):
+            last = len(store.chunks) - 1
+
+            def readahead(chunk: int) -> None:
+                # A sequential reader walks the tree in path order, which is chunk order:
+                # its next chunk is this one's successor.
+                source.schedule(chunk)
+                source.schedule(min(chunk + 1, last))
+
+            view = StoreView(store, extra_stats=source.stats, on_open=readahead)
+        else:
+            view = StoreView(store)
         # SIGTERM unmounts cleanly: libfuse leaves its loop when the mount goes away.
         signal.signal(signal.SIGTERM, lambda *_: _unmount_quietly(mountpoint))
         options: dict[str, Any] = {
@@ -51,14 +92,18 @@ def _unmount_quietly(mountpoint: str) -> None:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
+    tiers = (parse_size(args.ram), args.disk, parse_size(args.disk_size), args.policy)
     if args.foreground:
-        serve(args.store, args.mountpoint, args.allow_other)
+        serve(args.store, args.mountpoint, args.allow_other, tiers)
         return 0
     from tierfeed.format.index import Index
     from tierfeed.mount.lifecycle import FuseProcess
 
     Index(args.store).close()  # a bad store fails here, with its own message
     argv = [sys.executable, "-m", "tierfeed", "mount", args.store, args.mountpoint, "--foreground"]
+    argv += ["--ram", args.ram, "--disk-size", args.disk_size, "--policy", args.policy]
+    if args.disk:
+        argv += ["--disk", args.disk]
     if args.allow_other:
         argv.append("--allow-other")
     FuseProcess(argv, args.mountpoint, name="tierfeed mount", detachable=True).start().detach()
@@ -75,6 +120,10 @@ def register_mount(sub: Any) -> None:
     p.add_argument(
         "--allow-other", action="store_true", help="let other users see the mount (needs root)"
     )
+    p.add_argument("--ram", default="0", help="RAM tier size, e.g. 4GiB (default: none)")
+    p.add_argument("--disk", help="local-disk tier directory (shared by processes of a host)")
+    p.add_argument("--disk-size", default="100GiB", help="local-disk tier quota")
+    p.add_argument("--policy", default="fill-top", choices=["fill-top", "lru", "clairvoyant"])
     p.set_defaults(func=_run_mount)
 
 
