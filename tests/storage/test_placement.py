@@ -8,11 +8,17 @@ from hypothesis import strategies as st
 from tierfeed.storage.placement import Clairvoyant, FillTop, Lru, Placement, make_policy
 
 
-def run(policy: Placement, accesses: list[int], quota: int, size: int = 1) -> tuple[int, list]:
-    """Misses of a read sequence through one tier, and the evictions in order."""
+def run(
+    policy: Placement, accesses: list[int], quota: int, sizes: list[int] | None = None
+) -> tuple[int, list]:
+    """Misses of a read sequence through one tier, and the evictions in order.
+
+    Chunk c has sizes[c] bytes (1 when not given); the quota is checked after every step.
+    """
     cached: dict[int, int] = {}
     misses, evicted = 0, []
     for chunk in accesses:
+        size = sizes[chunk] if sizes is not None else 1
         policy.accessed(chunk)
         if chunk in cached:
             continue
@@ -65,17 +71,7 @@ def test_quota_is_never_exceeded(name: str, accesses: list[int], quota: int, siz
     policy = make_policy(name)
     if isinstance(policy, Clairvoyant):
         policy.set_future(accesses)
-    cached: dict[int, int] = {}
-    for chunk in accesses:
-        policy.accessed(chunk)
-        if chunk in cached:
-            continue
-        ok, victims = policy.choose(cached, chunk, sizes[chunk], quota)
-        for v in victims:
-            del cached[v]
-        if ok:
-            cached[chunk] = sizes[chunk]
-        assert sum(cached.values()) <= quota
+    run(policy, accesses, quota, sizes)  # asserts the quota after every step
 
 
 @settings(max_examples=100)
