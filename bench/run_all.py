@@ -15,6 +15,10 @@ HERE = Path(__file__).parent
 RUNS: list[list[str]] = [
     ["format_bench.py", "pack", "--files", "10000", "--runs", "3"],
     ["format_bench.py", "index", "--samples", "1000000"],
+    ["plans.py", "cost"],
+    ["plans.py", "quality"],
+    ["tiers.py"],
+    ["mount_bench.py", "--images", "6000", "--latency", "heavy-tail"],
 ]
 
 
