@@ -73,7 +73,12 @@ def tierfeed_decode(sample: Sample) -> tuple[torch.Tensor, int]:
 
 
 def _timed_epochs(
-    name: str, epochs: int, run: Callable[[int], Iterable[Any]], fs: SlowFS, rec: RunRecorder
+    name: str,
+    epochs: int,
+    run: Callable[[int], Iterable[Any]],
+    fs: SlowFS,
+    rec: RunRecorder,
+    tiers: Callable[[], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     for epoch in range(epochs):
@@ -87,6 +92,8 @@ def _timed_epochs(
         meter.extra = {
             "system": name,
             "origin": {"opens": s.opens, "stats": s.stats, "reads": s.reads, "bytes": s.bytes_read},
+            # Reads served per tier; a per-file loader reads everything from the origin.
+            "tiers": tiers() if tiers is not None else {"origin": {"hits": s.reads}},
         }
         record = meter.record()
         rec.write(record)
@@ -159,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             tf.set_epoch(epoch)
             return tf
 
-        rows += _timed_epochs("tierfeed", args.epochs, tierfeed_epoch, fs, rec)
+        def tier_hits() -> dict[str, Any]:
+            return tf.last_epoch["tiers"] if tf.last_epoch else {}
+
+        rows += _timed_epochs("tierfeed", args.epochs, tierfeed_epoch, fs, rec, tier_hits)
     print()
     print(_table(rows))
     png = draw_report([run_file], work / "report.png")
