@@ -123,11 +123,14 @@ def test_resume_mid_epoch_with_deferrals(store_dir: Path, workers: int) -> None:
 @pytest.mark.timeout(60)
 def test_run_file_records_epochs(store_dir: Path, tmp_path: Path) -> None:
     ds = Dataset(lambda: slow_store(store_dir), PermPlan(N), batch_size=10, decode=decode)
-    with Loader(ds, run_file=tmp_path / "run.jsonl") as loader:
+    with Loader(ds, run_file=tmp_path / "run.jsonl", live_every_s=0.0) as loader:
         for epoch in range(2):
             loader.set_epoch(epoch)
             list(loader)
-    epochs = [r for r in read_records(tmp_path / "run.jsonl") if r["type"] == "epoch"]
+    records = read_records(tmp_path / "run.jsonl")
+    epochs = [r for r in records if r["type"] == "epoch"]
+    live = [r for r in records if r["type"] == "progress"]
+    assert len(live) >= 2 and live[-1]["samples"] <= N  # live records during each epoch
     assert [r["epoch"] for r in epochs] == [0, 1]
     assert all(r["samples"] == N and r["batch_wait"]["count"] == 12 for r in epochs)
     assert "deferred" in epochs[0]["guard"]

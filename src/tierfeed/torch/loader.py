@@ -30,8 +30,10 @@ class Loader:
         num_workers: DataLoader worker processes (0 reads in this process).
         pin_memory: as DataLoader's.
         prefetch_factor: batches each worker keeps ready (DataLoader's).
-        run_file: append per-epoch JSON-lines records here (for `tierfeed report`).
+        run_file: append per-epoch JSON-lines records here (for `tierfeed report`), and
+            a live ``progress`` record every ``live_every_s`` seconds during an epoch.
         system: the name written into run records.
+        live_every_s: seconds between live progress records.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class Loader:
         prefetch_factor: int | None = None,
         run_file: str | os.PathLike[str] | None = None,
         system: str = "tierfeed",
+        live_every_s: float = 10.0,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
@@ -57,6 +60,7 @@ class Loader:
         self._tier_base: dict[str, dict[str, float]] = {}  # in-process: counters carry over
         self.recorder = RunRecorder(run_file, {"system": system}) if run_file else None
         self.system = system
+        self.live_every_s = live_every_s
         self.last_epoch: dict[str, Any] | None = None
 
     @property
@@ -97,8 +101,12 @@ class Loader:
         meter = EpochMeter(self.dataset.epoch)
         asked = time.perf_counter()
         batch: Batch
+        next_live = time.perf_counter() + self.live_every_s
         for batch in loader:
             meter.batch(_batch_len(batch.data), time.perf_counter() - asked)
+            if self.recorder is not None and time.perf_counter() >= next_live:
+                self.recorder.write(self._progress(meter))
+                next_live = time.perf_counter() + self.live_every_s
             self._states[batch.worker] = batch.state
             self._counters[batch.worker] = batch.counters
             if batch.tiers is not None:
@@ -127,6 +135,20 @@ class Loader:
         # The epoch is complete: a state_dict taken now resumes at the next epoch.
         self.dataset.resume, self._states, self._counters, self._tiers = {}, {}, {}, {}
         self.dataset.set_epoch(self.dataset.epoch + 1)
+
+    def _progress(self, meter: EpochMeter) -> dict[str, Any]:
+        """A live record: the epoch so far."""
+        record = meter.record()
+        return {
+            "type": "progress",
+            "system": self.system,
+            "epoch": record["epoch"],
+            "samples": record["samples"],
+            "seconds": record["seconds"],
+            "samples_per_s": record["samples_per_s"],
+            "batch_wait": record["batch_wait"],
+            "stall_s": record["stall_s"],
+        }
 
     def _tier_totals(self) -> dict[str, dict[str, float]]:
         """Tier counters summed over workers (each worker reports its own process's)."""
