@@ -85,3 +85,21 @@ def test_header_length_shortcut_matches_tarfile(path: bytes, size: int, mtime: i
     from tierfeed.format.tarchunk import header_length, member_header
 
     assert header_length(path, size, mtime) == len(member_header(path, size, mtime))
+
+
+def test_index_opens_where_files_cannot_be_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Direct-I/O FUSE mounts and some network file systems refuse mmap (ENODEV)."""
+    import errno
+    import mmap
+
+    synthetic_index(tmp_path / "index.tfi", 2000, classes=10)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    with Index(tmp_path) as ix:
+        assert ix.num_samples == 2000 and ix.find_sample(ix.key(1234)) == 1234
+        assert ix.sections_checksum() == ix.header["sections_checksum"]

@@ -151,6 +151,21 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
     os.replace(tmp, path)
 
 
+def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
+    """Map the index; where the file system cannot map files (direct-I/O FUSE, some network
+    file systems), read it into memory instead."""
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError:
+        data = bytearray()
+        while len(data) < size:
+            block = os.pread(fd, min(size - len(data), 64 * 2**20), len(data))
+            if not block:
+                raise IndexFormatError(f"{path}: index shrank while being read") from None
+            data += block
+        return bytes(data)
+
+
 class Index:
     """A memory-mapped index: O(1) lookup by sample id, O(log n) by path.
 
@@ -174,7 +189,7 @@ class Index:
             self._size = os.fstat(fd).st_size
             if self._size < _PREFIX.size:
                 raise IndexFormatError(f"{self.path}: not a tierfeed index (file too short)")
-            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._mm: mmap.mmap | bytes = _map_or_read(fd, self._size, self.path)
         finally:
             os.close(fd)
         self.header = self._read_header()
@@ -338,8 +353,9 @@ class Index:
         """Drop the arrays and unmap the file (views still held elsewhere keep it mapped)."""
         self._arrays.clear()
         # A caller may still hold an array view; the mapping then goes with the last one.
-        with contextlib.suppress(BufferError):
-            self._mm.close()
+        if not isinstance(self._mm, bytes):
+            with contextlib.suppress(BufferError):
+                self._mm.close()
 
     def __enter__(self) -> Index:
         return self
