@@ -45,6 +45,25 @@ class FdCache:
         self.opens = 0
         self._open: OrderedDict[str, _Fd] = OrderedDict()
         self._mutex = threading.Lock()
+        self._ahead: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def open_ahead(self, paths: Sequence[str]) -> None:
+        """Open ``paths`` in order on a background thread, so that a lookup or open that
+        hangs on slow storage is paid before a reader needs the file (the order is known from
+        the plan). At most ``max_open`` are kept; errors are left for the reads to report."""
+        if self._ahead is not None and self._ahead.is_alive():
+            return
+
+        def run() -> None:
+            for path in paths[: self.max_open]:
+                if self._stop.is_set():
+                    return
+                with contextlib.suppress(OSError), self.fd(path):
+                    pass
+
+        self._ahead = threading.Thread(target=run, name="tierfeed-open-ahead", daemon=True)
+        self._ahead.start()
 
     def _open_file(self, path: str) -> int:
         try:
@@ -103,7 +122,11 @@ class FdCache:
                     os.close(entry.fd)
 
     def close(self) -> None:
-        """Close every descriptor not in use (those in use close on release)."""
+        """Stop opening ahead and close every descriptor not in use (those in use close on
+        release)."""
+        self._stop.set()
+        if self._ahead is not None:
+            self._ahead.join()
         with self._mutex:
             for entry in self._open.values():
                 entry.evicted = True
@@ -145,6 +168,10 @@ class DirectoryChunks:
     def opens(self) -> int:
         """Chunk files opened so far."""
         return self._fds.opens
+
+    def open_ahead(self, chunks: Sequence[int]) -> None:
+        """Open these chunks' files in the background, in this order (see FdCache)."""
+        self._fds.open_ahead([os.fspath(self._paths[c]) for c in chunks])
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of ``chunk`` at ``offset`` (one pread)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from tierfeed.errors import NotFoundError, StorageError
@@ -101,6 +102,10 @@ class PosixDriver(Driver):
         except OSError as exc:
             raise self._fail(path, exc) from None
         self._fds.forget(os.fspath(target))
+
+    def open_ahead(self, paths: Sequence[str]) -> None:
+        """Open these files in the background, in this order (see FdCache.open_ahead)."""
+        self._fds.open_ahead([os.fspath(self._path(p)) for p in paths])
 
     def close(self) -> None:
         self._fds.close()

@@ -296,6 +296,11 @@ class TierStack:
                     queued += self.schedule(chunk)
         return queued
 
+    def open_ahead(self, chunks: Sequence[int]) -> None:
+        """Open these chunks at the origin in the background, in this order (POSIX origins)."""
+        if isinstance(self.origin, PosixDriver):
+            self.origin.open_ahead([self.chunks[c].name for c in chunks])
+
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until queued copies are done (tests, benchmarks, stage-in)."""
         deadline = time.monotonic() + timeout

@@ -176,6 +176,13 @@ class Dataset(IterableDataset[Batch]):
         order = self.worker_order(worker, num_workers)
         sizes = store.index.sample_bytes()
         hedge = self._hedge_reader(store)
+        source = store.source
+        if isinstance(source, (DirectoryChunks, TierStack)):
+            # The chunks this worker will read, in order of first use: open them ahead so a
+            # stalled lookup or open is paid off the read path.
+            chunk_of = np.asarray(store.index.sample_chunk)[order]
+            _, first = np.unique(chunk_of, return_index=True)
+            source.open_ahead(chunk_of[np.sort(first)].tolist())
         if isinstance(store.source, TierStack):
             # Clairvoyant tiers learn this worker's reads for this epoch and the next ones:
             # a copy made now also serves later epochs.
