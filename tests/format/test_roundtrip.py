@@ -159,3 +159,16 @@ def test_reads_use_one_open_per_chunk(packed: Callable[..., Path]) -> None:
         source = store.source
         assert source.opens == len(store.chunks)  # type: ignore[attr-defined]
         assert source.reads == 300  # type: ignore[attr-defined]
+
+
+def test_open_ahead_opens_chunks_before_reads(packed: Callable[..., Path]) -> None:
+    files = {f"c{i % 3}/f{i:04d}.bin".encode(): os.urandom(3000) for i in range(120)}
+    with open_store(packed(files)) as store:
+        source = store.source
+        chunks = list(range(len(store.chunks)))[::-1]
+        source.open_ahead(chunks)  # type: ignore[attr-defined]
+        source._fds._ahead.join(timeout=10)  # type: ignore[attr-defined]
+        assert source.opens == len(chunks)  # type: ignore[attr-defined]
+        for i in range(len(store)):
+            store.read_sample(i)
+        assert source.opens == len(chunks)  # every read found its file already open  # type: ignore[attr-defined]
