@@ -10,7 +10,7 @@ import pytest
 
 from tests.format.conftest import write_tree
 from tierfeed.cli import main
-from tierfeed.format.commands import parse_size
+from tierfeed.units import parse_size
 
 FILES = {b"cat/a.jpg": b"a" * 5000, b"dog/b.jpg": b"b" * 7000}
 

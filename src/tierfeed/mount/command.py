@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tierfeed.errors import ConfigError
-from tierfeed.format.commands import parse_size
+from tierfeed.units import parse_size
 
 __all__ = ["register_mount", "register_umount", "serve"]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from tierfeed.format.commands import human, parse_size
 from tierfeed.plan.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.simulate import as_dict, simulate
+from tierfeed.units import human, parse_size
 
 __all__ = ["register"]
 
