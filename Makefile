@@ -41,6 +41,7 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests bench
 
 bench: sysdeps $(STAMP)
+	$(PIP) install -q --disable-pip-version-check -c $(CONSTR) -e '.[dev,bench]'
 	$(BIN)/python bench/run_all.py
 
 clean:

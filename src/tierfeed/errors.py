@@ -8,6 +8,7 @@ __all__ = [
     "ConfigError",
     "DuplicateKeyError",
     "EmptySourceError",
+    "ExchangeError",
     "FormatError",
     "IndexFormatError",
     "NotFoundError",
@@ -91,3 +92,10 @@ class QuotaExceededError(StorageError):
 
 class StuckReadError(TierfeedError, TimeoutError):
     """A read has not completed within the hard timeout; names the chunk and sample."""
+
+
+# --- distributed ---------------------------------------------------------------
+
+
+class ExchangeError(TierfeedError, RuntimeError):
+    """A collective between ranks failed or timed out; names the rank, epoch and window."""

@@ -262,11 +262,12 @@ class Plan:
         j, g = self._slot_set(epoch, world_size, int(np.diff(bounds).min()))
         inverse = self._ring_inverses(epoch, world_size)
         held = [self.partition(epoch - 1, r, world_size) for r in range(world_size)]
-        # The step after which the sender has read each sample in epoch - 1 (first use).
-        first_use = np.zeros(self.shape.num_samples, dtype=np.int64)
+        # The step after which the sender no longer needs each sample in epoch - 1: its last
+        # read (a padded order reads some samples twice).
+        last_use = np.zeros(self.shape.num_samples, dtype=np.int64)
         for r in range(world_size):
             order = self.order(epoch - 1, r, world_size)
-            first_use[order[::-1]] = np.arange(len(order))[::-1] // max(1, batch_size)
+            np.maximum.at(last_use, order, np.arange(len(order)) // max(1, batch_size))
         samples, srcs, dsts = [], [], []
         for dst in range(world_size):
             src = inverse[g, dst]  # per exchanged slot
@@ -276,7 +277,7 @@ class Plan:
         sample = np.concatenate(samples).astype(np.int64)
         return Exchange(
             epoch, sample, np.concatenate(srcs).astype(np.int64), np.concatenate(dsts),
-            first_use[sample],
+            last_use[sample],
         )  # fmt: skip
 
 

@@ -32,7 +32,7 @@ from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
 from tierfeed.world import World
 
-__all__ = ["Batch", "Dataset", "OrderPlan", "TierConfig", "plan_for"]
+__all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
 
 
 class OrderPlan(Protocol):
@@ -40,6 +40,24 @@ class OrderPlan(Protocol):
 
     def order(self, epoch: int, rank: int, world_size: int) -> npt.NDArray[np.int64]:
         """Sample ids rank ``rank`` reads in ``epoch``, in order (`tierfeed.plan.Plan` does)."""
+        ...
+
+
+class EpochExchange(Protocol):
+    """What paces a sample exchange between ranks (`tierfeed.dist.Exchanger` does): the
+    Loader reports how far the epoch has been read."""
+
+    def begin_epoch(self, epoch: int, start: int = 0, margin: int = 0) -> None:
+        """The epoch starts; ``start`` positions were read before a resume; readers run up
+        to ``margin`` positions ahead of what is reported consumed."""
+        ...
+
+    def consumed(self, epoch: int, positions: int) -> None:
+        """``positions`` of the rank's order have been delivered."""
+        ...
+
+    def end_epoch(self, epoch: int) -> None:
+        """The epoch has been read."""
         ...
 
 
@@ -113,6 +131,7 @@ class Dataset(IterableDataset[Batch]):
         hedge_source: a second ChunkSource to hedge late reads against (e.g. the origin);
             when hedging is on and none is given, late reads are re-issued on the store's
             own chunk files with O_DIRECT (bypassing the pages the first read holds).
+        exchange: the rank's sample exchange, paced by the Loader (`tierfeed.dist`).
     """
 
     def __init__(
@@ -128,6 +147,7 @@ class Dataset(IterableDataset[Batch]):
         world: World | None = None,
         hedge_source: Callable[[], ChunkSource] | None = None,
         tiers: TierConfig | None = None,
+        exchange: EpochExchange | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -145,6 +165,7 @@ class Dataset(IterableDataset[Batch]):
         self.deadline = deadline or DeadlineOptions()
         self.world = world or _world()
         self.hedge_source = hedge_source
+        self.exchange = exchange
         self.epoch = 0
         self.resume: dict[int, StreamState] = {}  # worker -> where to start (set by Loader)
 
@@ -177,6 +198,9 @@ class Dataset(IterableDataset[Batch]):
         sizes = store.index.sample_bytes()
         hedge = self._hedge_reader(store)
         source = store.source
+        begin = getattr(source, "begin_epoch", None)
+        if callable(begin):
+            begin()  # e.g. a namespace source loads the samples peers moved here
         if isinstance(source, (DirectoryChunks, TierStack)):
             # The chunks this worker will read, in order of first use: open them ahead so a
             # stalled lookup or open is paid off the read path.

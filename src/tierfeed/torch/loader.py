@@ -98,12 +98,21 @@ class Loader:
         loader = DataLoader(
             self.dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs
         )
-        meter = EpochMeter(self.dataset.epoch)
+        epoch, exchange = self.dataset.epoch, self.dataset.exchange
+        start = self._resumed_positions()
+        if exchange is not None:
+            exchange.begin_epoch(epoch, start, self._read_ahead())
+        meter = EpochMeter(epoch)
         asked = time.perf_counter()
         batch: Batch
         next_live = time.perf_counter() + self.live_every_s
+        delivered = start
         for batch in loader:
-            meter.batch(_batch_len(batch.data), time.perf_counter() - asked)
+            size = _batch_len(batch.data)
+            meter.batch(size, time.perf_counter() - asked)
+            delivered += size
+            if exchange is not None:
+                exchange.consumed(epoch, delivered)
             if self.recorder is not None and time.perf_counter() >= next_live:
                 self.recorder.write(self._progress(meter))
                 next_live = time.perf_counter() + self.live_every_s
@@ -113,7 +122,22 @@ class Loader:
                 self._tiers[batch.worker] = batch.tiers
             yield batch.data
             asked = time.perf_counter()
+        if exchange is not None:
+            exchange.end_epoch(epoch)
         self._finish(meter)
+
+    def _resumed_positions(self) -> int:
+        """Positions of the rank's order read before a resume (a lower bound)."""
+        if not self._states:
+            return 0
+        cursors = [int(s["cursor"]) for s in self._states.values()]
+        return min(cursors) * max(1, self.num_workers)
+
+    def _read_ahead(self) -> int:
+        """How far the readers may run ahead of the batches delivered here (positions)."""
+        workers = max(1, self.num_workers)
+        queued = int(self._kwargs.get("prefetch_factor", 0)) + 1
+        return workers * (self.dataset.prefetch.window + queued * self.dataset.batch_size)
 
     def _finish(self, meter: EpochMeter) -> None:
         totals: dict[str, float] = {}

@@ -1,0 +1,216 @@
+"""A rank's inbox: samples received from peers, kept on local storage in published segments.
+
+A segment is the bytes of one window's received members (``NAME.bin``) and its table
+(``NAME.idx.npy``: member ids and offsets). The table is renamed into place after the bytes,
+so a reader that sees a table finds its bytes whole. Readers in other processes (DataLoader
+workers) look members up in the tables they have loaded and load new ones on a miss.
+A failed exchange leaves a ``FAILED`` note that readers turn into an error at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Inbox", "InboxView", "punch_hole"]
+
+IntArray = npt.NDArray[np.int64]
+_FAILED = "FAILED"
+_IDX = ".idx.npy"
+
+
+def _publish(target: Path, write: object) -> None:
+    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")  # matches no glob of ours
+    try:
+        with tmp.open("wb") as f:
+            if isinstance(write, (bytes, bytearray, memoryview)):
+                f.write(write)
+            else:
+                np.save(f, np.asarray(write))
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+class Inbox:
+    """The writer side, owned by the rank's exchanger (one process).
+
+    Args:
+        root: the rank's inbox directory (created 0700).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._live: dict[str, int] = {}  # segment -> members not yet sent on or deleted
+        self.view = InboxView(self.root)
+
+    def clear(self) -> None:
+        """Remove every segment and note (a fresh start)."""
+        for path in self.root.iterdir():
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self._live.clear()
+        self.view = InboxView(self.root)
+
+    def write(self, name: str, members: IntArray, lengths: IntArray, data: memoryview) -> None:
+        """Publish a segment of ``members`` whose bytes lie back to back in ``data``."""
+        offsets = np.zeros(len(members), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        _publish(self.root / f"{name}.bin", data)
+        _publish(self.root / f"{name}{_IDX}", np.stack([members, offsets]).astype(np.int64))
+        self._live[name] = len(members)
+        self.view.refresh()
+
+    def discard(self, members: IntArray) -> int:
+        """Forget ``members`` (sent on to a peer); delete segments left empty. Returns how
+        many of them the inbox held."""
+        found = 0
+        for member in members.tolist():
+            where = self.view.locate(member)
+            if where is None:
+                continue
+            found += 1
+            self.view.forget(member)
+            name = where[0]
+            self._live[name] = self._live.get(name, 1) - 1
+            if self._live[name] <= 0:
+                self.delete(name)
+        return found
+
+    def delete(self, name: str) -> None:
+        """Remove a segment (its table first, so no reader finds a table without bytes)."""
+        for suffix in (_IDX, ".bin"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / f"{name}{suffix}").unlink()
+        self._live.pop(name, None)
+        self.view.drop(name)
+
+    def segments(self) -> list[str]:
+        """Published segment names."""
+        return sorted(
+            p.name[: -len(_IDX)] for p in self.root.glob(f"*{_IDX}") if not p.name.startswith(".")
+        )
+
+    def live_members(self) -> int:
+        """Members held here now."""
+        return sum(self._live.values())
+
+    def fail(self, message: str) -> None:
+        """Leave a note that makes every reader of this inbox fail with ``message``."""
+        _publish(self.root / _FAILED, message.encode())
+
+    def close(self) -> None:
+        """Close the view's files."""
+        self.view.close()
+
+
+class InboxView:
+    """The reader side: member lookups over the published segments of an inbox."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._where: dict[int, tuple[str, int]] = {}
+        self._members: dict[str, IntArray] = {}
+        self._fds: dict[str, int] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Load the tables of segments published since the last look; drop deleted ones."""
+        try:
+            names = {
+                p.name[: -len(_IDX)]
+                for p in self.root.glob(f"*{_IDX}")
+                if not p.name.startswith(".")
+            }
+        except OSError:
+            names = set()
+        for gone in set(self._members) - names:
+            self.drop(gone)
+        for name in sorted(names - set(self._members)):
+            try:
+                table = np.load(self.root / f"{name}{_IDX}")
+            except (OSError, ValueError):
+                continue  # deleted meanwhile
+            self._members[name] = table[0]
+            for member, offset in zip(table[0].tolist(), table[1].tolist(), strict=True):
+                self._where[member] = (name, offset)
+
+    def locate(self, member: int) -> tuple[str, int] | None:
+        """(segment, offset) of ``member``, or None."""
+        return self._where.get(member)
+
+    def forget(self, member: int) -> None:
+        """Stop serving ``member`` from here."""
+        self._where.pop(member, None)
+
+    def drop(self, name: str) -> None:
+        """Forget a deleted segment."""
+        for member in self._members.pop(name, np.zeros(0, dtype=np.int64)).tolist():
+            if self._where.get(member, ("",))[0] == name:
+                del self._where[member]
+        fd = self._fds.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+
+    def read(self, member: int, length: int) -> bytes | None:
+        """The bytes of ``member`` if a loaded segment holds it."""
+        where = self._where.get(member)
+        if where is None:
+            return None
+        name, offset = where
+        fd = self._fds.get(name)
+        if fd is None:
+            try:
+                fd = os.open(self.root / f"{name}.bin", os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self.drop(name)
+                return None
+            self._fds[name] = fd
+        data = os.pread(fd, length, offset)
+        return data if len(data) == length else None
+
+    def failure(self) -> str | None:
+        """The note of a failed exchange, if any."""
+        try:
+            return (self.root / _FAILED).read_text()
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        """Close open segment files."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+
+
+def punch_hole(path: Path, offset: int, length: int) -> bool:
+    """Free the blocks of a byte range of a file (Linux fallocate); False where unsupported.
+
+    A partial-shuffling rank deletes each sample it sends away from its staged chunk this
+    way: the chunk keeps its size and offsets, and the disk space is returned.
+    """
+    if length <= 0:
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    fallocate = getattr(libc, "fallocate", None)
+    if fallocate is None:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        rc = fallocate(fd, _PUNCH, ctypes.c_long(offset), ctypes.c_long(length))
+    finally:
+        os.close(fd)
+    if rc != 0 and ctypes.get_errno() not in (errno.EOPNOTSUPP, errno.ENOSYS):
+        raise OSError(ctypes.get_errno(), f"fallocate(PUNCH_HOLE) on {path}")
+    return bool(rc == 0)

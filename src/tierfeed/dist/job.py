@@ -1,0 +1,108 @@
+"""`Namespace`: after stage-in, the job reads one dataset spread over its nodes' local storage.
+
+    comm = tierfeed.dist.Comm()
+    report = tierfeed.dist.stage(origin, "/local/ssd/ds", plan="partial:0.3", comm=comm)
+    ns = tierfeed.dist.Namespace(comm, report.local_dir, plan="partial:0.3")
+    loader = tierfeed.torch.Loader(ns.dataset(batch_size=64, decode=...), num_workers=4)
+
+Every process of the rank (the DataLoader workers too) reads through a `NamespaceSource`; the
+rank's `Exchanger` (in the training process) moves what a rank lacks, paced by the Loader.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.dist.comm import Comm
+from tierfeed.dist.exchanger import ExchangeOptions, Exchanger
+from tierfeed.dist.holders import Holdings
+from tierfeed.dist.namespace import NamespaceSource, inbox_dir
+from tierfeed.format.index import Index
+from tierfeed.format.store import Store
+from tierfeed.plan import Plan, PlanSpec
+from tierfeed.torch.dataset import Dataset, plan_for
+from tierfeed.world import World
+
+__all__ = ["Namespace"]
+
+
+@dataclass(frozen=True)
+class _Opener:
+    """Opens the rank's namespace in any process (picklable for DataLoader workers)."""
+
+    local_dir: Path
+    local: npt.NDArray[np.bool_]
+    inbox: Path
+    timeout_s: float
+
+    def __call__(self) -> Store:
+        index = Index(self.local_dir)
+        return Store(index, NamespaceSource(index, self.local, self.inbox, self.timeout_s))
+
+
+class Namespace:
+    """One rank's view of a staged dataset: an opener for its processes and its exchanger.
+
+    Args:
+        comm: the byte group.
+        local_dir: this rank's node-local store (`StageReport.local_dir`).
+        plan: the plan the job reads with (the same on every rank, and the one staged with).
+        world: ranks per node; by default from torchrun's environment.
+        options: exchange window, look-ahead and timeout.
+    """
+
+    def __init__(
+        self,
+        comm: Comm,
+        local_dir: str | os.PathLike[str],
+        plan: PlanSpec | str = "global",
+        world: World | None = None,
+        options: ExchangeOptions | None = None,
+    ) -> None:
+        from tierfeed.dist.stage import _world_of
+
+        self.local_dir = Path(local_dir).absolute()
+        self.world = world or _world_of(comm)
+        self.options = options or ExchangeOptions()
+        with Index(self.local_dir) as index:
+            self.plan: Plan = plan_for(index, plan)
+            self.holdings = Holdings.of(
+                self.plan.shape, np.asarray(index.chunk_size), self.plan.spec, self.world
+            )
+        self.exchanger = Exchanger(comm, self.local_dir, self.plan, self.holdings, self.options)
+        self.opener = _Opener(
+            self.local_dir,
+            self.holdings.local_to(self.world.rank),
+            inbox_dir(self.local_dir, self.world.rank),
+            self.options.timeout_s,
+        )
+
+    def dataset(self, batch_size: int = 32, **kwargs: Any) -> Dataset:
+        """A `tierfeed.torch.Dataset` over this namespace, paced with the exchanger.
+
+        ``kwargs`` are Dataset's (decode, collate, prefetch, deadline, ...).
+        """
+        return Dataset(
+            self.opener,
+            self.plan,
+            batch_size=batch_size,
+            world=self.world,
+            exchange=self.exchanger,
+            **kwargs,
+        )
+
+    def close(self) -> None:
+        """Finish exchanges and release files."""
+        self.exchanger.close()
+
+    def __enter__(self) -> Namespace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

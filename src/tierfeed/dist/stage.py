@@ -1,0 +1,232 @@
+"""Stage-in: the ranks of a job copy disjoint chunk sets from the origin to node-local storage.
+
+Each chunk is copied by exactly one rank (its holder, see `tierfeed.dist.holders`), into the
+directory of that rank's node, which every rank of the node shares. A copy is streamed in
+blocks, hashed on the way, checked against the index and only then renamed into place, so a
+staged chunk is whole and verified or absent; a chunk already present and verified is
+skipped, which makes stage-in resumable. The index is copied once per node (it is metadata:
+~60 B per sample). The origin is only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from tierfeed.dist.comm import Comm
+from tierfeed.dist.holders import Holdings
+from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
+from tierfeed.format.chunkref import ChunkInfo, new_hasher
+from tierfeed.format.index import Index
+from tierfeed.format.layout import INDEX_NAME
+from tierfeed.plan import PlanSpec
+from tierfeed.storage import PosixDriver
+from tierfeed.torch.dataset import plan_for
+from tierfeed.world import World
+
+__all__ = ["StageReport", "local_dir_for", "stage"]
+
+_BLOCK = 8 * 2**20  # bytes per origin read while copying a chunk
+
+
+@dataclass
+class StageReport:
+    """What a stage-in did, summed over every rank of the job.
+
+    Attributes:
+        chunks_copied: chunks read from the origin and written to local storage.
+        chunks_present: chunks found staged and verified (skipped: stage-in resumed).
+        bytes_copied: bytes read from the origin.
+        bytes_present: bytes already staged.
+        seconds: wall time of the slowest rank.
+        origin_opens: files the ranks opened at the origin.
+        origin_reads: read calls served by the origin.
+        local_dir: this rank's node-local store directory.
+    """
+
+    chunks_copied: int = 0
+    chunks_present: int = 0
+    bytes_copied: int = 0
+    bytes_present: int = 0
+    seconds: float = 0.0
+    origin_opens: int = 0
+    origin_reads: int = 0
+    local_dir: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (for JSON)."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for people."""
+        from tierfeed.units import human
+
+        rate = self.bytes_copied / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"staged {self.chunks_copied} chunks ({human(self.bytes_copied)}) in "
+            f"{self.seconds:.1f} s ({human(rate)}/s), {self.chunks_present} already present "
+            f"({human(self.bytes_present)}); origin: {self.origin_opens} opens, "
+            f"{self.origin_reads} reads"
+        )
+
+
+def local_dir_for(template: str | os.PathLike[str], world: World) -> Path:
+    """The node-local directory: ``template`` with ``{node}`` and ``{rank}`` filled in.
+
+    On a cluster ``--to /local/ssd/data`` names a different disk on every node; on one host,
+    ``{node}`` lets a test or benchmark give each pretend-node a directory of its own.
+    """
+    return Path(os.fspath(template).format(node=world.node, rank=world.rank)).absolute()
+
+
+def _verified(path: Path, info: ChunkInfo) -> bool:
+    try:
+        if path.stat().st_size != info.size:
+            return False
+        hasher = new_hasher()
+        with path.open("rb") as f:
+            while block := f.read(_BLOCK):
+                hasher.update(block)
+        return hasher.intdigest() == info.checksum
+    except OSError:
+        return False
+
+
+def _copy_chunk(origin: PosixDriver, info: ChunkInfo, target: Path, bar: tqdm[Any]) -> None:
+    """Stream one chunk from the origin to ``target``: hash, check, then rename into place."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
+    hasher = new_hasher()
+    try:
+        with tmp.open("wb") as out:
+            for offset in range(0, info.size, _BLOCK):
+                block = origin.read_range(info.name, offset, min(_BLOCK, info.size - offset))
+                hasher.update(block)
+                out.write(block)
+                bar.update(len(block))
+            out.flush()
+            os.fsync(out.fileno())
+        if tmp.stat().st_size != info.size or hasher.intdigest() != info.checksum:
+            raise ChunkCorruptError(
+                f"chunk {origin.root / info.name} at the origin does not match the index "
+                "(size or checksum); run `tierfeed verify` on the store and re-pack it"
+            )
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _copy_index(origin_index: Path, local: Path) -> None:
+    target = local / INDEX_NAME
+    if target.exists() and target.stat().st_size == origin_index.stat().st_size:
+        return
+    local.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = local / f".tmp.{os.getpid()}.{INDEX_NAME}"
+    shutil.copyfile(origin_index, tmp)
+    os.replace(tmp, target)
+
+
+def stage(
+    store: str | os.PathLike[str],
+    to: str | os.PathLike[str],
+    plan: PlanSpec | str = "global",
+    world: World | None = None,
+    comm: Comm | None = None,
+    progress: bool = True,
+) -> StageReport:
+    """Copy this rank's share of the store's chunks into node-local storage.
+
+    Call it on every rank (with ``comm``) or in a single process (copies everything).
+
+    Args:
+        store: the store at the origin (its directory).
+        to: the node-local directory; ``{node}`` and ``{rank}`` are filled in.
+        plan: the plan the job will read with: partition plans stage each rank's partition.
+        world: rank, world size and ranks per node (default: from ``comm``, single process
+            without one).
+        comm: the job's byte group, to sum the report over ranks and wait for every node.
+        progress: show a progress bar of this rank's bytes (on local rank 0 only).
+
+    Returns:
+        The job-wide report (this rank's ``local_dir``).
+    """
+    started = time.monotonic()
+    index = Index(Path(store))
+    world = world or _world_of(comm)
+    if comm is not None and comm.world_size != world.world_size:
+        raise ConfigError(f"world of {world.world_size} ranks but the group has {comm.world_size}")
+    spec = PlanSpec.parse(plan) if isinstance(plan, str) else plan
+    shape = plan_for(index, spec).shape
+    holdings = Holdings.of(shape, np.asarray(index.chunk_size), spec, world)
+    local = local_dir_for(to, world)
+    check_stageable(index, local)
+    chunks = index.chunks()
+    mine = [chunks[int(c)] for c in holdings.staged_by(world.rank)]
+    report = StageReport(local_dir=os.fspath(local))
+    origin = PosixDriver(index.path.parent, read_only=True)
+    if world.local_rank == 0:
+        _copy_index(index.path, local)
+    with tqdm(
+        total=sum(c.size for c in mine),
+        unit="B",
+        unit_scale=True,
+        desc=f"stage rank {world.rank}",
+        disable=not progress or world.local_rank != 0,
+    ) as bar:
+        for info in mine:
+            target = local / info.name
+            if _verified(target, info):
+                report.chunks_present += 1
+                report.bytes_present += info.size
+                bar.update(info.size)
+                continue
+            _copy_chunk(origin, info, target, bar)
+            report.chunks_copied += 1
+            report.bytes_copied += info.size
+    ops = origin.counters.snapshot()
+    origin.close()
+    index.close()
+    report.origin_opens, report.origin_reads = ops["opens"], ops["reads"]
+    report.seconds = time.monotonic() - started
+    return _job_total(report, comm)
+
+
+def _job_total(report: StageReport, comm: Comm | None) -> StageReport:
+    if comm is None:
+        return report
+    fields = ["chunks_copied", "chunks_present", "bytes_copied", "bytes_present"]
+    fields += ["origin_opens", "origin_reads"]
+    totals = comm.sum([getattr(report, f) for f in fields], "stage-in report")
+    for name, value in zip(fields, totals, strict=True):
+        setattr(report, name, int(value))
+    report.seconds = comm.max([report.seconds], "stage-in report")[0]
+    return report
+
+
+def _world_of(comm: Comm | None) -> World:
+    if comm is None:
+        return World()
+    from tierfeed.config import world_from_env
+
+    env = world_from_env()
+    if env.world_size == comm.world_size and env.rank == comm.rank:
+        return env
+    return World(comm.rank, comm.world_size)
+
+
+def check_stageable(index: Index, local: Path) -> None:
+    """Raise if ``local`` is inside the origin store (stage-in must never write there)."""
+    if local.resolve().is_relative_to(index.path.parent.resolve()):
+        raise StorageError(
+            f"stage-in target {local} lies inside the store {index.path.parent}: the origin is "
+            "read-only; stage to node-local storage elsewhere"
+        )

@@ -1,0 +1,88 @@
+"""Stage-in, one namespace and partial shuffling over real gloo groups (spawned ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.dist import workers
+from tests.dist.ranks import make_store, run_ranks
+from tierfeed.format.index import Index
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
+N = 192
+
+
+@pytest.mark.parametrize("plan", ["global", "partial:0.5"])
+def test_stage_in_reads_each_chunk_once_and_resumes(tmp_path: Path, plan: str) -> None:
+    store = make_store(tmp_path, N)
+    to = str(tmp_path / "local" / "node{node}")
+    codes, results = run_ranks(workers.stage_twice, 4, tmp_path, str(store), to, plan)
+    assert codes == [0, 0, 0, 0]
+    with Index(store) as ix:
+        chunks, total = ix.num_chunks, int(np.asarray(ix.chunk_size).sum())
+    first = results[0]["first"]
+    assert first["chunks_copied"] == chunks and first["bytes_copied"] == total
+    assert first["origin_opens"] == chunks  # each chunk file opened once, by one rank
+    second = results[0]["second"]
+    assert second["chunks_copied"] == 0 and second["chunks_present"] == chunks
+    # Two pretend nodes (two ranks each) hold disjoint halves that cover the store.
+    node0, node1 = set(results[0]["chunks"]), set(results[2]["chunks"])
+    assert results[1]["chunks"] == results[0]["chunks"]
+    assert not node0 & node1 and len(node0 | node1) == chunks
+    assert len(node0) > 0 and len(node1) > 0
+
+
+@pytest.mark.parametrize(("world", "workers_"), [(2, 1), (4, 0)])
+def test_global_over_exchange_reads_every_sample_once_without_the_origin(
+    tmp_path: Path, world: int, workers_: int
+) -> None:
+    store = make_store(tmp_path, N)
+    to = str(tmp_path / "local" / "node{node}")
+    hidden = str(tmp_path / "origin-gone")
+    args = (str(store), to, "global", 2, workers_, hidden)
+    codes, results = run_ranks(workers.train, world, tmp_path, *args)
+    assert codes == [0] * world, codes
+    for epoch in range(2):
+        seen = [v for r in results for v in r["seen"][epoch]]
+        assert sorted(seen) == list(range(N))  # exactly once across ranks
+        for r in results:
+            assert r["seen"][epoch] and sorted(r["seen"][epoch]) == sorted(r["planned"][epoch])
+    assert sum(r["stats"]["samples_received"] for r in results) > 0  # peers did serve
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_partial_moves_keep_exactly_once_and_the_storage_bound(tmp_path: Path, world: int) -> None:
+    q = 0.5
+    store = make_store(tmp_path, N)
+    to = str(tmp_path / "local" / "node{node}")
+    args = (str(store), to, f"partial:{q}", 3, 1, str(tmp_path / "origin-gone"))
+    codes, results = run_ranks(workers.train, world, tmp_path, *args)
+    assert codes == [0] * world, codes
+    for epoch in range(3):
+        shares = [set(r["seen"][epoch]) for r in results]
+        assert sum(len(s) for s in shares) == N and set().union(*shares) == set(range(N))
+        for r in results:  # every rank read its own evolving partition (padded as planned)
+            assert sorted(r["seen"][epoch]) == sorted(r["planned"][epoch])
+    chunk_slack = 8  # partitions are whole chunks of ~8 samples
+    for r in results:
+        assert max(r["held"]) <= (1 + q) * N / world + chunk_slack
+        assert r["stats"]["samples_sent"] > 0 and r["stats"]["punched_bytes"] > 0
+    # The partitions really evolved: some rank read in epoch 2 what another held in epoch 0.
+    moved = sum(
+        len(set(a["planned"][2]) - set(a["planned"][0])) for a in results
+    )
+    assert moved > 0
+
+
+def test_a_killed_rank_makes_the_others_fail_fast(tmp_path: Path) -> None:
+    store = make_store(tmp_path, N)
+    to = str(tmp_path / "local" / "node{node}")
+    codes, results = run_ranks(workers.die_midway, 2, tmp_path, str(store), to, "global")
+    assert codes[1] == 17
+    survivor = results[0]
+    assert survivor is not None and survivor["error"] is not None, survivor
+    assert "rank 0" in survivor["error"] and "window" in survivor["error"]
+    assert survivor["seconds"] < 60

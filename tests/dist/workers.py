@@ -1,0 +1,76 @@
+"""Rank bodies for the distributed tests (module level: spawned processes import them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tierfeed.dist import Comm, ExchangeOptions, Namespace, stage
+from tierfeed.format.store import Sample
+from tierfeed.loader import PrefetchOptions
+
+
+def decode(s: Sample) -> torch.Tensor:
+    return torch.tensor(int(s.fields["txt"]))
+
+
+def stage_twice(rank: int, world: int, store: str, to: str, plan: str) -> dict[str, Any]:
+    """Stage, then stage again (resumes: nothing copied)."""
+    comm = Comm(timeout_s=30)
+    first = stage(store, to, plan, comm=comm, progress=False)
+    second = stage(store, to, plan, comm=comm, progress=False)
+    local = Path(first.local_dir)
+    chunks = sorted(p.name for p in (local / "chunks").iterdir() if not p.name.startswith("."))
+    comm.close()
+    return {"first": first.to_dict(), "second": second.to_dict(), "chunks": chunks}
+
+
+def train(
+    rank: int, world: int, store: str, to: str, plan: str, epochs: int, workers: int, hide: str
+) -> dict[str, Any]:
+    """Stage, hide the origin, then read ``epochs`` epochs over the namespace."""
+    from tierfeed.torch import Loader
+
+    comm = Comm(timeout_s=30)
+    report = stage(store, to, plan, comm=comm, progress=False)
+    comm.barrier("staged")
+    if rank == 0 and hide:
+        os.rename(store, hide)  # from here on nothing may read the origin
+    comm.barrier("origin hidden")
+    options = ExchangeOptions(window=16, ahead=2, timeout_s=30)
+    seen, held = [], []
+    with Namespace(comm, report.local_dir, plan, options=options) as ns:
+        ds = ns.dataset(batch_size=4, decode=decode, prefetch=PrefetchOptions(window=8, threads=4))
+        loader = Loader(ds, num_workers=workers)
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            seen.append([int(v) for batch in loader for v in batch])
+            held.append(ns.exchanger.counters.max_held)
+        stats = ns.exchanger.stats()
+        partitions = [ns.plan.order(e, rank, world).tolist() for e in range(epochs)]
+    comm.close()
+    return {"seen": seen, "stats": stats, "held": held, "planned": partitions}
+
+
+def die_midway(rank: int, world: int, store: str, to: str, plan: str) -> dict[str, Any]:
+    """Rank 1 dies after its first batch; the others must fail fast with a clear error."""
+    import time
+
+    from tierfeed.torch import Loader
+
+    comm = Comm(timeout_s=20)
+    report = stage(store, to, plan, comm=comm, progress=False)
+    options = ExchangeOptions(window=8, ahead=1, timeout_s=20)
+    ns = Namespace(comm, report.local_dir, plan, options=options)
+    ds = ns.dataset(batch_size=4, decode=decode, prefetch=PrefetchOptions(window=4, threads=2))
+    started = time.monotonic()
+    try:
+        for i, _ in enumerate(Loader(ds, num_workers=0)):
+            if rank == 1 and i == 0:
+                os._exit(17)
+        return {"error": None, "seconds": time.monotonic() - started}
+    except Exception as exc:  # the test inspects it
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - started}
