@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "tierfeed.format.commands:register_inspect",
     "verify": "tierfeed.format.commands:register_verify",
     "slowfs": "tierfeed.slowfs.command:register",
+    "stage": "tierfeed.dist.command:register",
     "simulate": "tierfeed.plan.command:register",
     "report": "tierfeed.telemetry.command:register",
     "mount": "tierfeed.mount.command:register_mount",

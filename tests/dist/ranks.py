@@ -30,7 +30,9 @@ def make_store(root: Path, n: int, chunk_size: int = 8192) -> Path:
     return root / "store"
 
 
-def _entry(target: Callable[..., Any], rank: int, world: int, port: int, out: str, *args: Any) -> None:
+def _entry(
+    target: Callable[..., Any], rank: int, world: int, port: int, out: str, *args: Any
+) -> None:
     import torch.distributed as dist
 
     per_node = 1 if world <= 2 else 2  # pretend nodes: one rank each, or two

@@ -71,9 +71,7 @@ def test_partial_moves_keep_exactly_once_and_the_storage_bound(tmp_path: Path, w
         assert max(r["held"]) <= (1 + q) * N / world + chunk_slack
         assert r["stats"]["samples_sent"] > 0 and r["stats"]["punched_bytes"] > 0
     # The partitions really evolved: some rank read in epoch 2 what another held in epoch 0.
-    moved = sum(
-        len(set(a["planned"][2]) - set(a["planned"][0])) for a in results
-    )
+    moved = sum(len(set(a["planned"][2]) - set(a["planned"][0])) for a in results)
     assert moved > 0
 
 
@@ -86,3 +84,15 @@ def test_a_killed_rank_makes_the_others_fail_fast(tmp_path: Path) -> None:
     assert survivor is not None and survivor["error"] is not None, survivor
     assert "rank 0" in survivor["error"] and "window" in survivor["error"]
     assert survivor["seconds"] < 60
+
+
+def test_the_pls_scheduler_api_shape(tmp_path: Path) -> None:
+    store = make_store(tmp_path, N)
+    to = str(tmp_path / "local" / "node{node}")
+    codes, results = run_ranks(workers.pls_loop, 2, tmp_path, str(store), to, 0.3)
+    assert codes == [0, 0], codes
+    for epoch in range(3):
+        shares = [set(r["seen"][epoch]) for r in results]
+        assert sum(len(s) for s in shares) == N and set().union(*shares) == set(range(N))
+    assert all(r["sent"] > 0 for r in results)
+    assert all(r["left"] == [] for r in results)  # clean_local_storage removed the chunks

@@ -74,3 +74,28 @@ def die_midway(rank: int, world: int, store: str, to: str, plan: str) -> dict[st
         return {"error": None, "seconds": time.monotonic() - started}
     except Exception as exc:  # the test inspects it
         return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - started}
+
+
+def pls_loop(rank: int, world: int, store: str, to: str, q: float) -> dict[str, Any]:
+    """A training loop written against the PLS scheduler's calls."""
+    from tierfeed.dist.pls import Scheduler
+
+    comm = Comm(timeout_s=30)
+    report = stage(store, to, f"partial:{q}", comm=comm, progress=False)
+    sched = Scheduler(report.local_dir, batch_size=4, fraction=q, comm=comm,
+                      options=ExchangeOptions(window=8, timeout_s=30))  # fmt: skip
+    seen = []
+    for epoch in range(3):
+        order = sched.scheduling(epoch)
+        got = []
+        for step in range(sched.steps):
+            ids = order[step * 4 : (step + 1) * 4]
+            got += [int(sched.store.read_sample(int(i)).fields["txt"]) for i in ids]
+            sched.communicate()
+        sched.synchronize()
+        seen.append(got)
+    sent = sched.namespace.exchanger.counters.samples_sent
+    sched.clean_local_storage()
+    left = [p.name for p in (Path(report.local_dir) / "chunks").iterdir()]
+    comm.close()
+    return {"seen": seen, "sent": sent, "left": left}

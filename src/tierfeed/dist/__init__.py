@@ -5,6 +5,7 @@ from tierfeed.dist.exchanger import ExchangeCounters, ExchangeOptions, Exchanger
 from tierfeed.dist.holders import Holdings, chunk_holders
 from tierfeed.dist.job import Namespace
 from tierfeed.dist.namespace import NamespaceSource
+from tierfeed.dist.pls import Scheduler
 from tierfeed.dist.stage import StageReport, local_dir_for, stage
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "Holdings",
     "Namespace",
     "NamespaceSource",
+    "Scheduler",
     "StageReport",
     "chunk_holders",
     "local_dir_for",

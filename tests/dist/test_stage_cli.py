@@ -1,0 +1,55 @@
+"""`tierfeed stage` in one process and under torchrun --standalone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.dist.ranks import make_store
+from tierfeed.cli import main
+from tierfeed.format.index import Index
+from tierfeed.format.verify import verify_store
+
+
+def test_stage_in_one_process_copies_a_store_that_verifies(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store = make_store(tmp_path, 64)
+    assert main(["stage", str(store), "--to", str(tmp_path / "local"), "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    with Index(store) as ix:
+        assert report["chunks_copied"] == ix.num_chunks
+        assert report["bytes_copied"] == int(np.asarray(ix.chunk_size).sum())
+    assert verify_store(tmp_path / "local", progress=False) == []
+    assert main(["stage", str(store), "--to", str(tmp_path / "local"), "--json", "--quiet"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["chunks_copied"] == 0 and again["origin_reads"] == 0
+
+
+def test_stage_refuses_to_write_into_the_origin(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store = make_store(tmp_path, 16)
+    assert main(["stage", str(store), "--to", str(store / "inside"), "--quiet"]) == 1
+    assert "read-only" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_stage_under_torchrun_splits_the_work(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 96)
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "tierfeed", "stage", str(store), "--to", str(tmp_path / "node{node}"),
+        "--json", "--quiet", "--timeout", "60",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    with Index(store) as ix:
+        assert report["chunks_copied"] == ix.num_chunks  # summed over both ranks, once each
+    # torchrun puts both ranks on one node: they share one directory.
+    assert verify_store(tmp_path / "node0", progress=False) == []
