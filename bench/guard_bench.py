@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample
 from tierfeed.loader import DeadlineOptions, PrefetchOptions

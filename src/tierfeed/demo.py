@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-import torch
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample
 from tierfeed.loader import DeadlineOptions, PrefetchOptions

@@ -61,6 +61,7 @@ def run_ranks(
     """Run ``target(rank, world, *args)`` on ``world`` spawned ranks; their exit codes and
     JSON results (None for a rank that wrote none)."""
     ctx = mp.get_context("spawn")
+    tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     outs = [tmp / f"rank{r}.json" for r in range(world)]
     procs = [

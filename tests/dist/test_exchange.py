@@ -96,3 +96,24 @@ def test_the_pls_scheduler_api_shape(tmp_path: Path) -> None:
         assert sum(len(s) for s in shares) == N and set().union(*shares) == set(range(N))
     assert all(r["sent"] > 0 for r in results)
     assert all(r["left"] == [] for r in results)  # clean_local_storage removed the chunks
+
+
+def test_partial_resumes_exactly_once_after_a_crash(tmp_path: Path) -> None:
+    from tierfeed.torch.dataset import plan_for
+
+    store = make_store(tmp_path, N)
+    to, plan = str(tmp_path / "local" / "node{node}"), "partial:0.5"
+    _, before = run_ranks(workers.crash_mid_epoch, 2, tmp_path / "a", str(store), to, plan)
+    assert all(b is not None for b in before)
+    states = [b["state"] for b in before]  # each rank's own checkpoint
+    codes, after = run_ranks(
+        workers.resume_after_crash, 2, tmp_path / "b", str(store), to, plan, states
+    )
+    assert codes == [0, 0], codes
+    with Index(store) as ix:
+        p = plan_for(ix, plan)
+    for r in range(2):
+        epoch2 = before[r]["seen"] + after[r]["rest"]
+        assert sorted(epoch2) == sorted(p.order(2, r, 2).tolist())  # once, nothing lost
+        assert sorted(after[r]["next"]) == sorted(p.order(3, r, 2).tolist())
+    assert sum(a["recopied"] for a in after) > 0  # chunks whose samples had been sent away

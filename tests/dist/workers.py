@@ -14,7 +14,7 @@ from tierfeed.loader import PrefetchOptions
 
 
 def decode(s: Sample) -> torch.Tensor:
-    return torch.tensor(int(s.fields["txt"]))
+    return torch.tensor(int(s.fields["txt"].split()[0]))
 
 
 def stage_twice(rank: int, world: int, store: str, to: str, plan: str) -> dict[str, Any]:
@@ -99,3 +99,43 @@ def pls_loop(rank: int, world: int, store: str, to: str, q: float) -> dict[str, 
     left = [p.name for p in (Path(report.local_dir) / "chunks").iterdir()]
     comm.close()
     return {"seen": seen, "sent": sent, "left": left}
+
+
+def crash_mid_epoch(rank: int, world: int, store: str, to: str, plan: str) -> dict[str, Any]:
+    """Read epochs 0 and 1, then half of epoch 2; return the state as a crashing job would
+    have checkpointed it (nothing is closed)."""
+    from tierfeed.torch import Loader
+
+    comm = Comm(timeout_s=30)
+    report = stage(store, to, plan, comm=comm, progress=False)
+    ns = Namespace(comm, report.local_dir, plan, options=ExchangeOptions(window=8, timeout_s=30))
+    loader = Loader(ns.dataset(batch_size=4, decode=decode), num_workers=0)
+    for _ in range(2):
+        for _ in loader:
+            pass
+    seen: list[int] = []
+    for i, batch in enumerate(loader):
+        seen += [int(v) for v in batch]
+        if i == 5:
+            break
+    return {"seen": seen, "state": loader.state_dict()}
+
+
+def resume_after_crash(
+    rank: int, world: int, store: str, to: str, plan: str, states: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A restarted job: stage again, restore the epoch's partitions, resume the loader."""
+    from tierfeed.torch import Loader
+
+    comm = Comm(timeout_s=30)
+    report = stage(store, to, plan, comm=comm, progress=False)
+    ns = Namespace(comm, report.local_dir, plan, options=ExchangeOptions(window=8, timeout_s=30))
+    state = states[rank]
+    ns.exchanger.restore(int(state["epoch"]))
+    loader = Loader(ns.dataset(batch_size=4, decode=decode), num_workers=0)
+    loader.load_state_dict(state)
+    rest = [int(v) for batch in loader for v in batch]
+    after = [int(v) for batch in loader for v in batch]
+    ns.close()
+    comm.close()
+    return {"rest": rest, "next": after, "recopied": report.chunks_copied}

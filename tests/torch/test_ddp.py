@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
 
+from tests.dist.ranks import free_port
 from tests.format.conftest import write_tree
 from tierfeed.format.pack import PackOptions, pack
 
@@ -17,16 +17,10 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 N = 96
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(rank: int, world: int, port: int, store: str, out: str, plan: str) -> None:
+    import torch
     import torch.distributed as dist
 
-    import torch
     from tierfeed.format.store import Sample
     from tierfeed.torch import Dataset, Loader
 

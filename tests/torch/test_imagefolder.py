@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
-import torch
 from tierfeed.errors import ConfigError
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.synth import SynthSpec, make_imagefolder

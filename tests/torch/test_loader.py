@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import torch
+
 from tests.format.conftest import write_tree
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.index import Index

@@ -6,6 +6,7 @@ background thread's collectives must never interleave with the training loop's o
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Sequence
 
@@ -99,10 +100,8 @@ class Comm:
     def close(self) -> None:
         """Destroy the group; idempotent."""
         if self.group is not None and dist.is_initialized():
-            try:
+            with contextlib.suppress(RuntimeError, ValueError):
                 dist.destroy_process_group(self.group)
-            except (RuntimeError, ValueError):
-                pass
         self.group = None
 
     def __enter__(self) -> Comm:

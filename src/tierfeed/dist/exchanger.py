@@ -29,11 +29,12 @@ import numpy.typing as npt
 
 from tierfeed.dist.comm import Comm
 from tierfeed.dist.holders import Holdings
-from tierfeed.dist.inbox import Inbox, punch_hole
+from tierfeed.dist.inbox import Inbox, punch_holes
 from tierfeed.dist.namespace import inbox_dir
 from tierfeed.dist.schedule import Transfers, fetch_transfers, move_transfers, num_windows
-from tierfeed.errors import ConfigError, ExchangeError
+from tierfeed.errors import ChunkCorruptError, ConfigError, ExchangeError
 from tierfeed.format.chunkfiles import DirectoryChunks
+from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.plan import Plan
 
@@ -70,7 +71,11 @@ class ExchangeCounters:
     bytes_sent: int = 0
     samples_received: int = 0
     bytes_received: int = 0
-    exchange_s: float = 0.0
+    exchange_s: float = 0.0  # wall time in windows, waits for slower peers included
+    read_s: float = 0.0  # reading what is sent
+    collective_s: float = 0.0  # in all_to_all (transfer and waiting for peers)
+    write_s: float = 0.0  # publishing what arrived
+    delete_s: float = 0.0  # deleting what was sent (partial)
     punched_bytes: int = 0
     held: int = 0  # samples this rank stores now (partition plans)
     max_held: int = 0
@@ -137,8 +142,8 @@ class Exchanger:
         positions (a resumed epoch) and may read up to ``margin`` positions ahead of what it
         reports consumed (its workers' read-ahead)."""
         self._raise()
-        if self._state is not None:
-            self.end_epoch(self._state.epoch)
+        if self._state is not None and not self._state.ended:
+            self.finish()  # the previous epoch was left early: settle it first
         length = len(self.plan.order(epoch, self.rank, self.world_size))
         state = _Epoch(
             epoch, num_windows(length, self.options.window), consumed=start, margin=margin
@@ -147,9 +152,16 @@ class Exchanger:
             state.orders = [
                 self.plan.order(epoch, r, self.world_size) for r in range(self.world_size)
             ]
+        # The previous epoch's last moves may still be in flight: the new thread waits for
+        # them before its own collectives, while this epoch's reads already begin (a sample
+        # still on its way is waited for by the reader).
+        previous = self._thread
         self._state = state
         self._thread = threading.Thread(
-            target=self._run, args=(state,), name=f"tierfeed-exchange-{self.rank}", daemon=True
+            target=self._run,
+            args=(state, previous),
+            name=f"tierfeed-exchange-{self.rank}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -162,23 +174,67 @@ class Exchanger:
                 self._cond.notify_all()
 
     def end_epoch(self, epoch: int) -> None:
-        """Finish the epoch's exchanges (all ranks call it; partial: the next epoch's
-        partitions are complete when it returns)."""
-        state, thread = self._state, self._thread
-        if state is None or state.epoch != epoch or thread is None:
+        """The loader has read all of ``epoch`` (every rank calls it).
+
+        Fetch plans finish and delete the epoch's segments. Partial plans let the epoch's
+        last moves run on while the next epoch starts; `finish()` waits for them.
+        """
+        state = self._state
+        if state is None or state.epoch != epoch:
             self._raise()
             return
         with self._cond:
             state.ended = True
             self._cond.notify_all()
-        thread.join(self.options.timeout_s * (state.windows + 1))
-        self._state, self._thread = None, None
-        if thread.is_alive():
-            self._fail(ExchangeError(f"rank {self.rank}: the exchange of epoch {epoch} is stuck"))
-        self._raise()
         if self.mode == "fetch":
+            self.finish()
             for name in self.inbox.segments():
                 self.inbox.delete(name)
+        self._raise()
+
+    def finish(self) -> None:
+        """Wait until every scheduled exchange is done (the next partitions are complete)."""
+        state, thread = self._state, self._thread
+        if state is not None:
+            with self._cond:
+                state.ended = True
+                self._cond.notify_all()
+        if thread is not None:
+            windows = state.windows if state is not None else 1
+            thread.join(self.options.timeout_s * (windows + 1))
+            if thread.is_alive():
+                self._fail(ExchangeError(f"rank {self.rank}: an exchange is stuck"))
+        self._state, self._thread = None, None
+        self._raise()
+
+    def restore(self, epoch: int) -> None:
+        """Rebuild the partitions of ``epoch`` after a restart (partial plans; every rank).
+
+        A restarted job re-runs stage-in first (it re-copies the chunks whose samples were
+        sent away, so every rank holds its initial partition again); one exchange then moves
+        each sample of ``epoch``'s partitions from the rank that staged it, and each rank
+        deletes what it no longer holds. Fetch plans need nothing: they keep no state.
+        """
+        self._raise()
+        if self.mode != "move" or epoch == 0:
+            return
+        world = self.world_size
+        chunk = np.asarray(self.index.sample_chunk, dtype=np.int64)
+        samples, srcs, dsts = [], [], []
+        for dst in range(world):
+            part = self.plan.partition(epoch, dst, world)
+            away = part[self.holdings.holder[chunk[part]] != dst]
+            samples.append(away)
+            srcs.append(self.holdings.holder[chunk[away]])
+            dsts.append(np.full(len(away), dst, dtype=np.int64))
+        moves = Transfers.sorted(
+            np.concatenate(samples), np.concatenate(srcs), np.concatenate(dsts)
+        )
+        self._window(epoch, -1, moves, discard=False)
+        mine = self.plan.partition(epoch, self.rank, world)
+        staged = np.flatnonzero(self._local[chunk])
+        self._discard(np.setdiff1d(staged, mine))
+        self.counters.held = self.counters.max_held = len(mine)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -199,8 +255,12 @@ class Exchanger:
             return w * window < consumed + state.margin + self.options.ahead * window
         return (w + 1) * window + state.margin <= consumed
 
-    def _run(self, state: _Epoch) -> None:
+    def _run(self, state: _Epoch, previous: threading.Thread | None = None) -> None:
         try:
+            if previous is not None:
+                previous.join()
+            if self._error is not None:
+                return
             if self.mode == "move":
                 state.schedule = move_transfers(
                     self.plan, state.epoch, self.world_size, self.options.window
@@ -237,9 +297,16 @@ class Exchanger:
         if not self._local[chunk]:
             key = self.index.key(self.index.member_owner(member))
             raise ExchangeError(f"rank {self.rank} was scheduled to send {key!r} but holds no copy")
-        return self._chunks.read_range(chunk, int(self.index.member_offset[member]), length)
+        data = self._chunks.read_range(chunk, int(self.index.member_offset[member]), length)
+        if checksum_bytes(data) != int(self.index.member_checksum[member]):
+            raise ChunkCorruptError(
+                f"rank {self.rank}: chunk {self._chunks.root / self.index.chunk_name(chunk)} no "
+                f"longer holds {self.index.key(self.index.member_owner(member))!r} (sent away "
+                "before a restart, or damaged); run stage-in again before restoring"
+            )
+        return data
 
-    def _window(self, epoch: int, w: int, transfers: Transfers) -> None:
+    def _window(self, epoch: int, w: int, transfers: Transfers, discard: bool = True) -> None:
         started = time.perf_counter()
         sent, received = transfers.sent_by(self.rank), transfers.received_by(self.rank)
         sends = [
@@ -250,16 +317,20 @@ class Exchanger:
             int(self._sizes[received.sample[received.src == s]].sum())
             for s in range(self.world_size)
         ]
-        parts = self.comm.all_to_all(sends, recv_sizes, f"exchange of epoch {epoch}, window {w}")
+        what = f"exchange of epoch {epoch}, window {w}" if w >= 0 else f"restore of epoch {epoch}"
+        t1 = time.perf_counter()
+        parts = self.comm.all_to_all(sends, recv_sizes, what)
+        t2 = time.perf_counter()
         if len(received):
             members = self._members(received.sample)
             self.inbox.write(
-                f"e{epoch:05d}-w{w:06d}",
+                f"e{epoch:05d}-w{max(w, 0):06d}" if w >= 0 else f"e{epoch:05d}-r000000",
                 members,
                 self._lengths[members],
                 memoryview(b"".join(parts)),
             )
-        if self.mode == "move":
+        t3 = time.perf_counter()
+        if self.mode == "move" and discard:
             self._discard(sent.sample)
             c = self.counters
             c.held += len(received) - len(sent)
@@ -270,19 +341,25 @@ class Exchanger:
         c.bytes_sent += sum(len(s) for s in sends)
         c.samples_received += len(received)
         c.bytes_received += sum(recv_sizes)
-        c.exchange_s += time.perf_counter() - started
+        now = time.perf_counter()
+        c.exchange_s += now - started
+        c.read_s += t1 - started
+        c.collective_s += t2 - t1
+        c.write_s += t3 - t2
+        c.delete_s += now - t3
 
     def _discard(self, samples: IntArray) -> None:
         """Delete this rank's copies of samples it has sent away."""
         members = self._members(samples)
         in_chunks = [m for m in members.tolist() if self.inbox.view.locate(m) is None]
         self.inbox.discard(members)
+        by_chunk: dict[int, list[tuple[int, int]]] = {}
         for m in in_chunks:
-            chunk = int(self.index.member_chunk[m])
+            ranges = by_chunk.setdefault(int(self.index.member_chunk[m]), [])
+            ranges.append((int(self.index.member_offset[m]), int(self._lengths[m])))
+        for chunk, ranges in by_chunk.items():
             path = self.index.path.parent / self.index.chunk_name(chunk)
-            length = int(self._lengths[m])
-            if punch_hole(path, int(self.index.member_offset[m]), length):
-                self.counters.punched_bytes += length
+            self.counters.punched_bytes += punch_holes(path, ranges)
 
     def _forget_read(self, state: _Epoch) -> None:
         """Fetch mode: delete windows the loader has read (keeping its read-ahead margin)."""
@@ -298,9 +375,8 @@ class Exchanger:
 
     def close(self) -> None:
         """Finish the running epoch's exchanges and release files."""
-        if self._state is not None:
-            with contextlib.suppress(ExchangeError):
-                self.end_epoch(self._state.epoch)
+        with contextlib.suppress(ExchangeError):
+            self.finish()
         self._chunks.close()
         self.inbox.close()
         self.index.close()

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Inbox", "InboxView", "punch_hole"]
+__all__ = ["Inbox", "InboxView", "punch_holes"]
 
 IntArray = npt.NDArray[np.int64]
 _FAILED = "FAILED"
@@ -194,23 +196,43 @@ class InboxView:
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 
 
-def punch_hole(path: Path, offset: int, length: int) -> bool:
-    """Free the blocks of a byte range of a file (Linux fallocate); False where unsupported.
+@functools.cache
+def _fallocate() -> Any:
+    return getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
+
+
+def punch_holes(path: Path, ranges: list[tuple[int, int]]) -> int:
+    """Free the blocks of byte ranges ``(offset, length)`` of a file (Linux fallocate).
 
     A partial-shuffling rank deletes each sample it sends away from its staged chunk this
-    way: the chunk keeps its size and offsets, and the disk space is returned.
+    way: the chunk keeps its size and offsets, and the disk space is returned. Ranges closer
+    than a tar header apart are freed as one (the gap is the next member's own header).
+
+    Returns:
+        Bytes freed; 0 where the file system cannot punch holes (the space stays in use).
     """
-    if length <= 0:
-        return True
-    libc = ctypes.CDLL(None, use_errno=True)
-    fallocate = getattr(libc, "fallocate", None)
-    if fallocate is None:
-        return False
+    fallocate = _fallocate()
+    if fallocate is None or not ranges:
+        return 0
+    merged: list[list[int]] = []
+    for offset, length in sorted(ranges):
+        if merged and offset - (merged[-1][0] + merged[-1][1]) <= _GAP:
+            merged[-1][1] = offset + length - merged[-1][0]
+        else:
+            merged.append([offset, length])
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    freed = 0
     try:
-        rc = fallocate(fd, _PUNCH, ctypes.c_long(offset), ctypes.c_long(length))
+        for offset, length in merged:
+            if fallocate(fd, _PUNCH, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
+                err = ctypes.get_errno()
+                if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    return 0
+                raise OSError(err, f"fallocate(PUNCH_HOLE) on {path}")
+            freed += length
     finally:
         os.close(fd)
-    if rc != 0 and ctypes.get_errno() not in (errno.EOPNOTSUPP, errno.ENOSYS):
-        raise OSError(ctypes.get_errno(), f"fallocate(PUNCH_HOLE) on {path}")
-    return bool(rc == 0)
+    return freed
+
+
+_GAP = 1536  # a ustar header plus a pax header block: what separates consecutive members

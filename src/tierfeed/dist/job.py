@@ -40,17 +40,20 @@ class _Opener:
     local: npt.NDArray[np.bool_]
     inbox: Path
     timeout_s: float
+    verify_local: bool = False
 
     def __call__(self) -> Store:
         index = Index(self.local_dir)
-        return Store(index, NamespaceSource(index, self.local, self.inbox, self.timeout_s))
+        source = NamespaceSource(index, self.local, self.inbox, self.timeout_s, self.verify_local)
+        return Store(index, source)
 
 
 class Namespace:
     """One rank's view of a staged dataset: an opener for its processes and its exchanger.
 
     Args:
-        comm: the byte group.
+        comm: the job's byte group (for rank and world; the exchanger makes a group of its
+            own, so the training thread may keep using ``comm``).
         local_dir: this rank's node-local store (`StageReport.local_dir`).
         plan: the plan the job reads with (the same on every rank, and the one staged with).
         world: ranks per node; by default from torchrun's environment.
@@ -75,12 +78,18 @@ class Namespace:
             self.holdings = Holdings.of(
                 self.plan.shape, np.asarray(index.chunk_size), self.plan.spec, self.world
             )
-        self.exchanger = Exchanger(comm, self.local_dir, self.plan, self.holdings, self.options)
+        # A group of its own: the exchanger's collectives run on a background thread and must
+        # never interleave with collectives the training thread issues on ``comm``.
+        self._group = Comm(self.options.timeout_s)
+        self.exchanger = Exchanger(
+            self._group, self.local_dir, self.plan, self.holdings, self.options
+        )
         self.opener = _Opener(
             self.local_dir,
             self.holdings.local_to(self.world.rank),
             inbox_dir(self.local_dir, self.world.rank),
             self.options.timeout_s,
+            verify_local=self.holdings.per_rank,
         )
 
     def dataset(self, batch_size: int = 32, **kwargs: Any) -> Dataset:
@@ -98,8 +107,9 @@ class Namespace:
         )
 
     def close(self) -> None:
-        """Finish exchanges and release files."""
+        """Finish exchanges and release files and the exchange group."""
         self.exchanger.close()
+        self._group.close()
 
     def __enter__(self) -> Namespace:
         return self

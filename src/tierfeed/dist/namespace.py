@@ -20,6 +20,7 @@ import numpy.typing as npt
 from tierfeed.dist.inbox import InboxView
 from tierfeed.errors import ExchangeError, StorageError
 from tierfeed.format.chunkfiles import DirectoryChunks
+from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
 
 __all__ = ["NamespaceSource", "inbox_dir", "member_locator"]
@@ -50,6 +51,8 @@ class NamespaceSource:
         local: per chunk, whether this rank may read it from the node's local directory.
         inbox: the rank's inbox directory.
         timeout_s: how long a read waits for a member a peer has not sent yet.
+        verify_local: check members read from staged chunks, and wait for the inbox when one
+            fails (partial plans: a sample can come back to a chunk it had left).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class NamespaceSource:
         local: npt.NDArray[np.bool_],
         inbox: str | os.PathLike[str],
         timeout_s: float = 120.0,
+        verify_local: bool = False,
     ) -> None:
         self.index = index
         self.local = np.asarray(local, dtype=bool)
@@ -65,6 +69,8 @@ class NamespaceSource:
         self.chunks = DirectoryChunks(index.path.parent, index.chunks(), index.path)
         self.view = InboxView(inbox)
         self._key = member_locator(index)
+        self._checksum = index.member_checksum
+        self.verify_local = verify_local
         self._mutex = threading.Lock()
         self.waits = 0  # reads that waited for a peer's bytes
         self.from_inbox = 0
@@ -91,7 +97,10 @@ class NamespaceSource:
             self.from_inbox += 1
             return data
         if self.local[chunk]:
-            return self.chunks.read_range(chunk, offset, length)
+            data = self.chunks.read_range(chunk, offset, length)
+            if not self.verify_local or checksum_bytes(data) == int(self._checksum[member]):
+                return data
+            # Sent away earlier (its range punched out) and on its way back from a peer.
         return self._wait(member, chunk, length)
 
     def _wait(self, member: int, chunk: int, length: int) -> bytes:

@@ -94,6 +94,7 @@ class Scheduler:
     def synchronize(self) -> None:
         """End of the epoch: finish every move (on every rank)."""
         self.namespace.exchanger.end_epoch(self.epoch)
+        self.namespace.exchanger.finish()
 
     def clean_local_storage(self) -> None:
         """Delete what this rank holds locally: its inbox and the chunks it staged."""
