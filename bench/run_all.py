@@ -19,6 +19,9 @@ RUNS: list[list[str]] = [
     ["plans.py", "quality"],
     ["tiers.py"],
     ["mount_bench.py", "--images", "6000", "--latency", "heavy-tail"],
+    ["guard_bench.py", "--samples", "20000", "--epochs", "2", "--workers", "2"],
+    ["dist_bench.py", "--runs", "1", "--epochs", "3", "--step-ms", "30"],
+    ["accuracy.py"],
 ]
 
 

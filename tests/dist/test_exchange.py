@@ -82,7 +82,7 @@ def test_a_killed_rank_makes_the_others_fail_fast(tmp_path: Path) -> None:
     assert codes[1] == 17
     survivor = results[0]
     assert survivor is not None and survivor["error"] is not None, survivor
-    assert "rank 0" in survivor["error"] and "window" in survivor["error"]
+    assert "rank 0" in survivor["error"] and "steps" in survivor["error"]
     assert survivor["seconds"] < 60
 
 

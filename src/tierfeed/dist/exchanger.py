@@ -127,6 +127,7 @@ class Exchanger:
         self._sizes = self.index.sample_bytes()
         self._starts = np.asarray(self.index.sample_member_start, dtype=np.int64)
         self._lengths = np.asarray(self.index.member_length, dtype=np.int64)
+        self.batch_size = 1  # for messages: windows are named by the steps they cover
         self.counters = ExchangeCounters()
         staged = self._local[np.asarray(self.index.sample_chunk, dtype=np.int64)]
         self.counters.held = self.counters.max_held = int(staged.sum())
@@ -317,7 +318,13 @@ class Exchanger:
             int(self._sizes[received.sample[received.src == s]].sum())
             for s in range(self.world_size)
         ]
-        what = f"exchange of epoch {epoch}, window {w}" if w >= 0 else f"restore of epoch {epoch}"
+        what = f"restore of epoch {epoch}"
+        if w >= 0:
+            first, last = w * self.options.window, (w + 1) * self.options.window - 1
+            what = (
+                f"exchange of epoch {epoch}, window {w} (steps {first // self.batch_size}-"
+                f"{last // self.batch_size} at batch size {self.batch_size})"
+            )
         t1 = time.perf_counter()
         parts = self.comm.all_to_all(sends, recv_sizes, what)
         t2 = time.perf_counter()

@@ -95,8 +95,11 @@ class Namespace:
     def dataset(self, batch_size: int = 32, **kwargs: Any) -> Dataset:
         """A `tierfeed.torch.Dataset` over this namespace, paced with the exchanger.
 
-        ``kwargs`` are Dataset's (decode, collate, prefetch, deadline, ...).
+        ``kwargs`` are Dataset's (decode, collate, prefetch, deadline, ...). Read it with
+        `tierfeed.torch.Loader`, which paces the exchange (or call the exchanger's
+        begin_epoch / consumed / end_epoch around a loop of your own).
         """
+        self.exchanger.batch_size = batch_size
         return Dataset(
             self.opener,
             self.plan,

@@ -64,6 +64,7 @@ class Scheduler:
         self._own_comm = comm is None
         spec = PlanSpec("partial", fraction, seed=seed)
         self.namespace = Namespace(self.comm, dataset, spec, options=options)
+        self.namespace.exchanger.batch_size = batch_size
         self.store: Store = self.namespace.opener()
         self.epoch = -1
         self.step = 0
