@@ -106,6 +106,31 @@ def test_corrupt_cache_entry_is_dropped_and_refetched(store_dir: Path, tmp_path:
     assert cached.read_bytes() == (store_dir / info.name).read_bytes()  # fetched again
 
 
+def test_a_verified_entry_is_not_read_whole_again_unless_its_file_changed(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    with stack(store_dir, [disk_tier(tmp_path / "cache", 10**9)]) as tiers:
+        tiers.read_range(1, 0, 10)
+        tiers.drain()
+    info = Index(store_dir).chunk(1)
+    cached = tmp_path / "cache" / cache_key(info)
+    # Another process (a forked worker) trusts the mark left by the one that copied it.
+    disk = disk_tier(tmp_path / "cache", 10**9)
+    with stack(store_dir, [disk]) as tiers:
+        tiers.read_range(1, 0, 10)
+        assert disk.driver.counters.snapshot()["bytes_read"] == 10  # no whole-chunk check
+    # Damage written into the file changes its mtime: it no longer matches its mark, so it
+    # is checked again, dropped and fetched anew.
+    raw = bytearray(cached.read_bytes())
+    raw[700] ^= 0xFF
+    cached.write_bytes(bytes(raw))
+    disk = disk_tier(tmp_path / "cache", 10**9)
+    with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+        assert read_all(store)
+        tiers.drain()
+        assert disk.counters.corrupt_dropped == 1
+
+
 def test_corrupt_origin_chunk_is_named(store_dir: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     (bad / "chunks").mkdir(parents=True)

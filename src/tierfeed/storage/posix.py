@@ -35,6 +35,7 @@ class PosixDriver(Driver):
             self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
         self.name = f"posix:{self.root}"
         self._fds = FdCache()  # no open per read: the origin sees one open per file
+        self._resolved_paths: dict[str, str] = {}
 
     def _path(self, path: str) -> Path:
         parts = PurePosixPath(path).parts
@@ -47,9 +48,16 @@ class PosixDriver(Driver):
             return NotFoundError(f"{self}: no object {path!r}")
         return StorageError(f"{self}: {path}: {exc.strerror or exc}")
 
+    def _resolved(self, path: str) -> str:
+        """``path`` checked and made absolute, once per path (reads are hot)."""
+        full = self._resolved_paths.get(path)
+        if full is None:
+            full = self._resolved_paths[path] = os.fspath(self._path(path))
+        return full
+
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         try:
-            with self._fds.fd(os.fspath(self._path(path))) as fd:
+            with self._fds.fd(self._resolved(path)) as fd:
                 data = os.pread(fd, length, offset)
         except OSError as exc:
             raise self._fail(path, exc) from None

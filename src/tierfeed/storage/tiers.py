@@ -67,6 +67,11 @@ class Tier:
         self.name = self.name or self.driver.name
 
     @property
+    def directory(self) -> Path | None:
+        """The directory of a disk tier (None for RAM)."""
+        return self.driver.root if isinstance(self.driver, PosixDriver) else None
+
+    @property
     def shared(self) -> bool:
         """True for a directory other processes may fill too (needs locks and rescans)."""
         return isinstance(self.driver, PosixDriver)
@@ -186,8 +191,12 @@ class TierStack:
         return data
 
     def _usable(self, tier: Tier, info: ChunkInfo) -> bool:
-        """A persistent tier's chunk is checked once per process before it is served."""
+        """A persistent tier's chunk is checked before this process serves it: once per host
+        and file (a mark records the file it verified), so forked workers skip it."""
         if not tier.shared or not self.options.verify_cached or info.id in tier.verified:
+            return True
+        if _marked(tier, cache_key(info)):
+            tier.verified.add(info.id)
             return True
         try:
             data = tier.driver.read(cache_key(info))
@@ -202,6 +211,7 @@ class TierStack:
             self.schedule(info.id)  # fetch it again
             return False
         tier.verified.add(info.id)
+        _mark(tier, cache_key(info))
         return True
 
     # --- copies ---------------------------------------------------------------------------
@@ -270,6 +280,8 @@ class TierStack:
             tier.driver.write(cache_key(info), data)  # temporary name, then rename
             tier.held[info.id] = info.size
             tier.verified.add(info.id)
+            if tier.shared:
+                _mark(tier, cache_key(info))  # checked before it was written
             return True
 
     # --- clairvoyance ---------------------------------------------------------------------
@@ -341,6 +353,43 @@ class TierStack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_MARKS = ".verified"  # per cached file: the (inode, mtime, size) it had when it was checked
+
+
+def _fingerprint(root: Path, key: str) -> str | None:
+    try:
+        st = os.stat(root / key)
+    except OSError:
+        return None
+    return f"{st.st_ino} {st.st_mtime_ns} {st.st_size}"
+
+
+def _marked(tier: Tier, key: str) -> bool:
+    """Was this very file (same inode, mtime and size) verified by some process already?"""
+    root = tier.directory
+    if root is None:
+        return False
+    try:
+        mark = (root / _MARKS / key).read_text()
+    except OSError:
+        return False
+    return mark == _fingerprint(root, key)
+
+
+def _mark(tier: Tier, key: str) -> None:
+    """Record that the file now at ``key`` is whole and verified (atomically; best effort)."""
+    root = tier.directory
+    fingerprint = None if root is None else _fingerprint(root, key)
+    if root is None or fingerprint is None:
+        return
+    marks = root / _MARKS
+    with contextlib.suppress(OSError):
+        marks.mkdir(mode=0o700, exist_ok=True)
+        tmp = marks / f".tmp.{os.getpid()}.{key}"
+        tmp.write_text(fingerprint)
+        os.replace(tmp, marks / key)
 
 
 def disk_tier(path: str | os.PathLike[str], quota: int, shared: bool = False) -> Tier:
