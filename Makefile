@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 PIP     := $(BIN)/python -m pip
 CONSTR  := constraints.txt
 
-.PHONY: demo test test-fast lint format bench sysdeps clean
+.PHONY: demo test test-fast lint format bench bench-env compare sysdeps clean
 
 $(STAMP): pyproject.toml $(CONSTR)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,9 +40,28 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench
 	$(BIN)/ruff format src tests bench
 
-bench: sysdeps $(STAMP)
+# The side-by-side benchmark runs every system, tierfeed included, in an environment of its own:
+# the peers as their users install them, beside the torch/torchvision pair that imports here
+# (a CUDA build, ~6 GB, from local disk in about a minute).
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_PIP   := $(BENCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -c bench/peers/constraints.txt
+
+$(BENCH_STAMP): pyproject.toml bench/peers/constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_PIP) torch==2.14.1 torchvision==0.29.1 mosaicml-streaming litdata webdataset
+	$(BENCH_PIP) -e '.[fuse,image,report]'
+	touch $(BENCH_STAMP)
+
+bench-env: $(BENCH_STAMP)
+
+compare: sysdeps $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/compare.py
+
+bench: sysdeps $(STAMP) $(BENCH_STAMP)
 	$(PIP) install -q --disable-pip-version-check -c $(CONSTR) -e '.[dev,bench]'
 	$(BIN)/python bench/run_all.py
+	$(BENCH_VENV)/bin/python bench/compare.py
 
 clean:
-	rm -rf $(VENV) demo-data bench-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) demo-data bench-out .pytest_cache .mypy_cache .ruff_cache

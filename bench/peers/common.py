@@ -1,0 +1,157 @@
+"""What every system's runner shares: its command line, and one way to measure an epoch.
+
+A runner is `python bench/peers/run_<system>.py convert --src RAW --out DIR` (the system's own
+conversion tool, on local disk) and `python bench/peers/run_<system>.py read --data DIR ...`
+(the system's own loader, reading DIR through `tierfeed slowfs`). Every runner builds an
+iterable of batches per epoch and hands it to `measure`, so that every figure of every system
+is taken the same way: batch waits in the consumer, origin counters from slowfs, peak RSS of
+the process and its workers, bytes in the local cache directory.
+
+Every system delivers, per sample, the length of its JPEG bytes and its label: the same
+(trivial) work after the bytes arrive, so the comparison is of the data path, not of decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierfeed.slowfs.stats import SlowFSStats
+
+STATS = ".slowfs/stats.json"
+COUNTERS = ("opens", "stats", "reads", "bytes_read")
+
+
+@dataclass(frozen=True)
+class ReadArgs:
+    """What `read` is told: the same for every system in a run."""
+
+    data: Path  # the system's converted dataset, under the slowfs mountpoint
+    slowfs: Path  # the slowfs mountpoint (its counters file is read around each epoch)
+    cache: Path  # a local directory the system may cache in (empty at the start)
+    cache_bytes: int  # the local cache budget
+    epochs: int
+    workers: int
+    batch: int
+    seed: int
+    out: Path  # JSON lines, one per epoch
+
+
+def read_parser(system: str) -> argparse.ArgumentParser:
+    """The `read` command line every runner accepts."""
+    p = argparse.ArgumentParser(prog=f"run_{system}.py read")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--slowfs", type=Path, required=True)
+    p.add_argument("--cache", type=Path, required=True)
+    p.add_argument("--cache-bytes", type=int, required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def parse_read(system: str, argv: list[str]) -> ReadArgs:
+    a = read_parser(system).parse_args(argv)
+    return ReadArgs(a.data, a.slowfs, a.cache, a.cache_bytes, a.epochs, a.workers, a.batch,
+                    a.seed, a.out)  # fmt: skip
+
+
+def origin_counters(slowfs: Path) -> dict[str, int]:
+    """slowfs's counters since it was mounted."""
+    stats = SlowFSStats.from_json((slowfs / STATS).read_bytes())
+    return {k: int(getattr(stats, k)) for k in COUNTERS}
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (the local cache's size)."""
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):  # removed by an eviction meanwhile
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a collated batch (a tensor, a list/tuple of them, or a dict of them)."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else len(batch)
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return round(own, 1), round(children, 1)
+
+
+def measure(
+    system: str,
+    args: ReadArgs,
+    epoch_batches: Callable[[int], Iterable[Any]],
+    extra: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Iterate ``epoch_batches(epoch)`` for every epoch and write one JSON line per epoch.
+
+    Batch wait = time from asking for the next batch to having it (what a training step
+    waits for). Origin counters are slowfs's deltas over the epoch.
+    """
+    rows = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a") as out:
+        for epoch in range(args.epochs):
+            before = origin_counters(args.slowfs)
+            waits: list[float] = []
+            samples = 0
+            started = asked = time.perf_counter()
+            for batch in epoch_batches(epoch):
+                now = time.perf_counter()
+                waits.append(now - asked)
+                samples += batch_len(batch)
+                asked = time.perf_counter()
+            seconds = time.perf_counter() - started
+            after = origin_counters(args.slowfs)
+            w = np.asarray(waits) * 1e3 if waits else np.zeros(1)
+            own, children = _peak_rss_mb()
+            row = {
+                "system": system, "epoch": epoch, "samples": samples,
+                "seconds": round(seconds, 3), "samples_per_s": round(samples / seconds, 1),
+                "wait_p50_ms": round(float(np.percentile(w, 50)), 2),
+                "wait_p99_ms": round(float(np.percentile(w, 99)), 2),
+                "wait_p9999_ms": round(float(np.percentile(w, 99.99)), 2),
+                "wait_max_ms": round(float(w.max()), 2),
+                **{f"origin_{k}": after[k] - before[k] for k in COUNTERS},
+                "peak_rss_mb": own, "peak_rss_children_mb": children,
+                "cache_bytes": tree_bytes(args.cache),
+                **(extra or {}),
+            }  # fmt: skip
+            rows.append(row)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def raw_samples(src: Path) -> list[tuple[Path, int, str]]:
+    """The ImageFolder tree's files in sorted order: (path, label, key 'class/name')."""
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    out = []
+    for label, cls in enumerate(classes):
+        for f in sorted((src / cls).iterdir()):
+            out.append((f, label, f"{cls}/{f.stem}"))
+    return out
