@@ -212,6 +212,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     configs = list(dict.fromkeys(r["config"] for r in result["rows"]))
+    colors = {s: f"C{i}" for i, s in enumerate(SYSTEMS)}  # one colour per system in every panel
     fig, axes = plt.subplots(1, len(configs), figsize=(5 * len(configs), 4), squeeze=False)
     for ax, config in zip(axes[0], configs, strict=True):
         for system in dict.fromkeys(r["system"] for r in result["rows"]):
@@ -219,13 +220,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
                     and "failed" not in r]  # fmt: skip
             if rows:
                 ax.plot([r["epoch"] + 1 for r in rows], [r["samples_per_s"] for r in rows],
-                        marker="o", label=system)  # fmt: skip
+                        marker="o", label=system, color=colors.get(system))  # fmt: skip
         ax.set_title(config)
         ax.set_xlabel("epoch")
         ax.set_ylabel("samples/s")
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-    axes[0][0].legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -92,3 +92,15 @@ def test_clairvoyant_never_caches_a_chunk_not_read_again(accesses, quota) -> Non
             for v in victims:
                 del cached[v]
             cached[chunk] = 1
+
+
+def test_clairvoyant_keeps_a_fetched_chunk_that_no_longer_pays_for_its_copy() -> None:
+    # Chunk 0 is read 3 more times; a copy of it costs 10 reads (size 10, one read 1 byte).
+    policy = Clairvoyant()
+    policy.set_future([0, 0, 0], read_bytes=1.0)
+    assert policy.choose({}, 0, 10, 100) == (False, [])  # not worth fetching for 3 reads
+    # Once its bytes have arrived (a miss fetched it anyway), keeping it costs nothing.
+    assert policy.choose({}, 0, 10, 100, fetched=True) == (True, [])
+    # But it still displaces nothing that is read again sooner than it pays back.
+    policy.set_future([0, 1, 1, 1], read_bytes=1.0)
+    assert policy.choose({1: 100}, 0, 10, 100, fetched=True) == (False, [])

@@ -36,7 +36,7 @@ class Placement(ABC):
 
     @abstractmethod
     def choose(
-        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int, fetched: bool = False
     ) -> tuple[bool, list[int]]:
         """(place?, victims) for putting ``chunk`` of ``size`` bytes into a tier holding
         ``cached`` ({chunk: size}) under ``quota`` bytes."""
@@ -48,7 +48,7 @@ class FillTop(Placement):
     name = "fill-top"
 
     def choose(
-        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int, fetched: bool = False
     ) -> tuple[bool, list[int]]:
         return sum(cached.values()) + size <= quota, []
 
@@ -66,7 +66,7 @@ class Lru(Placement):
         self._recent[chunk] = None
 
     def choose(
-        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int, fetched: bool = False
     ) -> tuple[bool, list[int]]:
         if size > quota:
             return False, []
@@ -132,7 +132,7 @@ class Clairvoyant(Placement):
         return max(0, hi - lo)
 
     def choose(
-        self, cached: Mapping[int, int], chunk: int, size: int, quota: int
+        self, cached: Mapping[int, int], chunk: int, size: int, quota: int, fetched: bool = False
     ) -> tuple[bool, list[int]]:
         if size > quota or self.next_use(chunk) == NEVER:
             return False, []  # never needed again: caching it can only displace something
@@ -149,7 +149,9 @@ class Clairvoyant(Placement):
         # serves in that time pay for its copy, and for re-copying what it displaces?
         until = min((self.next_use(v) for v in victims), default=NEVER)
         payoff = max(1.0, size / self.read_bytes) if self.read_bytes > 0 else 1.0
-        needed = payoff * (1 + 2 * len(victims))  # its copy, and each victim copied back + read
+        # Its copy (unless the bytes are already here: then only keeping it is decided), and
+        # each victim copied back and read.
+        needed = payoff * ((0 if fetched else 1) + 2 * len(victims))
         return (True, victims) if self.uses_before(chunk, until) >= needed else (False, [])
 
     def prefetch(self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int],

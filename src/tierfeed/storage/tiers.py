@@ -269,7 +269,9 @@ class TierStack:
                 self._scan(tier)  # other processes' copies and evictions count too
                 if info.id in tier.held:
                     return True
-            ok, victims = self.policies[i].choose(tier.held, info.id, info.size, tier.quota)
+            ok, victims = self.policies[i].choose(
+                tier.held, info.id, info.size, tier.quota, fetched=True
+            )
             if not ok:
                 return False
             for victim in victims:
