@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import resource
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -155,3 +156,14 @@ def raw_samples(src: Path) -> list[tuple[Path, int, str]]:
         for f in sorted((src / cls).iterdir()):
             out.append((f, label, f"{cls}/{f.stem}"))
     return out
+
+
+def run_command(convert: Callable[[list[str]], None], read: Callable[[list[str]], None]) -> None:
+    """A runner's entry point: ``convert ...`` or ``read ...`` from the command line."""
+    command, rest = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if command == "convert":
+        convert(rest)
+    elif command == "read":
+        read(rest)
+    else:
+        raise SystemExit(f"unknown command {command!r}: convert or read")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import litdata
 import torch
 
-from bench.peers.common import measure, parse_read, raw_samples, tree_bytes
+from bench.peers.common import measure, parse_read, raw_samples, run_command, tree_bytes
 
 SYSTEM = "litdata"
 
@@ -86,13 +86,7 @@ def read(argv: list[str]) -> None:
 
 
 def main() -> None:
-    command, rest = sys.argv[1], sys.argv[2:]
-    if command == "convert":
-        convert(rest)
-    elif command == "read":
-        read(rest)
-    else:
-        raise SystemExit(f"unknown command {command!r}: convert or read")
+    run_command(convert, read)
 
 
 if __name__ == "__main__":

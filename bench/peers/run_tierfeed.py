@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
-from bench.peers.common import measure, parse_read, tree_bytes
+from bench.peers.common import measure, parse_read, run_command, tree_bytes
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample
 from tierfeed.torch import Dataset, Loader, TierConfig
@@ -54,14 +54,10 @@ def read(argv: list[str]) -> None:
 
 
 def main() -> None:
-    command, rest = sys.argv[1], sys.argv[2:]
-    if command == "convert":
-        src, out = Path(rest[rest.index("--src") + 1]), Path(rest[rest.index("--out") + 1])
-        convert(src, out)
-    elif command == "read":
-        read(rest)
-    else:
-        raise SystemExit(f"unknown command {command!r}: convert or read")
+    def convert_argv(argv: list[str]) -> None:
+        convert(Path(argv[argv.index("--src") + 1]), Path(argv[argv.index("--out") + 1]))
+
+    run_command(convert_argv, read)
 
 
 if __name__ == "__main__":

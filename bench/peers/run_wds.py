@@ -42,7 +42,14 @@ import numpy as np
 import torch
 import webdataset as wds
 
-from bench.peers.common import ReadArgs, measure, parse_read, raw_samples, tree_bytes
+from bench.peers.common import (
+    ReadArgs,
+    measure,
+    parse_read,
+    raw_samples,
+    run_command,
+    tree_bytes,
+)
 
 SYSTEM = "webdataset"
 PATTERN = "shard-%06d.tar"
@@ -121,14 +128,11 @@ def convert_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main() -> None:
-    command, rest = sys.argv[1], sys.argv[2:]
-    if command == "convert":
-        a = convert_args(rest)
+    def convert_argv(argv: list[str]) -> None:
+        a = convert_args(argv)
         convert(a.src, a.out, a.maxsize)
-    elif command == "read":
-        read(rest)
-    else:
-        raise SystemExit(f"unknown command {command!r}: convert or read")
+
+    run_command(convert_argv, read)
 
 
 if __name__ == "__main__":
