@@ -163,3 +163,27 @@ def test_tiers_serve_the_second_epoch(store_dir: Path, tmp_path: Path, workers: 
         time.sleep(0.2)  # let the last background copies land
     # Epoch 2 comes from RAM or local disk; a copy that would not pay for itself may be skipped.
     assert origin_bytes[0] > 0 and origin_bytes[1] <= origin_bytes[0] // 10
+
+
+def test_live_figures_are_served_for_prometheus(store_dir: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    ds = Dataset(store_dir, "global", batch_size=8, decode=decode)
+    with Loader(ds, num_workers=1, metrics_port=0) as loader:
+        url = f"http://127.0.0.1:{loader.metrics.port}"  # type: ignore[union-attr]
+        n = 0
+        for batch in loader:
+            n += len(batch[0])
+            if n >= 16:
+                break
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        assert "# TYPE tierfeed_batch_wait_seconds summary" in text
+        assert 'tierfeed_batch_wait_seconds{quantile="0.9999"}' in text
+        samples = [ln for ln in text.splitlines() if ln.startswith("tierfeed_epoch_samples ")]
+        assert float(samples[0].split()[1]) == n
+        assert "tierfeed_guard_deferred" in text
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{url}/other", timeout=10)
+    with pytest.raises(OSError):  # closed with the loader
+        urllib.request.urlopen(f"{url}/metrics", timeout=2)

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from tierfeed.errors import ConfigError
 from tierfeed.loader import StreamState
 from tierfeed.telemetry import EpochMeter, RunRecorder
+from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 
 __all__ = ["Loader"]
@@ -34,6 +35,8 @@ class Loader:
             a live ``progress`` record every ``live_every_s`` seconds during an epoch.
         system: the name written into run records.
         live_every_s: seconds between live progress records.
+        metrics_port: serve live figures for Prometheus at ``http://127.0.0.1:PORT/metrics``
+            (0: any free port, see ``metrics.port``; None: no server).
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class Loader:
         run_file: str | os.PathLike[str] | None = None,
         system: str = "tierfeed",
         live_every_s: float = 10.0,
+        metrics_port: int | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
@@ -62,6 +66,8 @@ class Loader:
         self.system = system
         self.live_every_s = live_every_s
         self.last_epoch: dict[str, Any] | None = None
+        self._meter: EpochMeter | None = None
+        self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
 
     @property
     def epoch(self) -> int:
@@ -102,7 +108,7 @@ class Loader:
         start = self._resumed_positions()
         if exchange is not None:
             exchange.begin_epoch(epoch, start, self._read_ahead())
-        meter = EpochMeter(epoch)
+        meter = self._meter = EpochMeter(epoch)
         asked = time.perf_counter()
         batch: Batch
         next_live = time.perf_counter() + self.live_every_s
@@ -139,12 +145,22 @@ class Loader:
         queued = int(self._kwargs.get("prefetch_factor", 0)) + 1
         return workers * (self.dataset.prefetch.window + queued * self.dataset.batch_size)
 
-    def _finish(self, meter: EpochMeter) -> None:
+    def _guard_totals(self) -> dict[str, float]:
         totals: dict[str, float] = {}
-        for counters in self._counters.values():
+        for counters in list(self._counters.values()):
             for k, v in counters.items():
                 totals[k] = totals.get(k, 0) + v
         totals.pop("assemble_s", None)
+        return totals
+
+    def _live(self) -> dict[str, Any]:
+        """The running (or last) epoch's figures, for the metrics server."""
+        if self._meter is None:
+            return {}
+        return {**self._meter.record(), "guard": self._guard_totals(), "tiers": self._tier_totals()}
+
+    def _finish(self, meter: EpochMeter) -> None:
+        totals = self._guard_totals()
         tiers = self._tier_totals()
         meter.extra = {
             "system": self.system,
@@ -177,7 +193,7 @@ class Loader:
     def _tier_totals(self) -> dict[str, dict[str, float]]:
         """Tier counters summed over workers (each worker reports its own process's)."""
         out: dict[str, dict[str, float]] = {}
-        for stats in self._tiers.values():
+        for stats in list(self._tiers.values()):
             for tier, counters in stats.items():
                 into = out.setdefault(tier, {})
                 for k, v in counters.items():
@@ -186,9 +202,11 @@ class Loader:
         return out
 
     def close(self) -> None:
-        """Close the run file."""
+        """Close the run file and the metrics server."""
         if self.recorder is not None:
             self.recorder.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def __enter__(self) -> Loader:
         return self
