@@ -24,7 +24,7 @@ from tqdm import tqdm
 from tierfeed.dist.comm import Comm
 from tierfeed.dist.holders import Holdings
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
-from tierfeed.format.chunkref import ChunkInfo, new_hasher
+from tierfeed.format.chunkref import ChunkInfo, checksum_file, new_hasher
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.plan import PlanSpec
@@ -89,13 +89,9 @@ def local_dir_for(template: str | os.PathLike[str], world: World) -> Path:
 
 def _verified(path: Path, info: ChunkInfo) -> bool:
     try:
-        if path.stat().st_size != info.size:
+        if path.stat().st_size != info.size:  # the cheap test first: no read of a wrong file
             return False
-        hasher = new_hasher()
-        with path.open("rb") as f:
-            while block := f.read(_BLOCK):
-                hasher.update(block)
-        return hasher.intdigest() == info.checksum
+        return checksum_file(path) == (info.size, info.checksum)
     except OSError:
         return False
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import xxhash
 
-__all__ = ["CHECKSUM_ALGO", "ChunkInfo", "ChunkSource", "checksum_bytes", "new_hasher"]
+__all__ = [
+    "CHECKSUM_ALGO",
+    "ChunkInfo",
+    "ChunkSource",
+    "checksum_bytes",
+    "checksum_file",
+    "new_hasher",
+]
 
 CHECKSUM_ALGO = "xxh3_64"
 
@@ -20,6 +29,22 @@ def new_hasher() -> xxhash.xxh3_64:
 def checksum_bytes(data: bytes | memoryview) -> int:
     """Checksum of a whole chunk held in memory (same value as the streaming hasher)."""
     return int(xxhash.xxh3_64_intdigest(data))
+
+
+def checksum_file(
+    path: str | os.PathLike[str], on_block: Callable[[int], object] | None = None
+) -> tuple[int, int]:
+    """(size, checksum) of a file, read in 8 MiB blocks; ``on_block(n)`` after each block
+    (a progress bar's ``update``). Raises OSError."""
+    hasher = new_hasher()
+    size = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(8 * 2**20):
+            hasher.update(block)
+            size += len(block)
+            if on_block is not None:
+                on_block(len(block))
+    return size, hasher.intdigest()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tierfeed.errors import BadMemberError, DuplicateKeyError, EmptySourceError, PackError
-from tierfeed.format.chunkref import checksum_bytes, new_hasher
+from tierfeed.format.chunkref import checksum_bytes, checksum_file
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
@@ -60,17 +60,6 @@ def _chunk_name(shard: Path, root: Path) -> str:
             "that contains every shard (chunk paths in an index never leave the store)"
         ) from None
     return rel.as_posix()
-
-
-def _checksum(path: Path, bar: tqdm[object]) -> tuple[int, int]:
-    hasher = new_hasher()
-    size = 0
-    with open(path, "rb") as fh:
-        while block := fh.read(8 * 2**20):
-            hasher.update(block)
-            size += len(block)
-            bar.update(len(block))
-    return size, hasher.intdigest()
 
 
 def _add_shard(
@@ -151,7 +140,7 @@ def index_shards(
     total = sum(p.stat().st_size for p in paths)
     with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
         for chunk, shard in enumerate(paths):
-            size, checksum = _checksum(shard, bar)
+            size, checksum = checksum_file(shard, bar.update)
             sizes.append(size)
             sums.append(checksum)
             _add_shard(got, chunk, shard, skip_bad_names, skipped)

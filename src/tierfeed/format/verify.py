@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from tierfeed.errors import FormatError, TierfeedError
 from tierfeed.format.chunkfiles import safe_chunk_path
-from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.chunkref import checksum_file
 from tierfeed.format.index import Index
 from tierfeed.format.names import normalize_member_name
 from tierfeed.format.tarchunk import scan_tar
@@ -78,12 +78,7 @@ def _check_chunk(ix: Index, root: Path, chunk: int, bar: tqdm[Any]) -> list[str]
         return [f"chunk {path}: missing or unreadable ({exc.strerror})"]
     if size != info.size:
         return [f"chunk {path}: size {size} bytes, the index says {info.size} (truncated?)"]
-    hasher = new_hasher()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 * 2**20):
-            hasher.update(block)
-            bar.update(len(block))
-    if hasher.intdigest() != info.checksum:
+    if checksum_file(path, bar.update)[1] != info.checksum:
         return [f"chunk {path}: checksum mismatch (the chunk was altered or damaged)"]
     members = np.flatnonzero(ix.member_chunk == chunk)
     expected = {
