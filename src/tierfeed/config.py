@@ -9,7 +9,7 @@ from pathlib import Path
 from tierfeed.errors import ConfigError
 from tierfeed.world import World
 
-__all__ = ["default_cache_dir", "world_from_env"]
+__all__ = ["default_cache_dir", "world_for", "world_from_env"]
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -33,6 +33,15 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
     local_world = _int(env, "LOCAL_WORLD_SIZE", world_size)
     local_rank = _int(env, "LOCAL_RANK", rank % max(local_world, 1))
     return World(rank, world_size, local_rank, local_world)
+
+
+def world_for(rank: int, world_size: int, env: Mapping[str, str] | None = None) -> World:
+    """The World of ``rank`` of ``world_size`` (as a process group reports them), with the
+    node layout from torchrun's variables when they describe this very job."""
+    from_env = world_from_env(env)
+    if from_env.rank == rank and from_env.world_size == world_size:
+        return from_env
+    return World(rank, world_size)
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -14,7 +14,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tierfeed.config import world_for
 from tierfeed.errors import ConfigError, ExchangeError
+from tierfeed.world import World
 
 __all__ = ["Comm"]
 
@@ -75,23 +77,25 @@ class Comm:
         starts = np.concatenate([[0], np.cumsum(recv_sizes)]).astype(np.int64)
         return [view[int(starts[s]) : int(starts[s + 1])] for s in range(self.world_size)]
 
-    def sum(self, values: Sequence[float], what: str) -> list[float]:
-        """Element-wise sum of ``values`` over all ranks."""
+    def world(self) -> World:
+        """This group's rank and size as a World (ranks per node from torchrun's variables)."""
+        return world_for(self.rank, self.world_size)
+
+    def _reduce(self, values: Sequence[float], op: dist.ReduceOp.RedOpType, what: str) -> list[float]:
         t = torch.tensor(list(values), dtype=torch.float64)
         try:
-            dist.all_reduce(t, group=self.group)
+            dist.all_reduce(t, op=op, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(what, exc) from exc
         return [float(v) for v in t.tolist()]
 
+    def sum(self, values: Sequence[float], what: str) -> list[float]:
+        """Element-wise sum of ``values`` over all ranks."""
+        return self._reduce(values, dist.ReduceOp.SUM, what)
+
     def max(self, values: Sequence[float], what: str) -> list[float]:
         """Element-wise maximum of ``values`` over all ranks."""
-        t = torch.tensor(list(values), dtype=torch.float64)
-        try:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        except (RuntimeError, ValueError) as exc:
-            raise self._fail(what, exc) from exc
-        return [float(v) for v in t.tolist()]
+        return self._reduce(values, dist.ReduceOp.MAX, what)
 
     def barrier(self, what: str) -> None:
         """Wait for every rank (with this group's timeout)."""

@@ -125,11 +125,12 @@ class Exchanger:
         self._chunks = DirectoryChunks(self.index.path.parent, self.index.chunks(), self.index.path)
         self._local = holdings.local_to(self.rank)
         self._sizes = self.index.sample_bytes()
+        self._sample_chunk = np.asarray(self.index.sample_chunk, dtype=np.int64)
         self._starts = np.asarray(self.index.sample_member_start, dtype=np.int64)
         self._lengths = np.asarray(self.index.member_length, dtype=np.int64)
         self.batch_size = 1  # for messages: windows are named by the steps they cover
         self.counters = ExchangeCounters()
-        staged = self._local[np.asarray(self.index.sample_chunk, dtype=np.int64)]
+        staged = self._local[self._sample_chunk]
         self.counters.held = self.counters.max_held = int(staged.sum())
         self._cond = threading.Condition()
         self._state: _Epoch | None = None
@@ -219,8 +220,7 @@ class Exchanger:
         self._raise()
         if self.mode != "move" or epoch == 0:
             return
-        world = self.world_size
-        chunk = np.asarray(self.index.sample_chunk, dtype=np.int64)
+        world, chunk = self.world_size, self._sample_chunk
         samples, srcs, dsts = [], [], []
         for dst in range(world):
             part = self.plan.partition(epoch, dst, world)
@@ -281,8 +281,7 @@ class Exchanger:
         if state.schedule is not None:
             return state.schedule[w]
         a, b = w * self.options.window, (w + 1) * self.options.window
-        chunk = np.asarray(self.index.sample_chunk, dtype=np.int64)
-        return fetch_transfers(state.orders, a, b, chunk, self.holdings)
+        return fetch_transfers(state.orders, a, b, self._sample_chunk, self.holdings)
 
     def _members(self, samples: IntArray) -> IntArray:
         if len(samples) == 0:

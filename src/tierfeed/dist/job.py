@@ -68,10 +68,8 @@ class Namespace:
         world: World | None = None,
         options: ExchangeOptions | None = None,
     ) -> None:
-        from tierfeed.dist.stage import _world_of
-
         self.local_dir = Path(local_dir).absolute()
-        self.world = world or _world_of(comm)
+        self.world = world or comm.world()
         self.options = options or ExchangeOptions()
         with Index(self.local_dir) as index:
             self.plan: Plan = plan_for(index, plan)

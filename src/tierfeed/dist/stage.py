@@ -157,7 +157,7 @@ def stage(
     """
     started = time.monotonic()
     index = Index(Path(store))
-    world = world or _world_of(comm)
+    world = world or (comm.world() if comm is not None else World())
     if comm is not None and comm.world_size != world.world_size:
         raise ConfigError(f"world of {world.world_size} ranks but the group has {comm.world_size}")
     spec = PlanSpec.parse(plan) if isinstance(plan, str) else plan
@@ -206,17 +206,6 @@ def _job_total(report: StageReport, comm: Comm | None) -> StageReport:
         setattr(report, name, int(value))
     report.seconds = comm.max([report.seconds], "stage-in report")[0]
     return report
-
-
-def _world_of(comm: Comm | None) -> World:
-    if comm is None:
-        return World()
-    from tierfeed.config import world_from_env
-
-    env = world_from_env()
-    if env.world_size == comm.world_size and env.rank == comm.rank:
-        return env
-    return World(comm.rank, comm.world_size)
 
 
 def check_stageable(index: Index, local: Path) -> None:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from tierfeed.config import world_from_env
+from tierfeed.config import world_for, world_from_env
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
@@ -306,5 +306,5 @@ def _world() -> World:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size())
+        return world_for(dist.get_rank(), dist.get_world_size())
     return world_from_env()
