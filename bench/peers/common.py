@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tierfeed.slowfs.stats import SlowFSStats
+from tierfeed.telemetry import batch_len
 
 STATS = ".slowfs/stats.json"
 COUNTERS = ("opens", "stats", "reads", "bytes_read")
@@ -83,16 +84,6 @@ def tree_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):  # removed by an eviction meanwhile
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a collated batch (a tensor, a list/tuple of them, or a dict of them)."""
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    if isinstance(batch, (list, tuple)):
-        batch = batch[0]
-    shape = getattr(batch, "shape", None)
-    return int(shape[0]) if shape is not None and len(shape) else len(batch)
 
 
 def _peak_rss_mb() -> tuple[float, float]:

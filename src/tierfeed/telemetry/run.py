@@ -11,7 +11,17 @@ from typing import IO, Any
 
 from tierfeed.telemetry.histogram import LatencyHistogram
 
-__all__ = ["EpochMeter", "RunRecorder", "read_records"]
+__all__ = ["EpochMeter", "RunRecorder", "batch_len", "read_records"]
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a collated batch: a tensor or array, or a list, tuple or dict of them."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else len(batch)
 
 
 class EpochMeter:

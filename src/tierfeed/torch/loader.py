@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError
 from tierfeed.loader import StreamState
-from tierfeed.telemetry import EpochMeter, RunRecorder
+from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 
@@ -114,7 +114,7 @@ class Loader:
         next_live = time.perf_counter() + self.live_every_s
         delivered = start
         for batch in loader:
-            size = _batch_len(batch.data)
+            size = batch_len(batch.data)
             meter.batch(size, time.perf_counter() - asked)
             delivered += size
             if exchange is not None:
@@ -219,12 +219,3 @@ def _minus(
     now: dict[str, dict[str, float]], base: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, float]]:
     return {t: {k: v - base.get(t, {}).get(k, 0) for k, v in c.items()} for t, c in now.items()}
-
-
-def _batch_len(data: Any) -> int:
-    if isinstance(data, dict):
-        data = next(iter(data.values()))
-    if isinstance(data, (list, tuple)):
-        data = data[0]
-    shape = getattr(data, "shape", None)
-    return int(shape[0]) if shape else len(data)
