@@ -101,10 +101,6 @@ class Inbox:
             p.name[: -len(_IDX)] for p in self.root.glob(f"*{_IDX}") if not p.name.startswith(".")
         )
 
-    def live_members(self) -> int:
-        """Members held here now."""
-        return sum(self._live.values())
-
     def fail(self, message: str) -> None:
         """Leave a note that makes every reader of this inbox fail with ``message``."""
         _publish(self.root / _FAILED, message.encode())
@@ -194,6 +190,7 @@ class InboxView:
 
 
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_GAP = 1536  # a ustar header plus a pax header block: what separates consecutive members
 
 
 @functools.cache
@@ -234,5 +231,3 @@ def punch_holes(path: Path, ranges: list[tuple[int, int]]) -> int:
         os.close(fd)
     return freed
 
-
-_GAP = 1536  # a ustar header plus a pax header block: what separates consecutive members

@@ -72,8 +72,6 @@ class NamespaceSource:
         self._checksum = index.member_checksum
         self.verify_local = verify_local
         self._mutex = threading.Lock()
-        self.waits = 0  # reads that waited for a peer's bytes
-        self.from_inbox = 0
 
     def begin_epoch(self) -> None:
         """Load what arrived since the last look (samples moved here for this epoch)."""
@@ -94,7 +92,6 @@ class NamespaceSource:
         with self._mutex:
             data = self.view.read(member, length)
         if data is not None:
-            self.from_inbox += 1
             return data
         if self.local[chunk]:
             data = self.chunks.read_range(chunk, offset, length)
@@ -104,7 +101,6 @@ class NamespaceSource:
         return self._wait(member, chunk, length)
 
     def _wait(self, member: int, chunk: int, length: int) -> bytes:
-        self.waits += 1
         deadline = time.monotonic() + self.timeout_s
         while True:
             with self._mutex:
@@ -112,7 +108,6 @@ class NamespaceSource:
                 data = self.view.read(member, length)
                 failure = self.view.failure()
             if data is not None:
-                self.from_inbox += 1
                 return data
             if failure is not None:
                 raise ExchangeError(failure)
