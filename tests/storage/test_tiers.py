@@ -218,3 +218,15 @@ def test_origin_is_never_written(store_dir: Path) -> None:
         time.sleep(0.01)
     assert origin.counters.snapshot()["writes"] == 0
     assert {p.name: p.stat().st_mtime_ns for p in (store_dir / "chunks").iterdir()} == before
+
+
+def test_evicted_entries_leave_no_mark_behind(store_dir: Path, tmp_path: Path) -> None:
+    chunk_size = Index(store_dir).chunk(0).size
+    disk = disk_tier(tmp_path / "cache", 2 * chunk_size + 100)
+    with stack(store_dir, [disk], "lru") as tiers, open_store(store_dir, source=tiers) as store:
+        for i in range(len(store)):
+            store.read_sample(i)
+            tiers.drain()
+        assert disk.counters.evictions > 0
+    marks = {p.name for p in (tmp_path / "cache" / ".verified").iterdir()}
+    assert marks == {cache_key(Index(store_dir).chunk(c)) for c in disk.held}

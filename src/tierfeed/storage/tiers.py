@@ -277,6 +277,7 @@ class TierStack:
             for victim in victims:
                 with contextlib.suppress(NotFoundError):
                     tier.driver.delete(cache_key(self.chunks[victim]))
+                _unmark(tier, cache_key(self.chunks[victim]))
                 tier.held.pop(victim, None)
                 tier.counters.evictions += 1
             tier.driver.write(cache_key(info), data)  # temporary name, then rename
@@ -392,6 +393,14 @@ def _mark(tier: Tier, key: str) -> None:
         tmp = marks / f".tmp.{os.getpid()}.{key}"
         tmp.write_text(fingerprint)
         os.replace(tmp, marks / key)
+
+
+def _unmark(tier: Tier, key: str) -> None:
+    """Forget the mark of an evicted entry (a later file there is checked anew anyway)."""
+    root = tier.directory
+    if root is not None:
+        with contextlib.suppress(OSError):
+            (root / _MARKS / key).unlink()
 
 
 def disk_tier(path: str | os.PathLike[str], quota: int, shared: bool = False) -> Tier:
