@@ -6,7 +6,10 @@ import os
 import shutil
 import subprocess
 import tarfile
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.format.conftest import QUIET, read_tree, write_tree
 from tierfeed import open_store
+from tierfeed.format.chunkfiles import FdCache
 from tierfeed.format.names import split_key
 from tierfeed.format.pack import PackOptions, pack
 
@@ -172,3 +176,43 @@ def test_open_ahead_opens_chunks_before_reads(packed: Callable[..., Path]) -> No
         for i in range(len(store)):
             store.read_sample(i)
         assert source.opens == len(chunks)  # every read found its file already open  # type: ignore[attr-defined]
+
+
+def test_threads_racing_for_a_file_open_it_once(tmp_path: Path) -> None:
+    # A chunk's copy and its first range reads start together; the origin must see one open.
+    path = tmp_path / "chunk.tar"
+    path.write_bytes(b"x" * 4096)
+    fds = FdCache()
+    opened: list[str] = []
+    real_open = fds._open_file
+
+    def slow_open(p: str) -> int:
+        opened.append(p)
+        time.sleep(0.05)  # an open on slow storage: every other thread arrives meanwhile
+        return real_open(p)
+
+    fds._open_file = slow_open  # type: ignore[method-assign]
+    start = threading.Barrier(8)
+
+    def read() -> bytes:
+        start.wait()
+        with fds.fd(str(path)) as fd:
+            return os.pread(fd, 16, 0)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: read(), range(8)))
+    fds.close()
+    assert results == [b"x" * 16] * 8
+    assert opened == [str(path)]
+    assert fds.opens == 1
+
+
+def test_a_failed_open_is_retried_by_the_next_reader(tmp_path: Path) -> None:
+    fds = FdCache()
+    missing = str(tmp_path / "later.tar")
+    with pytest.raises(FileNotFoundError), fds.fd(missing):
+        pass
+    Path(missing).write_bytes(b"now")
+    with fds.fd(missing) as fd:
+        assert os.pread(fd, 3, 0) == b"now"
+    fds.close()

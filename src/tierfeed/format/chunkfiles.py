@@ -36,7 +36,9 @@ class FdCache:
 
     A descriptor is never closed while a thread reads through it, so its number cannot be
     reused under a reader. Opens happen outside the lock: an open that hangs on slow storage
-    does not stall reads of files already open.
+    does not stall reads of files already open. Each path is opened by one thread at a time;
+    others wanting it wait for that open, so the origin sees one open per file, not one per
+    thread that raced for it.
     """
 
     def __init__(self, max_open: int = 128, flags: int = os.O_RDONLY | os.O_CLOEXEC) -> None:
@@ -44,6 +46,7 @@ class FdCache:
         self.flags = flags
         self.opens = 0
         self._open: OrderedDict[str, _Fd] = OrderedDict()
+        self._opening: dict[str, threading.Event] = {}  # path -> set when its open ends
         self._mutex = threading.Lock()
         self._ahead: threading.Thread | None = None
         self._stop = threading.Event()
@@ -84,27 +87,37 @@ class FdCache:
             self._release(entry)
 
     def _acquire(self, path: str) -> _Fd:
-        with self._mutex:
-            entry = self._open.get(path)
-            if entry is not None:
-                self._open.move_to_end(path)
-                entry.refs += 1
-                return entry
-        fd = self._open_file(path)  # two threads may race to open; the loser closes its own
+        while True:
+            with self._mutex:
+                entry = self._open.get(path)
+                if entry is not None:
+                    self._open.move_to_end(path)
+                    entry.refs += 1
+                    return entry
+                opening = self._opening.get(path)
+                if opening is None:
+                    opening = self._opening[path] = threading.Event()
+                    break
+            opening.wait()  # another thread opens it; look again once it is done (or failed)
+        try:
+            fd = self._open_file(path)
+        except BaseException:
+            with self._mutex:
+                del self._opening[path]
+            opening.set()
+            raise
         with self._mutex:
             self.opens += 1
-            entry = self._open.get(path)
-            if entry is not None:
-                os.close(fd)
-            else:
-                entry = self._open[path] = _Fd(fd)
-                while len(self._open) > self.max_open:
-                    _, old = self._open.popitem(last=False)
-                    old.evicted = True
-                    if old.refs == 0:
-                        os.close(old.fd)
+            entry = self._open[path] = _Fd(fd)
             entry.refs += 1
-            return entry
+            del self._opening[path]
+            while len(self._open) > self.max_open:
+                _, old = self._open.popitem(last=False)
+                old.evicted = True
+                if old.refs == 0:
+                    os.close(old.fd)
+        opening.set()
+        return entry
 
     def _release(self, entry: _Fd) -> None:
         with self._mutex:
