@@ -86,6 +86,19 @@ def test_stats_are_live_and_hidden(mounted: Path) -> None:
     assert after["view"]["bytes"] >= before["view"]["bytes"] + len(FILES[b"class_2/img_010.jpg"])
 
 
+def test_many_open_stats_handles_each_read_whole_json(mounted: Path) -> None:
+    # Each handle reads the snapshot taken at its open; past the kept snapshots, a fresh one.
+    # Small unbuffered reads split each document into many requests.
+    handles = [open(mounted / ".tierfeed" / "stats.json", "rb", buffering=0) for _ in range(80)]  # noqa: SIM115
+    try:
+        for fh in handles:
+            pieces = iter(lambda fh=fh: fh.read(16), b"")
+            assert "view" in json.loads(b"".join(pieces))
+    finally:
+        for fh in handles:
+            fh.close()
+
+
 def test_unmount_with_open_files(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", FILES)
     pack(tmp_path / "src", tmp_path / "store", QUIET)

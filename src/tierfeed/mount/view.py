@@ -14,6 +14,7 @@ import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = ["STATS_DIR", "STATS_FILE", "StoreView"]
 STATS_DIR = ".tierfeed"
 STATS_FILE = "stats.json"
 _STATS_FH = 2**62  # stats file handles start here; members use member id + 1
+_SNAPSHOTS = 64  # stats snapshots kept for open handles
 _log = logging.getLogger("tierfeed.mount")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -70,7 +72,10 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         self._read_latency = LatencyHistogram()
         self._mutex = threading.Lock()
         self._started = time.time()
-        self._snapshots: dict[int, bytes] = {}  # stats file handle -> the JSON it reads
+        # Stats file handle -> the JSON it reads. There is no release() to drop a handle's
+        # snapshot (the kernel's release of every file would then cost a Python call), so
+        # the most recent _SNAPSHOTS are kept.
+        self._snapshots: OrderedDict[int, bytes] = OrderedDict()
         self._next_snapshot = _STATS_FH
 
     # --- helpers --------------------------------------------------------------------
@@ -154,7 +159,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
             with self._mutex:
                 fi.fh = self._next_snapshot
                 self._next_snapshot += 1
-            self._snapshots[fi.fh] = self._stats_bytes()
+            self._snapshot(int(fi.fh))
             fi.direct_io = 1  # live content: never from the page cache
             return 0
         is_dir, _, member = self._lookup(path)
@@ -170,7 +175,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
         fh = int(fi.fh)
         if fh >= _STATS_FH:
-            return self._snapshots[fh][offset : offset + size]
+            return self._snapshot(fh)[offset : offset + size]
         member = fh - 1
         ix = self.store.index
         length = int(ix.member_length[member])
@@ -193,9 +198,22 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
             self._read_latency.add(time.perf_counter() - started)
         return data
 
-    def release(self, path: str, fi: Any) -> int:
-        self._snapshots.pop(int(fi.fh), None)
-        return 0
+    def _snapshot(self, fh: int) -> bytes:
+        """The stats JSON a handle reads: taken at its first use and kept for its later reads.
+
+        A handle held open past _SNAPSHOTS later opens lost its snapshot; it takes a fresh one
+        and keeps it, so one read split into several requests still sees one document.
+        """
+        with self._mutex:
+            kept = self._snapshots.get(fh)
+        if kept is not None:
+            return kept
+        snapshot = self._stats_bytes()
+        with self._mutex:
+            snapshot = self._snapshots.setdefault(fh, snapshot)
+            while len(self._snapshots) > _SNAPSHOTS:
+                self._snapshots.popitem(last=False)
+        return snapshot
 
     def statfs(self, path: str) -> dict[str, int]:
         total = int(self.store.index.member_length.sum())
