@@ -18,6 +18,7 @@ from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Store, open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
+from tierfeed.storage.shared_dir import copy_claim
 from tierfeed.storage.tiers import cache_key, disk_tier
 
 pytestmark = pytest.mark.timeout(90)
@@ -230,3 +231,30 @@ def test_evicted_entries_leave_no_mark_behind(store_dir: Path, tmp_path: Path) -
         assert disk.counters.evictions > 0
     marks = {p.name for p in (tmp_path / "cache" / ".verified").iterdir()}
     assert marks == {cache_key(Index(store_dir).chunk(c)) for c in disk.held}
+
+
+def test_processes_sharing_a_disk_tier_copy_a_chunk_from_the_origin_once(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # Two stacks over one cache directory stand for two DataLoader workers of a host.
+    cache = tmp_path / "cache"
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    disk = disk_tier(cache, 10**9)
+    info = Index(store_dir).chunk(0)
+    with stack(store_dir, [ram, disk]) as mine:
+        cache.mkdir(exist_ok=True)
+        with copy_claim(cache, cache_key(info)) as claimed:
+            assert claimed  # the sibling process is copying chunk 0 from the origin now
+            mine.schedule(0)
+            mine.drain()
+            assert mine.origin.counters.snapshot()["reads"] == 0  # it did not copy it too
+            assert 0 not in ram.held
+            with stack(store_dir, [disk_tier(cache, 10**9)]) as sibling:
+                sibling._place_all(info, (store_dir / info.name).read_bytes(), 0.0)
+        # The sibling's copy has landed: the next miss takes it from the shared directory.
+        mine.schedule(0)
+        mine.drain()
+        assert mine.origin.counters.snapshot()["reads"] == 0
+        assert 0 in ram.held and 0 in disk.held
+        assert mine.origin_counters.copies == 0 and disk.counters.copies == 0
+        assert ram.counters.copies == 1

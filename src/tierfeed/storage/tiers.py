@@ -10,12 +10,11 @@ is read-only: it is never written or deleted.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
 from tierfeed.storage.posix import PosixDriver
+from tierfeed.storage.shared_dir import copy_claim, mark, marked, placement_lock, unmark
 
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack"]
 
@@ -146,19 +146,6 @@ class TierStack:
         names = {cache_key(c): c for c in self.chunks}
         tier.held = {names[p].id: names[p].size for p in tier.driver.list() if p in names}
 
-    @contextlib.contextmanager
-    def _tier_lock(self, tier: Tier) -> Iterator[None]:
-        """Serialise placement decisions on a shared directory across processes (flock)."""
-        if not isinstance(tier.driver, PosixDriver):
-            yield
-            return
-        fd = os.open(tier.driver.root / ".tier.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-            yield
-        finally:
-            os.close(fd)
-
     # --- reads ----------------------------------------------------------------------------
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
@@ -195,7 +182,7 @@ class TierStack:
         and file (a mark records the file it verified), so forked workers skip it."""
         if not tier.shared or not self.options.verify_cached or info.id in tier.verified:
             return True
-        if _marked(tier, cache_key(info)):
+        if tier.directory is not None and marked(tier.directory, cache_key(info)):
             tier.verified.add(info.id)
             return True
         try:
@@ -211,7 +198,8 @@ class TierStack:
             self.schedule(info.id)  # fetch it again
             return False
         tier.verified.add(info.id)
-        _mark(tier, cache_key(info))
+        if tier.directory is not None:
+            mark(tier.directory, cache_key(info))
         return True
 
     # --- copies ---------------------------------------------------------------------------
@@ -248,14 +236,40 @@ class TierStack:
     def _copy(self, chunk: int) -> None:
         info = self.chunks[chunk]
         started = time.perf_counter()
-        data = self.origin.read(info.name)
-        if len(data) != info.size or checksum_bytes(data) != info.checksum:
-            self._corrupt[chunk] = (
-                f"chunk {info.name} at the origin fails its checksum (size {len(data)}, index "
-                f"says {info.size}); the origin copy is damaged: re-pack or restore it"
-            )
-            return
-        self.origin_counters.copies += 1
+        shared = next((t.directory for t in self.tiers if t.directory is not None), None)
+        key = cache_key(info)
+        with contextlib.nullcontext(True) if shared is None else copy_claim(shared, key) as mine:
+            if not mine:
+                return  # another process copies it now; a later miss finds it landed
+            # Another process (a sibling DataLoader worker) may have copied it already: take
+            # it from the shared directory rather than from the origin.
+            data = self._from_shared(info)
+            if data is None:
+                data = self.origin.read(info.name)
+                if len(data) != info.size or checksum_bytes(data) != info.checksum:
+                    self._corrupt[chunk] = (
+                        f"chunk {info.name} at the origin fails its checksum (size "
+                        f"{len(data)}, index says {info.size}); the origin copy is damaged: "
+                        "re-pack or restore it"
+                    )
+                    return
+                self.origin_counters.copies += 1
+            self._place_all(info, data, started)
+
+    def _from_shared(self, info: ChunkInfo) -> bytes | None:
+        """The whole chunk from a shared tier another process filled, if one holds it (checked)."""
+        for tier in self.tiers:
+            if not tier.shared:
+                continue
+            self._scan(tier)
+            if info.id in tier.held and self._usable(tier, info):
+                with contextlib.suppress(NotFoundError):
+                    data = tier.driver.read(cache_key(info))
+                    if info.id in tier.verified or checksum_bytes(data) == info.checksum:
+                        return data
+        return None
+
+    def _place_all(self, info: ChunkInfo, data: bytes, started: float) -> None:
         # Inclusive: every tier that accepts the chunk keeps it, so a persistent disk tier
         # still holds it when the processes owning the RAM tiers are gone (DataLoader workers).
         for i, tier in enumerate(self.tiers):
@@ -264,11 +278,13 @@ class TierStack:
                 tier.counters.copy_s += time.perf_counter() - started
 
     def _place(self, i: int, tier: Tier, info: ChunkInfo, data: bytes) -> bool:
-        with self._tier_lock(tier):
-            if tier.shared:
+        """Write the chunk into ``tier`` if its policy takes it; True if this call wrote it."""
+        root = tier.directory
+        with contextlib.nullcontext() if root is None else placement_lock(root):
+            if root is not None:
                 self._scan(tier)  # other processes' copies and evictions count too
                 if info.id in tier.held:
-                    return True
+                    return False  # another process wrote it
             ok, victims = self.policies[i].choose(
                 tier.held, info.id, info.size, tier.quota, fetched=True
             )
@@ -277,14 +293,15 @@ class TierStack:
             for victim in victims:
                 with contextlib.suppress(NotFoundError):
                     tier.driver.delete(cache_key(self.chunks[victim]))
-                _unmark(tier, cache_key(self.chunks[victim]))
+                if root is not None:
+                    unmark(root, cache_key(self.chunks[victim]))
                 tier.held.pop(victim, None)
                 tier.counters.evictions += 1
             tier.driver.write(cache_key(info), data)  # temporary name, then rename
             tier.held[info.id] = info.size
             tier.verified.add(info.id)
-            if tier.shared:
-                _mark(tier, cache_key(info))  # checked before it was written
+            if root is not None:
+                mark(root, cache_key(info))  # checked before it was written
             return True
 
     # --- clairvoyance ---------------------------------------------------------------------
@@ -356,51 +373,6 @@ class TierStack:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_MARKS = ".verified"  # per cached file: the (inode, mtime, size) it had when it was checked
-
-
-def _fingerprint(root: Path, key: str) -> str | None:
-    try:
-        st = os.stat(root / key)
-    except OSError:
-        return None
-    return f"{st.st_ino} {st.st_mtime_ns} {st.st_size}"
-
-
-def _marked(tier: Tier, key: str) -> bool:
-    """Was this very file (same inode, mtime and size) verified by some process already?"""
-    root = tier.directory
-    if root is None:
-        return False
-    try:
-        mark = (root / _MARKS / key).read_text()
-    except OSError:
-        return False
-    return mark == _fingerprint(root, key)
-
-
-def _mark(tier: Tier, key: str) -> None:
-    """Record that the file now at ``key`` is whole and verified (atomically; best effort)."""
-    root = tier.directory
-    fingerprint = None if root is None else _fingerprint(root, key)
-    if root is None or fingerprint is None:
-        return
-    marks = root / _MARKS
-    with contextlib.suppress(OSError):
-        marks.mkdir(mode=0o700, exist_ok=True)
-        tmp = marks / f".tmp.{os.getpid()}.{key}"
-        tmp.write_text(fingerprint)
-        os.replace(tmp, marks / key)
-
-
-def _unmark(tier: Tier, key: str) -> None:
-    """Forget the mark of an evicted entry (a later file there is checked anew anyway)."""
-    root = tier.directory
-    if root is not None:
-        with contextlib.suppress(OSError):
-            (root / _MARKS / key).unlink()
 
 
 def disk_tier(path: str | os.PathLike[str], quota: int, shared: bool = False) -> Tier:
