@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,3 +105,22 @@ def test_clairvoyant_keeps_a_fetched_chunk_that_no_longer_pays_for_its_copy() ->
     # But it still displaces nothing that is read again sooner than it pays back.
     policy.set_future([0, 1, 1, 1], read_bytes=1.0)
     assert policy.choose({1: 100}, 0, 10, 100, fetched=True) == (False, [])
+
+
+@settings(max_examples=50)
+@given(seed=st.integers(0, 2**16), window=st.integers(2, 64))
+def test_clairvoyant_clock_survives_reads_out_of_plan_order(seed: int, window: int) -> None:
+    # A loader reads up to a window ahead with many threads: reads land out of order. After
+    # one epoch of such reads, every chunk is still needed in the two epochs that follow.
+    rng = np.random.default_rng(seed)
+    epochs = [rng.integers(0, 12, size=300) for _ in range(3)]
+    policy = Clairvoyant()
+    policy.set_future(np.concatenate(epochs))
+    first = epochs[0].copy()
+    for start in range(0, len(first), window):  # shuffled inside each window
+        rng.shuffle(first[start : start + window])
+    for chunk in first.tolist():
+        policy.accessed(chunk)
+    later = set(np.concatenate(epochs[1:]).tolist())
+    assert all(policy.next_use(c) != float("inf") for c in later)
+    assert all(policy.next_use(c) >= len(first) for c in later)

@@ -111,12 +111,12 @@ class Clairvoyant(Placement):
         self._now = 0
 
     def accessed(self, chunk: int) -> None:
-        uses = self._uses.get(chunk)
-        if uses:
-            # Advance the clock to this access of the chunk (the next one at or after now).
-            i = bisect_right(uses, self._now - 1)
-            if i < len(uses):
-                self._now = uses[i] + 1
+        # The clock counts reads. Reads leave the plan's order by up to the read-ahead window
+        # (many reader threads, deferred samples); moving the clock to this chunk's next use
+        # instead let one early read skip it past every other chunk's uses, an epoch at a
+        # time, until nothing seemed needed again and each copy was dropped once made.
+        if self._now < len(self._future):
+            self._now += 1
 
     def next_use(self, chunk: int) -> float:
         """Index of the chunk's next access at or after now (inf if never)."""
