@@ -99,6 +99,7 @@ def rank_main(
             time.sleep(step_s)  # the training step (a GPU's time; the CPU is free meanwhile)
         row["epoch_s"].append(time.perf_counter() - t)
         row["samples"] = n
+    loader.close()
     comm.barrier("done")
     row["origin_bytes_training"] = origin_bytes(Path(slow)) - before
     if ns is not None:

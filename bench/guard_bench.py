@@ -1,12 +1,13 @@
 """The deadline guard against a heavy tail: 0.01% of reads stall 2 s; guard on, off, no stalls.
 
 Usage:
-    python bench/guard_bench.py [--samples 20000] [--epochs 2] [--workers 2]
+    python bench/guard_bench.py [--samples 20000] [--epochs 2] [--workers 2] [--step-ms 0]
 
 A store of random 20 KB samples is served by `tierfeed slowfs` with direct I/O (every read
 reaches the latency model): median 0.2 ms per operation, and in the stall runs one operation
 in 10,000 stalls 2 s. tierfeed's Loader reads it with the guard off (the plan's exact order),
-on (adaptive deadline, late reads deferred and hedged), and on with no stalls at all.
+on (adaptive deadline, late reads deferred and hedged), and on with no stalls at all;
+``--step-ms`` sleeps that long per batch, as a training step would (CPU left free).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -31,14 +33,21 @@ def decode(sample: Sample) -> torch.Tensor:
     return torch.tensor(len(sample.fields["jpg"]))
 
 
-def run(store: Path, guard: DeadlineOptions, epochs: int, workers: int, name: str) -> None:
+def run(
+    store: Path, guard: DeadlineOptions, epochs: int, workers: int, name: str, step_s: float
+) -> None:
     ds = Dataset(store, "global", batch_size=64, decode=decode,
                  prefetch=PrefetchOptions(window=256, threads=32), deadline=guard)  # fmt: skip
-    loader = Loader(ds, num_workers=workers, system=name)
+    with Loader(ds, num_workers=workers, system=name) as loader:
+        read_epochs(loader, epochs, name, step_s)
+
+
+def read_epochs(loader: Loader, epochs: int, name: str, step_s: float) -> None:
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for _ in loader:
-            pass
+            if step_s > 0:
+                time.sleep(step_s)  # a training step: the accelerator computes, the CPU is free
         r = loader.last_epoch
         assert r is not None
         w = r["batch_wait"]
@@ -46,7 +55,9 @@ def run(store: Path, guard: DeadlineOptions, epochs: int, workers: int, name: st
                           "samples_per_s": round(r["samples_per_s"]),
                           "p50_ms": round(w["p50"] * 1e3, 2), "p99_ms": round(w["p99"] * 1e3, 1),
                           "p99.99_ms": round(w["p99.99"] * 1e3, 1),
-                          "max_ms": round(w["max"] * 1e3, 1), "guard": r["guard"]}),
+                          "max_ms": round(w["max"] * 1e3, 1),
+                          "first_batch_ms": round(r["first_batch_s"] * 1e3, 1),
+                          "stall_s": round(r["stall_s"], 3), "guard": r["guard"]}),
               flush=True)  # fmt: skip
 
 
@@ -55,6 +66,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--step-ms", type=float, default=0.0, help="simulated step per batch")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -71,7 +83,7 @@ def main() -> None:
             mnt = work / "mnt"
             mnt.mkdir(exist_ok=True)
             with SlowFS(work / "origin", mnt, model, SlowFSOptions(cache="direct")) as fs:
-                run(mnt / "store", guard, args.epochs, args.workers, name)
+                run(mnt / "store", guard, args.epochs, args.workers, name, args.step_ms / 1e3)
                 print(json.dumps({"run": name, "slowfs_stalls": fs.stats().stalls}), flush=True)
 
 

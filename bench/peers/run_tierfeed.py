@@ -50,7 +50,8 @@ def read(argv: list[str]) -> None:
         loader.set_epoch(epoch)
         return loader
 
-    measure("tierfeed", args, epoch_batches)
+    with loader:
+        measure("tierfeed", args, epoch_batches)
 
 
 def main() -> None:

@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         def tier_hits() -> dict[str, Any]:
             return tf.last_epoch["tiers"] if tf.last_epoch else {}
 
-        rows += _timed_epochs("tierfeed", args.epochs, tierfeed_epoch, fs, rec, tier_hits)
+        with tf:
+            rows += _timed_epochs("tierfeed", args.epochs, tierfeed_epoch, fs, rec, tier_hits)
     print()
     print(_table(rows))
     png = draw_report([run_file], work / "report.png")

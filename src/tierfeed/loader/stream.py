@@ -30,7 +30,7 @@ __all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
 
 T = TypeVar("T")
 _POLL_S = 0.005  # how often a blocked wait re-checks hedges and the hard timeout
-_HEDGE_THREADS = 4
+HEDGE_THREADS = 4  # hedges get threads of their own: queued behind the window they land late
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,10 @@ class GuardedStream(Generic[T]):
         prefetch: window and thread settings.
         deadline: guard settings.
         state: where to resume in ``order``.
-        pool: a shared thread pool; by default the stream owns one.
+        pool: a shared reader pool; by default the stream owns one. With a shared pool,
+            `close` does not wait for reads already running (a stalled read finishes on its
+            own); an owned pool is joined.
+        hedge_pool: a shared pool for hedges (by default the stream owns a small one).
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class GuardedStream(Generic[T]):
         deadline: DeadlineOptions | None = None,
         state: StreamState | None = None,
         pool: ThreadPoolExecutor | None = None,
+        hedge_pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.order = order
         self._read, self._hedge = read, hedge
@@ -151,10 +155,13 @@ class GuardedStream(Generic[T]):
             self.prefetch.threads, thread_name_prefix="tierfeed-read"
         )
         # Hedges get threads of their own: queued behind the window they would land late.
+        hedging = hedge is not None and self.deadline.hedge_after_ms is not None
+        self._own_hedge_pool = hedging and hedge_pool is None
         self._hedge_pool = (
-            ThreadPoolExecutor(_HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
-            if hedge is not None and self.deadline.hedge_after_ms is not None
-            else None
+            None
+            if not hedging
+            else hedge_pool
+            or ThreadPoolExecutor(HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
         )
         self._closed = threading.Event()
 
@@ -264,9 +271,16 @@ class GuardedStream(Generic[T]):
                 self._check_stuck(head, time.monotonic())
                 self._wait([entry], _POLL_S * 20)
             return head
-        # A sample's deadline is set once, when it is first due: a head already declared late
-        # is not waited on again while younger samples are ready.
-        due = self._due.setdefault(head, time.monotonic() + self.tracker.deadline())
+        # A sample's deadline counts from when its read started (or from now, if it is still
+        # queued), and is set once: a head already declared late is not waited on again
+        # while younger samples are ready, and one that has run past its deadline while
+        # younger samples were delivered is late at once.
+        if head not in self._due:
+            since = entry.running_since
+            self._due[head] = (
+                time.monotonic() if since is None else since
+            ) + self.tracker.deadline()
+        due = self._due[head]
         while not entry.done():
             now = time.monotonic()
             self._hedge_late(now)
@@ -288,6 +302,11 @@ class GuardedStream(Generic[T]):
             self._wait(list(self._window.values()), _POLL_S * 20)
 
     # --- iteration ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the window's reads now, before iteration (e.g. the next epoch's, while the
+        consumer still works on this one)."""
+        self._fill()
 
     def __iter__(self) -> Iterator[tuple[int, T]]:
         try:
@@ -316,7 +335,7 @@ class GuardedStream(Generic[T]):
         self._cancel_pending()
         if self._own_pool:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._hedge_pool is not None:
+        if self._own_hedge_pool and self._hedge_pool is not None:
             self._hedge_pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> GuardedStream[T]:

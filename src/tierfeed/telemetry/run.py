@@ -28,7 +28,8 @@ class EpochMeter:
     """Measures one epoch as the consumer sees it: samples, batches, waits and stalls.
 
     ``batch_wait`` is the time the training loop waited for each batch; ``stall_s`` is the
-    sum of waits longer than ``stall_threshold_s`` (time the accelerator would have idled).
+    sum of waits longer than ``stall_threshold_s`` (time the accelerator would have idled);
+    ``first_batch_s`` is the first batch's wait (start-up included).
     """
 
     def __init__(self, epoch: int, stall_threshold_s: float = 0.001) -> None:
@@ -37,6 +38,7 @@ class EpochMeter:
         self.batches = 0
         self.batch_wait = LatencyHistogram()
         self.stall_s = 0.0
+        self.first_batch_s: float | None = None
         self.stall_threshold_s = stall_threshold_s
         self.started = time.perf_counter()
         self.extra: dict[str, Any] = {}
@@ -46,6 +48,8 @@ class EpochMeter:
         self.samples += size
         self.batches += 1
         self.batch_wait.add(waited_s)
+        if self.first_batch_s is None:
+            self.first_batch_s = waited_s
         if waited_s > self.stall_threshold_s:
             self.stall_s += waited_s
 
@@ -60,6 +64,7 @@ class EpochMeter:
             "seconds": seconds,
             "samples_per_s": self.samples / seconds if seconds > 0 else 0.0,
             "stall_s": self.stall_s,
+            "first_batch_s": self.first_batch_s,
             "batch_wait": self.batch_wait.summary(),
             "batch_wait_hist": self.batch_wait.to_dict(),
             **self.extra,

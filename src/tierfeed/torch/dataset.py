@@ -9,6 +9,8 @@ stream position, which is what makes `Loader.state_dict()` exact.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +32,7 @@ from tierfeed.format.store import Sample, Store, open_store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
+from tierfeed.torch.readers import Prepared, Readers
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
@@ -166,12 +169,22 @@ class Dataset(IterableDataset[Batch]):
         self.world = world or _world()
         self.hedge_source = hedge_source
         self.exchange = exchange
-        self.epoch = 0
+        # The epoch lives in shared memory: persistent DataLoader workers see set_epoch().
+        self._epoch = multiprocessing.get_context("fork").RawValue(ctypes.c_int64, 0)
         self.resume: dict[int, StreamState] = {}  # worker -> where to start (set by Loader)
+        self.read_across_epochs = False  # set by Loader: its workers outlive an epoch
+        self._readers: Readers | None = None  # this process's reader threads
+        self._prepared: Prepared | None = None  # the next epoch's stream, started ahead
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return int(self._epoch.value)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration reads (as DistributedSampler.set_epoch)."""
-        self.epoch = epoch
+        """Select the epoch the next iteration reads (as DistributedSampler.set_epoch); worker
+        processes that outlive an epoch see it too."""
+        self._epoch.value = epoch
 
     def store(self) -> Store:
         """This process's store (opened lazily; workers open their own)."""
@@ -193,10 +206,52 @@ class Dataset(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch = self.epoch
+        # A worker applies a resume position once: a persistent worker's next epochs start fresh.
+        state = self.resume.pop(worker, None) if info is not None else self.resume.get(worker)
+        stream = self._take_prepared(epoch, worker, num_workers)
+        if stream is not None and state is not None:
+            stream.close()  # read ahead from the start of the epoch; the resume point differs
+            stream = None
+        if stream is None:
+            stream = self._stream(epoch, worker, num_workers, state)
+        with stream:
+            yield from self._batches(stream, worker, epoch)
+        if not self.read_across_epochs:
+            source = self.store().source
+            if info is not None and isinstance(source, TierStack):
+                # The worker process ends with its epoch: let its copies reach the disk tier.
+                with contextlib.suppress(StorageError):
+                    source.drain(timeout=_DRAIN_S)
+        elif self.exchange is None:
+            # The next epoch's order is known: start its reads now, while the trainer works on
+            # this epoch's last batches, so its first batch is ready when it is asked for.
+            # (With an exchange, the next epoch's samples arrive only once it has begun.)
+            ahead = self._stream(epoch + 1, worker, num_workers, None)
+            ahead.start()
+            self._prepared = Prepared(os.getpid(), epoch + 1, worker, num_workers, ahead)
+
+    def _take_prepared(
+        self, epoch: int, worker: int, num_workers: int
+    ) -> GuardedStream[Any] | None:
+        """The stream started ahead for this epoch, if it is the one asked for."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared.pid != os.getpid():
+            return None  # none, or inherited through fork: its threads are not in this process
+        if (prepared.epoch, prepared.worker, prepared.num_workers) == (epoch, worker, num_workers):
+            return prepared.stream
+        prepared.stream.close()  # another epoch was chosen: drop its reads
+        return None
+
+    def _stream(
+        self, epoch: int, worker: int, num_workers: int, state: StreamState | None
+    ) -> GuardedStream[Any]:
+        """This worker's guarded read stream over its slice of ``epoch``."""
         store = self.store()
-        order = self.worker_order(worker, num_workers)
+        order = self.worker_order(worker, num_workers, epoch)
         sizes = store.index.sample_bytes()
-        hedge = self._hedge_reader(store)
+        readers = self._process_readers()
+        hedge = readers.hedge_reader(lambda: self._hedge_reader(store))
         source = store.source
         begin = getattr(source, "begin_epoch", None)
         if callable(begin):
@@ -207,20 +262,21 @@ class Dataset(IterableDataset[Batch]):
             chunk_of = np.asarray(store.index.sample_chunk)[order]
             _, first = np.unique(chunk_of, return_index=True)
             source.open_ahead(chunk_of[np.sort(first)].tolist())
-        if isinstance(store.source, TierStack):
+        if isinstance(source, TierStack):
             # Clairvoyant tiers learn this worker's reads for this epoch and the next ones:
             # a copy made now also serves later epochs.
             chunk_of = np.asarray(store.index.sample_chunk)
-            ahead = [order] + [
-                self.worker_order(worker, num_workers, self.epoch + k)
+            resumed_at = 0 if state is None else state.cursor  # the reads start there
+            ahead = [order[resumed_at:]] + [
+                self.worker_order(worker, num_workers, epoch + k)
                 for k in range(1, _EPOCHS_AHEAD + 1)
             ]
             reads = np.concatenate([chunk_of[o] for o in ahead])
             # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
             # reads of it.
             footprint = float(store.index.chunk_size.sum()) / max(1, len(store.index))
-            store.source.set_future(reads, read_bytes=footprint)
-        stream: GuardedStream[Any] = GuardedStream(
+            source.set_future(reads, read_bytes=footprint)
+        return GuardedStream(
             order,
             lambda i: self.decode(store.read_sample(i)),
             hedge=hedge,
@@ -228,38 +284,57 @@ class Dataset(IterableDataset[Batch]):
             describe=lambda i: _describe(store, i),
             prefetch=self.prefetch,
             deadline=self.deadline,
-            state=self.resume.get(worker),
+            state=state,
+            pool=readers.pool,
+            hedge_pool=readers.hedges,
         )
-        with stream:
-            yield from self._batches(stream, worker)
-        if info is not None and isinstance(store.source, TierStack):
-            # A worker process ends with its epoch: let its copies reach the shared disk tier.
-            with contextlib.suppress(StorageError):
-                store.source.drain(timeout=_DRAIN_S)
 
-    def _hedge_reader(self, store: Store) -> Callable[[int], Any] | None:
+    def _process_readers(self) -> Readers:
+        """This process's reader threads, kept across epochs: a read that storage holds for
+        seconds finishes on its own thread instead of holding up the end of an epoch."""
+        if self._readers is None or self._readers.pid != os.getpid():
+            self._readers = Readers(self.prefetch.threads, self.decode)
+        return self._readers
+
+    def close(self) -> None:
+        """Stop this process's reads and close its store (a Loader does this for its own)."""
+        if self._prepared is not None and self._prepared.pid == os.getpid():
+            self._prepared.stream.close()
+        self._prepared = None
+        if self._readers is not None and self._readers.pid == os.getpid():
+            self._readers.close()
+        self._readers = None
+        if self._store is not None and self._pid == os.getpid():
+            self._store.close()
+        self._store = None
+
+    def _hedge_reader(self, store: Store) -> Store | None:
+        """A second way to the store's samples, for hedged reads (None: no hedging)."""
         if self.deadline.hedge_after_ms is None:
             return None
         if self.hedge_source is not None:
             source = self.hedge_source()
         else:
             source = DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
-        second = Store(store.index, source)
-        return lambda i: self.decode(second.read_sample(i))
+        return Store(store.index, source)
 
-    def _batches(self, stream: GuardedStream[Any], worker: int) -> Iterator[Batch]:
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads and open stores belong to the process that made them.
+        return {**self.__dict__, "_readers": None, "_prepared": None, "_store": None, "_pid": -1}
+
+    def _batches(self, stream: GuardedStream[Any], worker: int, epoch: int) -> Iterator[Batch]:
         items: list[Any] = []
         started = time.perf_counter()
         for _, value in stream:
             items.append(value)
             if len(items) == self.batch_size:
-                yield self._batch(items, worker, stream, started)
+                yield self._batch(items, worker, epoch, stream, started)
                 items, started = [], time.perf_counter()
         if items and not self.drop_last:
-            yield self._batch(items, worker, stream, started)
+            yield self._batch(items, worker, epoch, stream, started)
 
     def _batch(
-        self, items: list[Any], worker: int, stream: GuardedStream[Any], started: float
+        self, items: list[Any], worker: int, epoch: int, stream: GuardedStream[Any], started: float
     ) -> Batch:
         c = stream.counters
         counters = {
@@ -272,7 +347,7 @@ class Dataset(IterableDataset[Batch]):
         source = self.store().source
         tiers = source.stats() if isinstance(source, TierStack) else None
         state = stream.state().to_dict()
-        return Batch(self.collate(items), worker, self.epoch, state, counters, tiers)
+        return Batch(self.collate(items), worker, epoch, state, counters, tiers)
 
 
 def plan_for(index: Index, spec: PlanSpec | str) -> Plan:

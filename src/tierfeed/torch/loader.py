@@ -26,6 +26,12 @@ class Loader:
     every worker stands in its slice of the plan, deferred samples included, and
     ``load_state_dict()`` resumes exactly there.
 
+    Workers persist across epochs (DataLoader's ``persistent_workers``): when a worker has
+    read its slice of an epoch it starts reading the next epoch's (the plan says which), so an
+    epoch's first batch does not wait for processes to start, and a read that storage holds
+    for seconds finishes in the background instead of holding up the end of the epoch. Call
+    `close` (or use ``with``) to stop them.
+
     Args:
         dataset: the tierfeed Dataset (it holds batch size, plan and guard settings).
         num_workers: DataLoader worker processes (0 reads in this process).
@@ -67,6 +73,7 @@ class Loader:
         self.live_every_s = live_every_s
         self.last_epoch: dict[str, Any] | None = None
         self._meter: EpochMeter | None = None
+        self._loader: DataLoader[Batch] | None = None  # kept across epochs: its workers persist
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
 
     @property
@@ -100,10 +107,28 @@ class Loader:
         self._states = {int(w): s for w, s in state["workers"].items()}
         self.dataset.resume = {w: StreamState.from_dict(s) for w, s in self._states.items()}
 
+    def _dataloader(self) -> DataLoader[Batch]:
+        """The DataLoader for the next epoch: the running one, unless workers must start anew
+        from a resume position (it is given to them when they start)."""
+        if self._loader is None or self.dataset.resume:
+            self._stop_workers()
+            self.dataset.read_across_epochs = True
+            self._loader = DataLoader(
+                self.dataset,
+                batch_size=None,
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+                **self._kwargs,
+            )
+            self._tier_base = {}
+        return self._loader
+
+    def _stop_workers(self) -> None:
+        # Dropping the last reference shuts the DataLoader's persistent workers down.
+        self._loader = None
+
     def __iter__(self) -> Iterator[Any]:
-        loader = DataLoader(
-            self.dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs
-        )
+        loader = self._dataloader()
         epoch, exchange = self.dataset.epoch, self.dataset.exchange
         start = self._resumed_positions()
         if exchange is not None:
@@ -167,8 +192,7 @@ class Loader:
             "guard": totals,
             "tiers": _minus(tiers, self._tier_base),
         }
-        if self.num_workers == 0:  # one process for every epoch: its counters accumulate
-            self._tier_base = tiers
+        self._tier_base = tiers  # the processes persist: their counters accumulate
         self.last_epoch = meter.record()
         if self.recorder is not None:
             self.recorder.write(self.last_epoch)
@@ -202,7 +226,9 @@ class Loader:
         return out
 
     def close(self) -> None:
-        """Close the run file and the metrics server."""
+        """Stop the workers and this process's reads; close the run file and metrics server."""
+        self._stop_workers()
+        self.dataset.close()
         if self.recorder is not None:
             self.recorder.close()
         if self.metrics is not None:

@@ -1,0 +1,55 @@
+"""A DataLoader worker's reader threads, and the stream it reads ahead for the next epoch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tierfeed.format.store import Sample, Store
+from tierfeed.loader import GuardedStream
+from tierfeed.loader.stream import HEDGE_THREADS
+
+__all__ = ["Prepared", "Readers"]
+
+
+class Readers:
+    """A process's reader and hedge threads, and its second way to the samples (for hedges);
+    made in the process that uses them (threads do not cross fork)."""
+
+    def __init__(self, threads: int, decode: Callable[[Sample], Any]) -> None:
+        self.pid = os.getpid()
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tierfeed-read")
+        self.hedges = ThreadPoolExecutor(HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
+        self._decode = decode
+        self._second: Store | None = None
+        self._made_second = False
+
+    def hedge_reader(self, make: Callable[[], Store | None]) -> Callable[[int], Any] | None:
+        """Reads a sample the second way (the store is made once per process)."""
+        if not self._made_second:
+            self._second, self._made_second = make(), True
+        second = self._second
+        if second is None:
+            return None
+        return lambda i: self._decode(second.read_sample(i))
+
+    def close(self) -> None:
+        """Cancel queued reads and join the threads (a stalled read is waited for here)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.hedges.shutdown(wait=True, cancel_futures=True)
+        if self._second is not None:
+            self._second.source.close()  # the index is the main store's: it stays open
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A worker's stream for the next epoch, started before that epoch was asked for."""
+
+    pid: int
+    epoch: int
+    worker: int
+    num_workers: int
+    stream: GuardedStream[Any]
