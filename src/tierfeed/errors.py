@@ -11,6 +11,7 @@ __all__ = [
     "ExchangeError",
     "FormatError",
     "IndexFormatError",
+    "LoaderError",
     "NotFoundError",
     "PackError",
     "QuotaExceededError",
@@ -92,6 +93,10 @@ class QuotaExceededError(StorageError):
 
 class StuckReadError(TierfeedError, TimeoutError):
     """A read has not completed within the hard timeout; names the chunk and sample."""
+
+
+class LoaderError(TierfeedError, RuntimeError):
+    """The Loader's workers ended an iteration before the epoch was complete."""
 
 
 # --- distributed ---------------------------------------------------------------

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.telemetry import read_records
 from tierfeed.torch import Dataset, Loader
+from tierfeed.torch.dataset import Batch
 
 N = 120
 
@@ -59,6 +62,12 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def slow_store(store_dir: Path) -> Store:
     index = Index(store_dir)
     return Store(index, SlowChunks(index.path.parent, index.chunks(), index.path))
+
+
+def values_of(store_dir: Path, samples: Iterable[int]) -> list[int]:
+    """The values the samples hold, sorted (a sample's value is the number in its key)."""
+    with Index(store_dir) as ix:
+        return sorted(int(ix.key(i).split("s")[-1]) for i in samples)
 
 
 def values(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
@@ -267,3 +276,59 @@ def test_epoch_ends_without_waiting_for_a_hedged_read(store_dir: Path) -> None:
     finally:
         HeldChunks.release.set()
         loader.close()
+
+
+class CountingDataset(Dataset):
+    """Counts, across processes, how often a worker starts iterating."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.starts = multiprocessing.get_context("fork").RawValue("i", 0)
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.starts.value += 1
+        yield from super().__iter__()
+
+
+@pytest.mark.timeout(120)
+def test_workers_run_on_into_the_next_epoch_exactly_once_each(store_dir: Path) -> None:
+    # 117 samples over 4 workers, 29 a batch: worker 0 sends two batches an epoch, the others
+    # one, so the others' next-epoch batches arrive before worker 0's last one and are kept.
+    n = 117
+    ds = CountingDataset(store_dir, PermPlan(n), batch_size=29, decode=decode)
+    with Loader(ds, num_workers=4) as loader:
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            assert sorted(values(list(loader))) == values_of(store_dir, range(n)), epoch
+        assert loader._ahead  # the next epoch's batches that came early
+    assert ds.starts.value == 4  # each worker started once: no restart between epochs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("n", "workers", "drop_last"), [(120, 3, True), (3, 4, False)])
+def test_epoch_ends_with_drop_last_and_with_idle_workers(
+    store_dir: Path, n: int, workers: int, drop_last: bool
+) -> None:
+    # drop_last: each worker's 40 give 2 batches of 16, 8 are dropped. 3 samples over 4
+    # workers: one worker has none, and the epoch must not wait for it.
+    ds = Dataset(store_dir, PermPlan(n), batch_size=16, decode=decode, drop_last=drop_last)
+    with Loader(ds, num_workers=workers) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            got = values(list(loader))
+            assert len(got) == len(set(got)) == (96 if drop_last else n)
+            assert set(got) <= set(values_of(store_dir, range(n)))
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_left_early_is_read_whole_the_next_time(store_dir: Path) -> None:
+    ds = Dataset(store_dir, PermPlan(N), batch_size=8, decode=decode)
+    with Loader(ds, num_workers=2) as loader:
+        loader.set_epoch(0)
+        list(loader)
+        part = values(list(itertools.islice(iter(loader), 3)))  # epoch 1, left early
+        assert len(part) == 24
+        assert loader.epoch == 1
+        assert sorted(values(list(loader))) == list(range(N))  # epoch 1 again, whole
+        assert loader.epoch == 2
+        assert sorted(values(list(loader))) == list(range(N))

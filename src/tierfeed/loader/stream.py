@@ -167,6 +167,11 @@ class GuardedStream(Generic[T]):
 
     # --- bookkeeping ------------------------------------------------------------------
 
+    @property
+    def remaining(self) -> int:
+        """Samples of the order not yet delivered (0: the last one has been)."""
+        return len(self.order) - self._cursor - len(self._done)
+
     def state(self) -> StreamState:
         """The position to resume from: exactly the positions delivered so far are skipped."""
         return StreamState(self._cursor, tuple(sorted(self._done)))

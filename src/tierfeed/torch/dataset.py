@@ -32,7 +32,7 @@ from tierfeed.format.store import Sample, Store, open_store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
-from tierfeed.torch.readers import Prepared, Readers
+from tierfeed.torch.readers import Readers
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
@@ -74,6 +74,7 @@ class Batch:
     state: dict[str, Any]
     counters: dict[str, float]
     tiers: dict[str, dict[str, Any]] | None = None
+    last: bool = False  # the worker's last batch of the epoch
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,8 @@ class Dataset(IterableDataset[Batch]):
         # The epoch lives in shared memory: persistent DataLoader workers see set_epoch().
         self._epoch = multiprocessing.get_context("fork").RawValue(ctypes.c_int64, 0)
         self.resume: dict[int, StreamState] = {}  # worker -> where to start (set by Loader)
-        self.read_across_epochs = False  # set by Loader: its workers outlive an epoch
+        self.read_across_epochs = False  # set by Loader: its iteration outlives an epoch
         self._readers: Readers | None = None  # this process's reader threads
-        self._prepared: Prepared | None = None  # the next epoch's stream, started ahead
 
     @property
     def epoch(self) -> int:
@@ -203,45 +203,44 @@ class Dataset(IterableDataset[Batch]):
         )
         return order[worker::num_workers]
 
+    @property
+    def continuous(self) -> bool:
+        """Whether an iteration runs on into the following epochs (a Loader's, without a
+        sample exchange): each worker reads the next epoch's slice as it finishes this one, so
+        an epoch's first batch is ready when it is asked for. Every worker marks its last
+        batch of an epoch (``Batch.last``) and the Loader sorts batches by ``Batch.epoch``."""
+        return self.read_across_epochs and self.exchange is None
+
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         epoch = self.epoch
         # A worker applies a resume position once: a persistent worker's next epochs start fresh.
         state = self.resume.pop(worker, None) if info is not None else self.resume.get(worker)
-        stream = self._take_prepared(epoch, worker, num_workers)
-        if stream is not None and state is not None:
-            stream.close()  # read ahead from the start of the epoch; the resume point differs
-            stream = None
-        if stream is None:
-            stream = self._stream(epoch, worker, num_workers, state)
-        with stream:
-            yield from self._batches(stream, worker, epoch)
-        if not self.read_across_epochs:
-            source = self.store().source
-            if info is not None and isinstance(source, TierStack):
-                # The worker process ends with its epoch: let its copies reach the disk tier.
-                with contextlib.suppress(StorageError):
-                    source.drain(timeout=_DRAIN_S)
-        elif self.exchange is None:
-            # The next epoch's order is known: start its reads now, while the trainer works on
-            # this epoch's last batches, so its first batch is ready when it is asked for.
-            # (With an exchange, the next epoch's samples arrive only once it has begun.)
-            ahead = self._stream(epoch + 1, worker, num_workers, None)
-            ahead.start()
-            self._prepared = Prepared(os.getpid(), epoch + 1, worker, num_workers, ahead)
-
-    def _take_prepared(
-        self, epoch: int, worker: int, num_workers: int
-    ) -> GuardedStream[Any] | None:
-        """The stream started ahead for this epoch, if it is the one asked for."""
-        prepared, self._prepared = self._prepared, None
-        if prepared is None or prepared.pid != os.getpid():
-            return None  # none, or inherited through fork: its threads are not in this process
-        if (prepared.epoch, prepared.worker, prepared.num_workers) == (epoch, worker, num_workers):
-            return prepared.stream
-        prepared.stream.close()  # another epoch was chosen: drop its reads
-        return None
+        stream = self._stream(epoch, worker, num_workers, state)
+        following: GuardedStream[Any] | None = None
+        try:
+            while True:
+                for batch in self._batches(stream, worker, epoch):
+                    if batch.last and self.continuous:
+                        # The next epoch's order is known: start its reads before handing
+                        # over this epoch's last batch.
+                        following = self._stream(epoch + 1, worker, num_workers, None)
+                        following.start()
+                    yield batch
+                stream.close()
+                if following is None:
+                    break
+                stream, following, epoch = following, None, epoch + 1
+        finally:
+            stream.close()
+            if following is not None:
+                following.close()
+        source = self.store().source
+        if not self.read_across_epochs and info is not None and isinstance(source, TierStack):
+            # The worker process ends with its epoch: let its copies reach the disk tier.
+            with contextlib.suppress(StorageError):
+                source.drain(timeout=_DRAIN_S)
 
     def _stream(
         self, epoch: int, worker: int, num_workers: int, state: StreamState | None
@@ -298,9 +297,6 @@ class Dataset(IterableDataset[Batch]):
 
     def close(self) -> None:
         """Stop this process's reads and close its store (a Loader does this for its own)."""
-        if self._prepared is not None and self._prepared.pid == os.getpid():
-            self._prepared.stream.close()
-        self._prepared = None
         if self._readers is not None and self._readers.pid == os.getpid():
             self._readers.close()
         self._readers = None
@@ -320,21 +316,39 @@ class Dataset(IterableDataset[Batch]):
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads and open stores belong to the process that made them.
-        return {**self.__dict__, "_readers": None, "_prepared": None, "_store": None, "_pid": -1}
+        return {**self.__dict__, "_readers": None, "_store": None, "_pid": -1}
 
     def _batches(self, stream: GuardedStream[Any], worker: int, epoch: int) -> Iterator[Batch]:
+        """The epoch's batches from one worker's stream, the last one marked; in a continuous
+        iteration a worker whose slice yields no batch sends an empty one (``data`` None)."""
         items: list[Any] = []
         started = time.perf_counter()
+        sent = False
         for _, value in stream:
             items.append(value)
-            if len(items) == self.batch_size:
-                yield self._batch(items, worker, epoch, stream, started)
-                items, started = [], time.perf_counter()
-        if items and not self.drop_last:
-            yield self._batch(items, worker, epoch, stream, started)
+            left = stream.remaining
+            if len(items) < self.batch_size and left > 0:
+                continue
+            full = len(items) == self.batch_size
+            # With drop_last, the last batch is the full one that leaves less than a batch.
+            last = left == 0 or (self.drop_last and left < self.batch_size)
+            if full or not self.drop_last:
+                yield self._batch(items, worker, epoch, stream, started, last)
+                sent = True
+            items, started = [], time.perf_counter()
+            if last:
+                break  # with drop_last, the few left over are not read
+        if not sent and self.continuous:
+            yield Batch(None, worker, epoch, stream.state().to_dict(), {}, None, last=True)
 
     def _batch(
-        self, items: list[Any], worker: int, epoch: int, stream: GuardedStream[Any], started: float
+        self,
+        items: list[Any],
+        worker: int,
+        epoch: int,
+        stream: GuardedStream[Any],
+        started: float,
+        last: bool,
     ) -> Batch:
         c = stream.counters
         counters = {
@@ -347,7 +361,7 @@ class Dataset(IterableDataset[Batch]):
         source = self.store().source
         tiers = source.stats() if isinstance(source, TierStack) else None
         state = stream.state().to_dict()
-        return Batch(self.collate(items), worker, epoch, state, counters, tiers)
+        return Batch(self.collate(items), worker, epoch, state, counters, tiers, last)
 
 
 def plan_for(index: Index, spec: PlanSpec | str) -> Plan:

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from tierfeed.errors import ConfigError
+from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len
 from tierfeed.telemetry.prometheus import MetricsServer
@@ -26,11 +26,13 @@ class Loader:
     every worker stands in its slice of the plan, deferred samples included, and
     ``load_state_dict()`` resumes exactly there.
 
-    Workers persist across epochs (DataLoader's ``persistent_workers``): when a worker has
-    read its slice of an epoch it starts reading the next epoch's (the plan says which), so an
-    epoch's first batch does not wait for processes to start, and a read that storage holds
-    for seconds finishes in the background instead of holding up the end of the epoch. Call
-    `close` (or use ``with``) to stop them.
+    Workers persist (DataLoader's ``persistent_workers``) and their iteration runs on across
+    epochs: a worker that has sent its last batch of an epoch goes on to its slice of the next
+    (the plan says which), so an epoch's first batch is ready when asked for, with no restart
+    handshake, and a read that storage holds for seconds finishes in the background instead
+    of holding up the end of the epoch. A `set_epoch` to another epoch than the next, a
+    `load_state_dict`, or an epoch left early restarts the iteration. Call `close` (or use
+    ``with``) to stop the workers.
 
     Args:
         dataset: the tierfeed Dataset (it holds batch size, plan and guard settings).
@@ -74,6 +76,9 @@ class Loader:
         self.last_epoch: dict[str, Any] | None = None
         self._meter: EpochMeter | None = None
         self._loader: DataLoader[Batch] | None = None  # kept across epochs: its workers persist
+        self._iter: Iterator[Batch] | None = None  # its running iteration, across epochs
+        self._iter_epoch = -1  # the epoch that iteration delivers next
+        self._ahead: list[Batch] = []  # batches of the next epoch that came before its turn
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
 
     @property
@@ -124,12 +129,18 @@ class Loader:
         return self._loader
 
     def _stop_workers(self) -> None:
-        # Dropping the last reference shuts the DataLoader's persistent workers down.
+        # Dropping the last references shuts the DataLoader's persistent workers down.
+        self._iter, self._iter_epoch, self._ahead = None, -1, []
         self._loader = None
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._dataloader()
         epoch, exchange = self.dataset.epoch, self.dataset.exchange
+        if self._iter is None or self._iter_epoch != epoch:
+            # Start (or restart: another epoch was chosen, or the last one was left early)
+            # the workers' iteration at this epoch; what ran ahead is dropped.
+            self._iter, self._ahead = iter(loader), []
+        self._iter_epoch = epoch
         start = self._resumed_positions()
         if exchange is not None:
             exchange.begin_epoch(epoch, start, self._read_ahead())
@@ -138,24 +149,70 @@ class Loader:
         batch: Batch
         next_live = time.perf_counter() + self.live_every_s
         delivered = start
-        for batch in loader:
-            size = batch_len(batch.data)
-            meter.batch(size, time.perf_counter() - asked)
-            delivered += size
-            if exchange is not None:
-                exchange.consumed(epoch, delivered)
-            if self.recorder is not None and time.perf_counter() >= next_live:
-                self.recorder.write(self._progress(meter))
-                next_live = time.perf_counter() + self.live_every_s
-            self._states[batch.worker] = batch.state
-            self._counters[batch.worker] = batch.counters
-            if batch.tiers is not None:
-                self._tiers[batch.worker] = batch.tiers
-            yield batch.data
-            asked = time.perf_counter()
+        finished = False
+        try:
+            for batch in self._epoch_batches(epoch):
+                size = batch_len(batch.data)
+                meter.batch(size, time.perf_counter() - asked)
+                delivered += size
+                if exchange is not None:
+                    exchange.consumed(epoch, delivered)
+                if self.recorder is not None and time.perf_counter() >= next_live:
+                    self.recorder.write(self._progress(meter))
+                    next_live = time.perf_counter() + self.live_every_s
+                self._states[batch.worker] = batch.state
+                self._counters[batch.worker] = batch.counters
+                if batch.tiers is not None:
+                    self._tiers[batch.worker] = batch.tiers
+                yield batch.data
+                asked = time.perf_counter()
+            finished = True
+        finally:
+            if not finished:
+                self._iter = None  # left mid-epoch: the next iteration starts over
         if exchange is not None:
             exchange.end_epoch(epoch)
         self._finish(meter)
+
+    def _epoch_batches(self, epoch: int) -> Iterator[Batch]:
+        """The running iteration's batches of ``epoch``.
+
+        A continuous iteration does not stop at the end of an epoch: the epoch ends when every
+        worker has sent its last batch of it, and batches of the next epoch that arrive before
+        that (a worker that finished first) are kept for it.
+        """
+        assert self._iter is not None
+        running = self._iter
+        if not self.dataset.continuous:
+            yield from running  # the workers' iterators end with the epoch
+            self._iter = None
+            return
+        waiting = set(range(max(1, self.num_workers)))
+        while waiting:
+            batch = self._kept(epoch)
+            if batch is None:
+                try:
+                    batch = next(running)
+                except StopIteration:
+                    raise LoaderError(
+                        f"the workers stopped before the end of epoch {epoch} "
+                        f"(workers {sorted(waiting)} had not sent their last batch)"
+                    ) from None
+                if batch.epoch != epoch:
+                    self._ahead.append(batch)
+                    continue
+            if batch.last:
+                waiting.discard(batch.worker)
+            if batch.data is not None:
+                yield batch
+        self._iter_epoch = epoch + 1  # the workers have gone on to the next epoch
+
+    def _kept(self, epoch: int) -> Batch | None:
+        """The first kept batch of ``epoch``, taken out of the kept ones."""
+        for i, batch in enumerate(self._ahead):
+            if batch.epoch == epoch:
+                return self._ahead.pop(i)
+        return None
 
     def _resumed_positions(self) -> int:
         """Positions of the rank's order read before a resume (a lower bound)."""

@@ -1,18 +1,16 @@
-"""A DataLoader worker's reader threads, and the stream it reads ahead for the next epoch."""
+"""A process's reader threads, kept across epochs."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from tierfeed.format.store import Sample, Store
-from tierfeed.loader import GuardedStream
 from tierfeed.loader.stream import HEDGE_THREADS
 
-__all__ = ["Prepared", "Readers"]
+__all__ = ["Readers"]
 
 
 class Readers:
@@ -42,14 +40,3 @@ class Readers:
         self.hedges.shutdown(wait=True, cancel_futures=True)
         if self._second is not None:
             self._second.source.close()  # the index is the main store's: it stays open
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A worker's stream for the next epoch, started before that epoch was asked for."""
-
-    pid: int
-    epoch: int
-    worker: int
-    num_workers: int
-    stream: GuardedStream[Any]
