@@ -57,6 +57,8 @@ def read_epochs(loader: Loader, epochs: int, name: str, step_s: float) -> None:
                           "p99.99_ms": round(w["p99.99"] * 1e3, 1),
                           "max_ms": round(w["max"] * 1e3, 1),
                           "first_batch_ms": round(r["first_batch_s"] * 1e3, 1),
+                          "slowest_ms": [[s["batch"], round(s["wait_s"] * 1e3, 1)]
+                                         for s in r["slowest"][:3]],
                           "stall_s": round(r["stall_s"], 3), "guard": r["guard"]}),
               flush=True)  # fmt: skip
 

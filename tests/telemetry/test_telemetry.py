@@ -59,3 +59,14 @@ def test_recorder_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["report", str(run), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert "tierfeed epoch 1" in capsys.readouterr().out
+
+
+@given(st.lists(st.floats(min_value=0, max_value=10, allow_nan=False), max_size=50))
+def test_meter_names_the_slowest_batches(waits: list[float]) -> None:
+    meter = EpochMeter(0)
+    for w in waits:
+        meter.batch(1, w)
+    slowest = meter.record()["slowest"]
+    expected = sorted(enumerate(waits), key=lambda bw: bw[1], reverse=True)[: EpochMeter.SLOWEST]
+    assert [s["wait_s"] for s in slowest] == [w for _, w in expected]
+    assert all(waits[s["batch"]] == s["wait_s"] for s in slowest)

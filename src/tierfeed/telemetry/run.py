@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import threading
@@ -29,8 +30,11 @@ class EpochMeter:
 
     ``batch_wait`` is the time the training loop waited for each batch; ``stall_s`` is the
     sum of waits longer than ``stall_threshold_s`` (time the accelerator would have idled);
-    ``first_batch_s`` is the first batch's wait (start-up included).
+    ``first_batch_s`` is the first batch's wait (start-up included); ``slowest`` are the
+    longest waits with the batch each was for (0: the first), longest first.
     """
+
+    SLOWEST = 5
 
     def __init__(self, epoch: int, stall_threshold_s: float = 0.001) -> None:
         self.epoch = epoch
@@ -39,6 +43,7 @@ class EpochMeter:
         self.batch_wait = LatencyHistogram()
         self.stall_s = 0.0
         self.first_batch_s: float | None = None
+        self._slowest: list[tuple[float, int]] = []  # a min-heap of (wait, batch)
         self.stall_threshold_s = stall_threshold_s
         self.started = time.perf_counter()
         self.extra: dict[str, Any] = {}
@@ -46,8 +51,12 @@ class EpochMeter:
     def batch(self, size: int, waited_s: float) -> None:
         """Record one delivered batch and how long the consumer waited for it."""
         self.samples += size
-        self.batches += 1
         self.batch_wait.add(waited_s)
+        if len(self._slowest) < self.SLOWEST:
+            heapq.heappush(self._slowest, (waited_s, self.batches))
+        elif waited_s > self._slowest[0][0]:
+            heapq.heapreplace(self._slowest, (waited_s, self.batches))
+        self.batches += 1
         if self.first_batch_s is None:
             self.first_batch_s = waited_s
         if waited_s > self.stall_threshold_s:
@@ -65,6 +74,7 @@ class EpochMeter:
             "samples_per_s": self.samples / seconds if seconds > 0 else 0.0,
             "stall_s": self.stall_s,
             "first_batch_s": self.first_batch_s,
+            "slowest": [{"batch": b, "wait_s": w} for w, b in sorted(self._slowest, reverse=True)],
             "batch_wait": self.batch_wait.summary(),
             "batch_wait_hist": self.batch_wait.to_dict(),
             **self.extra,

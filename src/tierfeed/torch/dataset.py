@@ -222,15 +222,19 @@ class Dataset(IterableDataset[Batch]):
         try:
             while True:
                 for batch in self._batches(stream, worker, epoch):
-                    if batch.last and self.continuous:
-                        # The next epoch's order is known: start its reads before handing
-                        # over this epoch's last batch.
+                    if batch.last and self.continuous and info is None:
+                        # In this process nothing asks for the next batch before the next
+                        # epoch: start its reads before handing over this epoch's last batch.
                         following = self._stream(epoch + 1, worker, num_workers, None)
                         following.start()
                     yield batch
                 stream.close()
-                if following is None:
+                if not self.continuous:
                     break
+                if following is None:
+                    # A worker: the DataLoader keeps asking ahead, so this runs as soon as the
+                    # last batch is sent, off the path of any batch.
+                    following = self._stream(epoch + 1, worker, num_workers, None)
                 stream, following, epoch = following, None, epoch + 1
         finally:
             stream.close()
