@@ -20,7 +20,7 @@ import numpy.typing as npt
 from tierfeed.dist.inbox import InboxView
 from tierfeed.errors import ExchangeError, StorageError
 from tierfeed.format.chunkfiles import DirectoryChunks
-from tierfeed.format.chunkref import checksum_bytes
+from tierfeed.format.chunkref import ChunkSource, checksum_bytes
 from tierfeed.format.index import Index
 
 __all__ = ["NamespaceSource", "inbox_dir", "member_locator"]
@@ -43,7 +43,7 @@ def member_locator(index: Index) -> npt.NDArray[np.int64]:
     return key
 
 
-class NamespaceSource:
+class NamespaceSource(ChunkSource):
     """Chunk ranges for one rank: from its node's staged chunks, or from its inbox.
 
     Args:

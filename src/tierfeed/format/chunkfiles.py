@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, StorageError
-from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.chunkref import ChunkInfo, ChunkSource
 
 __all__ = ["DirectoryChunks", "FdCache", "safe_chunk_path"]
 
@@ -148,7 +148,7 @@ class FdCache:
             self._open.clear()
 
 
-class DirectoryChunks:
+class DirectoryChunks(ChunkSource):
     """A ChunkSource over chunk files in a directory (the store as packed, or any POSIX path).
 
     File descriptors are cached (at most ``max_open``) and reference-counted, so a descriptor

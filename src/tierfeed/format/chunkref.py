@@ -65,7 +65,10 @@ class ChunkInfo:
 
 
 class ChunkSource(Protocol):
-    """Anything that serves byte ranges of a store's chunks: a plain directory or a tier stack."""
+    """Anything that serves byte ranges of a store's chunks: a plain directory or a tier stack.
+
+    Implementations subclass it explicitly to inherit the defaults of optional abilities.
+    """
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
         """Return exactly ``length`` bytes of chunk ``chunk`` starting at ``offset``.
@@ -75,6 +78,16 @@ class ChunkSource(Protocol):
             StorageError: the chunk cannot be read.
         """
         ...
+
+    def discard(self, chunk: int) -> str | None:
+        """The bytes just served of ``chunk`` failed their check: drop the cached copy that
+        served them, so that the next read of the chunk goes one level further down.
+
+        Returns:
+            What was dropped (e.g. a tier's file), or None when no cache held the chunk: the
+            bytes came from the origin itself. The default holds no cache.
+        """
+        return None
 
     def close(self) -> None:
         """Release files, threads and sockets; idempotent."""

@@ -6,13 +6,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.errors import ChunkCorruptError, NotFoundError
+from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.format.names import field_name
 
 __all__ = ["PathStat", "Sample", "Store", "open_store"]
+
+_MAX_COPIES = 8  # cached copies a read may drop before it blames the origin (tiers are few)
 
 
 @dataclass(frozen=True)
@@ -62,21 +64,42 @@ class Store:
     def read_member(self, member: int) -> bytes:
         """The bytes of one member (one range read), checked against the member's checksum.
 
+        Bytes that fail the check and came from a cached copy drop that copy, and the member is
+        read again one level further down (the next tier, at last the origin).
+
         Raises:
-            ChunkCorruptError: the bytes differ from what was packed (names chunk and member).
+            ChunkCorruptError: no copy holds the bytes that were packed (names every copy
+                that was bad, and the chunk and member).
         """
         ix = self.index
         chunk = int(ix.member_chunk[member])
-        data = self.source.read_range(
-            chunk, int(ix.member_offset[member]), int(ix.member_length[member])
-        )
-        if self.verify_reads and checksum_bytes(data) != int(ix.member_checksum[member]):
-            raise ChunkCorruptError(
-                f"chunk {self.root / self.chunks[chunk].name}: member "
-                f"{os.fsdecode(ix.member_path_bytes(member))!r} fails its checksum (the chunk was "
-                "altered or damaged); run `tierfeed verify` and re-pack or re-stage"
-            )
+        offset, length = int(ix.member_offset[member]), int(ix.member_length[member])
+        data = self.source.read_range(chunk, offset, length)
+        if not self.verify_reads:
+            return data
+        want = int(ix.member_checksum[member])
+        dropped: list[str] = []
+        while checksum_bytes(data) != want:
+            copy = self.source.discard(chunk) if len(dropped) < _MAX_COPIES else None
+            if copy is None:
+                raise self._corrupt(member, chunk, dropped)
+            dropped.append(copy)
+            data = self.source.read_range(chunk, offset, length)
         return data
+
+    def _corrupt(self, member: int, chunk: int, dropped: list[str]) -> ChunkCorruptError:
+        name = os.fsdecode(self.index.member_path_bytes(member))
+        origin = self.root / self.chunks[chunk].name
+        if not dropped:
+            return ChunkCorruptError(
+                f"chunk {origin}: member {name!r} fails its checksum (the chunk was altered or "
+                "damaged); run `tierfeed verify` and re-pack or re-stage"
+            )
+        return ChunkCorruptError(
+            f"member {name!r} failed its checksum in the cached {', '.join(dropped)} (dropped) "
+            f"and in the origin's chunk {origin} as well (the origin was altered or damaged); "
+            "run `tierfeed verify` on the store and re-pack or restore it"
+        )
 
     def read_sample(self, sample: int) -> Sample:
         """Sample ``sample`` with every member's bytes, one range read per member."""
@@ -117,29 +140,41 @@ class Store:
         """Names directly under directory ``path``, sorted bytewise.
 
         Costs O(entries · log n): files are read off the path-sorted order, and each
-        subdirectory is skipped with one binary search.
+        subdirectory is skipped with one binary search. Every step moves forward in the
+        path order and the paths met must increase, so a crafted index whose order is not
+        sorted ends in IndexFormatError after at most n steps, never in a loop.
         """
         raw = self._clean(path)
         prefix = raw + b"/" if raw else b""
         ix = self.index
         i = ix.bisect_path(prefix)
-        names: list[str] = []
+        names: list[bytes] = []
+        seen: set[bytes] = set()
+        previous = b""
         while i < ix.num_members:
             p = ix.sorted_path(i)
             if not p.startswith(prefix):
                 break
             rest = p[len(prefix) :]
             slash = rest.find(b"/")
+            name = rest if slash < 0 else rest[:slash]
+            if p <= previous or name in seen or name in (b"", b".", b".."):
+                raise IndexFormatError(
+                    f"{ix.path}: damaged index: the path order is not sorted or holds an "
+                    f"unsafe path at {os.fsdecode(p)!r}; re-create it (`tierfeed pack` or "
+                    "`tierfeed index`)"
+                )
+            names.append(name)
+            seen.add(name)
+            previous = p
             if slash < 0:
-                names.append(os.fsdecode(rest))
                 i += 1
             else:
-                sub = rest[:slash]
-                names.append(os.fsdecode(sub))
-                i = ix.bisect_path(prefix + sub + b"0")  # b"0" sorts right after b"/"
+                after = ix.bisect_path(prefix + name + b"0")  # b"0" sorts right after b"/"
+                i = max(after, i + 1)  # always forward: the next path is checked above
         if not names and raw and not self.stat(raw).is_dir:
             raise NotFoundError(f"{self.root}: {os.fsdecode(raw)!r} is not a directory")
-        return sorted(names, key=os.fsencode)
+        return [os.fsdecode(n) for n in sorted(names)]
 
     def close(self) -> None:
         """Close the chunk source and unmap the index."""

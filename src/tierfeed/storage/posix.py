@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -32,10 +33,32 @@ class PosixDriver(Driver):
         self.root = Path(root).absolute()
         self._dir_mode, self._file_mode = (0o755, 0o644) if shared else (0o700, 0o600)
         if not read_only:
-            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            self._make_root(shared)
         self.name = f"posix:{self.root}"
         self._fds = FdCache()  # no open per read: the origin sees one open per file
         self._resolved_paths: dict[str, str] = {}
+
+    def _make_root(self, shared: bool) -> None:
+        """Create the root, or take over an existing one: a private cache is made 0700 even
+        when the directory was there before (other users must not read or plant chunks)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            st = os.stat(self.root)
+            if not shared and stat.S_IMODE(st.st_mode) & 0o077:
+                if st.st_uid != os.getuid():
+                    raise StorageError(
+                        f"{self.root}: cache directory belongs to another user (uid "
+                        f"{st.st_uid}) and is open to others; use a directory of your own, or "
+                        "ask for a shared cache explicitly"
+                    )
+                os.chmod(self.root, 0o700)
+        except OSError as exc:
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(
+                f"{self.root}: cannot be used as a cache directory ({exc.strerror or exc}); "
+                "give a writable directory path"
+            ) from None
 
     def _path(self, path: str) -> Path:
         parts = PurePosixPath(path).parts

@@ -5,16 +5,23 @@ is range-read from the origin at once, and a whole-chunk copy is queued for a ba
 thread: the copy is verified against the chunk's checksum and published atomically, so a
 tier never serves part of a chunk. Concurrent misses on one chunk fetch it once. The origin
 is read-only: it is never written or deleted.
+
+Threads: readers (any number) and copy threads share the tiers' bookkeeping (what each holds,
+the placement policies, the counters) under one lock, held for bookkeeping only, never across
+I/O. Placements into one tier are serialised by that tier's own lock, so concurrent copies
+cannot overrun its quota. A copy that fails, for any reason, is counted and logged; its
+thread goes on with the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +29,24 @@ from typing import Any
 import numpy.typing as npt
 
 from tierfeed.errors import ChunkCorruptError, ConfigError, NotFoundError, StorageError
-from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
+from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
 from tierfeed.storage.posix import PosixDriver
 from tierfeed.storage.shared_dir import copy_claim, mark, marked, placement_lock, unmark
 
-__all__ = ["Tier", "TierCounters", "TierOptions", "TierStack"]
+__all__ = [
+    "GAUGES",
+    "Tier",
+    "TierCounters",
+    "TierOptions",
+    "TierStack",
+    "combine_stats",
+    "stats_since",
+]
+
+_log = logging.getLogger("tierfeed.tiers")
+_RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
 
 
 @dataclass
@@ -41,6 +59,7 @@ class TierCounters:
     copies: int = 0
     evictions: int = 0
     corrupt_dropped: int = 0
+    copy_failures: int = 0
     copy_s: float = 0.0
 
 
@@ -60,6 +79,8 @@ class Tier:
     counters: TierCounters = field(default_factory=TierCounters)
     held: dict[int, int] = field(default_factory=dict)  # chunk -> bytes
     verified: set[int] = field(default_factory=set)
+    placing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    scanned: float = 0.0  # monotonic time of the last look at a shared directory
 
     def __post_init__(self) -> None:
         if self.driver.read_only:
@@ -97,7 +118,7 @@ def cache_key(info: ChunkInfo) -> str:
     return f"{info.id:08d}-{info.checksum:016x}.tar"
 
 
-class TierStack:
+class TierStack(ChunkSource):
     """A ChunkSource over cache tiers and a read-only origin.
 
     Args:
@@ -123,9 +144,14 @@ class TierStack:
         self.policy_name = policy
         self.policies: list[Placement] = [make_policy(policy) for _ in self.tiers]
         self.origin_counters = TierCounters()
+        self._by_key = {cache_key(c): c for c in self.chunks}
+        self._sizes = {c.id: c.size for c in self.chunks}
+        # The bookkeeping lock: tiers' held/verified/counters, the policies, in-flight and
+        # corrupt chunks. Held for bookkeeping only, never across I/O.
         self._mutex = threading.Lock()
         self._inflight: set[int] = set()
         self._corrupt: dict[int, str] = {}
+        self._warned: set[str] = set()
         self._queue: queue.Queue[int | None] = queue.Queue(self.options.queue)
         self._closed = False
         for tier in self.tiers:
@@ -143,32 +169,46 @@ class TierStack:
 
     def _scan(self, tier: Tier) -> None:
         """What a tier holds now (other processes may have filled a shared directory)."""
-        names = {cache_key(c): c for c in self.chunks}
-        tier.held = {names[p].id: names[p].size for p in tier.driver.list() if p in names}
+        listed = tier.driver.list()
+        held = {self._by_key[p].id: self._by_key[p].size for p in listed if p in self._by_key}
+        with self._mutex:
+            tier.held = held
+            tier.scanned = time.monotonic()
+
+    def _warn(self, what: str, message: str) -> None:
+        """Log the first failure of each kind; later ones are only counted."""
+        with self._mutex:
+            if what in self._warned:
+                return
+            self._warned.add(what)
+        _log.warning("%s (further such failures are counted, not logged)", message)
 
     # --- reads ----------------------------------------------------------------------------
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
         """Bytes of ``chunk``: from the highest tier holding it, else from the origin."""
-        if chunk in self._corrupt:
-            raise ChunkCorruptError(self._corrupt[chunk])
-        for policy in self.policies:
-            policy.accessed(chunk)
         info = self.chunks[chunk]
-        for tier in self.tiers:
-            if chunk in tier.held and self._usable(tier, info):
-                try:
-                    data = tier.driver.read_range(cache_key(info), offset, length)
-                except NotFoundError:  # evicted by another process just now
-                    tier.held.pop(chunk, None)
-                    continue
-                tier.counters.hits += 1
-                tier.counters.bytes += len(data)
-                return data
-            tier.counters.misses += 1
+        with self._mutex:
+            failure = self._corrupt.get(chunk)
+            for policy in self.policies:
+                policy.accessed(chunk)
+            holding = [chunk in t.held for t in self.tiers]
+        if failure is not None:
+            raise ChunkCorruptError(failure)
+        for tier, held in zip(self.tiers, holding, strict=True):
+            if held and self._usable(tier, info):
+                data = self._read_copy(tier, info, offset, length)
+                if data is not None:
+                    with self._mutex:
+                        tier.counters.hits += 1
+                        tier.counters.bytes += len(data)
+                    return data
+            with self._mutex:
+                tier.counters.misses += 1
         data = self.origin.read_range(info.name, offset, length)
-        self.origin_counters.hits += 1
-        self.origin_counters.bytes += len(data)
+        with self._mutex:
+            self.origin_counters.hits += 1
+            self.origin_counters.bytes += len(data)
         if len(data) != length:
             raise ChunkCorruptError(
                 f"chunk {info.name} at the origin is shorter than the index says "
@@ -177,30 +217,74 @@ class TierStack:
         self.schedule(chunk)
         return data
 
+    def _read_copy(self, tier: Tier, info: ChunkInfo, offset: int, length: int) -> bytes | None:
+        """The range from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
+        try:
+            data = tier.driver.read_range(cache_key(info), offset, length)
+        except NotFoundError:  # evicted by another process just now
+            with self._mutex:
+                tier.held.pop(info.id, None)
+                tier.verified.discard(info.id)
+            return None
+        if len(data) != length:  # truncated behind the cache's back: never serve it
+            self._drop(tier, info)
+            return None
+        return data
+
     def _usable(self, tier: Tier, info: ChunkInfo) -> bool:
         """A persistent tier's chunk is checked before this process serves it: once per host
         and file (a mark records the file it verified), so forked workers skip it."""
-        if not tier.shared or not self.options.verify_cached or info.id in tier.verified:
+        if not tier.shared or not self.options.verify_cached:
             return True
+        with self._mutex:
+            if info.id in tier.verified:
+                return True
         if tier.directory is not None and marked(tier.directory, cache_key(info)):
-            tier.verified.add(info.id)
+            with self._mutex:
+                tier.verified.add(info.id)
             return True
         try:
             data = tier.driver.read(cache_key(info))
         except NotFoundError:
-            tier.held.pop(info.id, None)
+            with self._mutex:
+                tier.held.pop(info.id, None)
             return False
         if checksum_bytes(data) != info.checksum:
-            with contextlib.suppress(NotFoundError):
-                tier.driver.delete(cache_key(info))
-            tier.held.pop(info.id, None)
-            tier.counters.corrupt_dropped += 1
+            self._drop(tier, info)
             self.schedule(info.id)  # fetch it again
             return False
-        tier.verified.add(info.id)
+        with self._mutex:
+            tier.verified.add(info.id)
         if tier.directory is not None:
             mark(tier.directory, cache_key(info))
         return True
+
+    def _drop(self, tier: Tier, info: ChunkInfo) -> str:
+        """Remove a bad copy of a chunk from ``tier``; returns which copy it was. The next miss
+        fetches the chunk again."""
+        key = cache_key(info)
+        with self._mutex:
+            tier.held.pop(info.id, None)
+            tier.verified.discard(info.id)
+            tier.counters.corrupt_dropped += 1
+        where = f"copy {key} of tier {tier.name}"
+        if tier.directory is not None:
+            unmark(tier.directory, key)
+            where = f"copy {tier.directory / key} of tier {tier.name}"
+        try:
+            tier.driver.delete(key)
+        except NotFoundError:
+            pass  # another process dropped it first
+        except StorageError as exc:
+            self._warn(f"drop:{tier.name}", f"cannot remove the bad {where}: {exc}")
+        _log.warning("dropped the bad %s (chunk %s); it is fetched again", where, info.name)
+        return where
+
+    def discard(self, chunk: int) -> str | None:
+        """Drop the highest cached copy of ``chunk``: the bytes it served failed their check."""
+        with self._mutex:
+            tier = next((t for t in self.tiers if chunk in t.held), None)
+        return None if tier is None else self._drop(tier, self.chunks[chunk])
 
     # --- copies ---------------------------------------------------------------------------
 
@@ -227,8 +311,11 @@ class TierStack:
                 return
             try:
                 self._copy(chunk)
-            except StorageError:
-                pass  # the read path still serves from the origin; the copy is retried later
+            except Exception as exc:  # the read path still serves from the origin
+                with self._mutex:
+                    self.origin_counters.copy_failures += 1
+                name = self.chunks[chunk].name
+                self._warn("copy", f"copy of chunk {name} from the origin failed: {exc!r}")
             finally:
                 with self._mutex:
                     self._inflight.discard(chunk)
@@ -247,13 +334,15 @@ class TierStack:
             if data is None:
                 data = self.origin.read(info.name)
                 if len(data) != info.size or checksum_bytes(data) != info.checksum:
-                    self._corrupt[chunk] = (
-                        f"chunk {info.name} at the origin fails its checksum (size "
-                        f"{len(data)}, index says {info.size}); the origin copy is damaged: "
-                        "re-pack or restore it"
-                    )
+                    with self._mutex:
+                        self._corrupt[chunk] = (
+                            f"chunk {info.name} at the origin fails its checksum (size "
+                            f"{len(data)}, index says {info.size}); the origin copy is "
+                            "damaged: re-pack or restore it"
+                        )
                     return
-                self.origin_counters.copies += 1
+                with self._mutex:
+                    self.origin_counters.copies += 1
             self._place_all(info, data, started)
 
     def _from_shared(self, info: ChunkInfo) -> bytes | None:
@@ -262,10 +351,13 @@ class TierStack:
             if not tier.shared:
                 continue
             self._scan(tier)
-            if info.id in tier.held and self._usable(tier, info):
+            with self._mutex:
+                held = info.id in tier.held
+            if held and self._usable(tier, info):
                 with contextlib.suppress(NotFoundError):
                     data = tier.driver.read(cache_key(info))
-                    if info.id in tier.verified or checksum_bytes(data) == info.checksum:
+                    # Checked again whatever the marks say: it is about to be copied on.
+                    if len(data) == info.size and checksum_bytes(data) == info.checksum:
                         return data
         return None
 
@@ -273,33 +365,53 @@ class TierStack:
         # Inclusive: every tier that accepts the chunk keeps it, so a persistent disk tier
         # still holds it when the processes owning the RAM tiers are gone (DataLoader workers).
         for i, tier in enumerate(self.tiers):
-            if self._place(i, tier, info, data):
-                tier.counters.copies += 1
-                tier.counters.copy_s += time.perf_counter() - started
+            try:
+                placed = self._place(i, tier, info, data)
+            except Exception as exc:  # a full disk, a vanished directory: the others go on
+                with self._mutex:
+                    tier.counters.copy_failures += 1
+                self._warn(
+                    f"place:{tier.name}", f"cannot keep chunk {info.name} in {tier.name}: {exc}"
+                )
+                continue
+            if placed:
+                with self._mutex:
+                    tier.counters.copies += 1
+                    tier.counters.copy_s += time.perf_counter() - started
 
     def _place(self, i: int, tier: Tier, info: ChunkInfo, data: bytes) -> bool:
-        """Write the chunk into ``tier`` if its policy takes it; True if this call wrote it."""
+        """Write the chunk into ``tier`` if its policy takes it; True if this call wrote it.
+
+        One placement per tier at a time (its ``placing`` lock, and for a shared directory the
+        cross-process lock): the decision and the writes it implies cannot interleave with
+        another's, so the quota holds.
+        """
         root = tier.directory
-        with contextlib.nullcontext() if root is None else placement_lock(root):
+        with tier.placing, contextlib.nullcontext() if root is None else placement_lock(root):
             if root is not None:
                 self._scan(tier)  # other processes' copies and evictions count too
+            with self._mutex:
                 if info.id in tier.held:
                     return False  # another process wrote it
-            ok, victims = self.policies[i].choose(
-                tier.held, info.id, info.size, tier.quota, fetched=True
-            )
-            if not ok:
-                return False
+                ok, victims = self.policies[i].choose(
+                    tier.held, info.id, info.size, tier.quota, fetched=True
+                )
+                if not ok:
+                    return False
+                for victim in victims:
+                    tier.held.pop(victim, None)
+                    tier.verified.discard(victim)
+                    tier.counters.evictions += 1
             for victim in victims:
+                victim_key = cache_key(self.chunks[victim])
                 with contextlib.suppress(NotFoundError):
-                    tier.driver.delete(cache_key(self.chunks[victim]))
+                    tier.driver.delete(victim_key)
                 if root is not None:
-                    unmark(root, cache_key(self.chunks[victim]))
-                tier.held.pop(victim, None)
-                tier.counters.evictions += 1
+                    unmark(root, victim_key)
             tier.driver.write(cache_key(info), data)  # temporary name, then rename
-            tier.held[info.id] = info.size
-            tier.verified.add(info.id)
+            with self._mutex:
+                tier.held[info.id] = info.size
+                tier.verified.add(info.id)
             if root is not None:
                 mark(root, cache_key(info))  # checked before it was written
             return True
@@ -313,18 +425,23 @@ class TierStack:
             sequence: one chunk id per read, in order (from the plan).
             read_bytes: mean bytes of one read (weighs a whole-chunk copy against reads).
         """
-        for policy in self.policies:
+        for i, policy in enumerate(self.policies):
             if isinstance(policy, Clairvoyant):
-                policy.set_future(sequence, read_bytes)
+                # Built aside (an O(reads) pass), then swapped in: readers never wait on it.
+                fresh = Clairvoyant()
+                fresh.set_future(sequence, read_bytes)
+                with self._mutex:
+                    self.policies[i] = fresh
         self.prefetch()
 
     def prefetch(self) -> int:
         """Queue the next chunks of the known future that fit; returns how many."""
         queued = 0
-        sizes = {c.id: c.size for c in self.chunks}
         for tier, policy in zip(self.tiers, self.policies, strict=True):
             if isinstance(policy, Clairvoyant):
-                for chunk in policy.prefetch(tier.held, tier.quota, sizes):
+                with self._mutex:
+                    chosen = list(policy.prefetch(tier.held, tier.quota, self._sizes))
+                for chunk in chosen:
                     queued += self.schedule(chunk)
         return queued
 
@@ -344,10 +461,24 @@ class TierStack:
         raise StorageError(f"tier copies still running after {timeout} s")
 
     def stats(self) -> dict[str, Any]:
-        """Counters of every tier and of the origin, as plain values."""
-        out: dict[str, Any] = {t.name: dict(t.counters.__dict__, held_bytes=sum(t.held.values()))
-                               for t in self.tiers}  # fmt: skip
-        out["origin"] = dict(self.origin_counters.__dict__, ops=self.origin.counters.snapshot())
+        """Counters of every tier and of the origin, as plain values.
+
+        ``held_bytes`` is a gauge; a shared directory is looked at again when the last look is
+        older than a second, and such a tier says ``shared: 1`` so that processes sharing it
+        are not summed (see `combine_tier_stats`).
+        """
+        for tier in self.tiers:
+            if tier.shared and time.monotonic() - tier.scanned > _RESCAN_S:
+                with contextlib.suppress(StorageError):
+                    self._scan(tier)
+        with self._mutex:
+            out: dict[str, Any] = {
+                t.name: dict(t.counters.__dict__, held_bytes=sum(t.held.values()),
+                             shared=int(t.shared))
+                for t in self.tiers
+            }  # fmt: skip
+            out["origin"] = dict(self.origin_counters.__dict__)
+        out["origin"]["ops"] = self.origin.counters.snapshot()
         return out
 
     def close(self) -> None:
@@ -378,3 +509,35 @@ class TierStack:
 def disk_tier(path: str | os.PathLike[str], quota: int, shared: bool = False) -> Tier:
     """A local-disk tier in ``path`` (0700 unless ``shared``)."""
     return Tier(PosixDriver(Path(path), shared=shared), quota, name=f"disk:{path}")
+
+
+# Figures of a tier that say what it is now, not what it did: not summed over an epoch.
+GAUGES = frozenset({"held_bytes", "shared"})
+
+
+def combine_stats(per_process: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Tier stats of several processes (DataLoader workers) as one host's: counters add up, and
+    so does each process's own RAM tier; a directory they share is counted once."""
+    out: dict[str, dict[str, float]] = {}
+    for stats in per_process:
+        for tier, counters in stats.items():
+            into = out.setdefault(tier, {})
+            shared = bool(counters.get("shared"))
+            for k, v in counters.items():
+                if not isinstance(v, (int, float)):
+                    continue
+                if shared and k in GAUGES:
+                    into[k] = max(into.get(k, 0), v)  # the freshest look at the one directory
+                else:
+                    into[k] = into.get(k, 0) + v
+    return out
+
+
+def stats_since(
+    now: dict[str, dict[str, float]], base: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Counters of ``now`` less those of ``base`` (an epoch's share); gauges as they are now."""
+    return {
+        tier: {k: v if k in GAUGES else v - base.get(tier, {}).get(k, 0) for k, v in c.items()}
+        for tier, c in now.items()
+    }

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
+from tierfeed.storage.tiers import combine_stats, stats_since
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
@@ -247,7 +248,7 @@ class Loader:
         meter.extra = {
             "system": self.system,
             "guard": totals,
-            "tiers": _minus(tiers, self._tier_base),
+            "tiers": stats_since(tiers, self._tier_base),
         }
         self._tier_base = tiers  # the processes persist: their counters accumulate
         self.last_epoch = meter.record()
@@ -272,15 +273,8 @@ class Loader:
         }
 
     def _tier_totals(self) -> dict[str, dict[str, float]]:
-        """Tier counters summed over workers (each worker reports its own process's)."""
-        out: dict[str, dict[str, float]] = {}
-        for stats in list(self._tiers.values()):
-            for tier, counters in stats.items():
-                into = out.setdefault(tier, {})
-                for k, v in counters.items():
-                    if isinstance(v, (int, float)):
-                        into[k] = into.get(k, 0) + v
-        return out
+        """Tier counters over workers (each worker reports its own process's)."""
+        return combine_stats(list(self._tiers.values()))
 
     def close(self) -> None:
         """Stop the workers and this process's reads; close the run file and metrics server."""
@@ -296,9 +290,3 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _minus(
-    now: dict[str, dict[str, float]], base: dict[str, dict[str, float]]
-) -> dict[str, dict[str, float]]:
-    return {t: {k: v - base.get(t, {}).get(k, 0) for k, v in c.items()} for t, c in now.items()}

@@ -1,0 +1,261 @@
+"""The tier stack under damage and contention: rotted cache copies, racing threads, failing
+copies, a cache directory that exists with the wrong mode, shared-tier gauges."""
+
+from __future__ import annotations
+
+import random
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hostile.edits import flip
+from tierfeed.errors import ChunkCorruptError, StorageError
+from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.index import Index
+from tierfeed.format.pack import PackOptions
+from tierfeed.format.store import Store
+from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
+from tierfeed.storage.tiers import cache_key
+
+FILES = {f"c{i % 3}/s{i:03d}.bin".encode(): bytes([i % 251]) * (700 + 37 * i) for i in range(90)}
+
+
+@pytest.fixture
+def store_dir(packed: Callable[..., Path]) -> Path:
+    return packed(FILES)
+
+
+def tiered(store_dir: Path, cache: Path, policy: str = "fill-top") -> Store:
+    index = Index(store_dir)
+    origin = PosixDriver(store_dir, read_only=True)
+    stack = TierStack(index.chunks(), origin, [disk_tier(cache, 2**30)], policy)
+    return Store(index, stack)
+
+
+def expected(store: Store, sample: int) -> bytes:
+    return FILES[store.index.key_bytes(sample) + b".bin"]
+
+
+def first_member(store_dir: Path, chunk: int) -> tuple[ChunkInfo, int, int]:
+    """(the chunk, the data offset of its first member, the sample owning that member)."""
+    with Index(store_dir) as ix:
+        member = next(m for m in range(ix.num_members) if int(ix.member_chunk[m]) == chunk)
+        return ix.chunk(chunk), int(ix.member_offset[member]), ix.member_owner(member)
+
+
+def fill_cache(store_dir: Path, cache: Path) -> None:
+    with tiered(store_dir, cache) as store:
+        for s in range(len(store)):
+            store.read_sample(s)
+        store.source.drain()  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(60)
+def test_rotted_disk_copy_is_dropped_and_refetched(store_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    fill_cache(store_dir, cache)
+    info, offset, _ = first_member(store_dir, 0)
+    flip(cache / cache_key(info), offset + 3, keep_mtime=True)
+
+    # A later run (a new process would see the same): the cached copy is marked verified.
+    with tiered(store_dir, cache) as store:
+        for s in range(len(store)):
+            assert store.read_sample(s).fields["bin"] == expected(store, s)
+        stack = store.source
+        assert isinstance(stack, TierStack)
+        assert stack.stats()[stack.tiers[0].name]["corrupt_dropped"] >= 1
+        stack.drain()
+    # The bad copy is gone for good: the copy there now is whole and verified.
+    data = (cache / cache_key(info)).read_bytes()
+    assert data == (store_dir / info.name).read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_bad_cache_and_bad_origin_names_both(store_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    fill_cache(store_dir, cache)
+    info, offset, sample = first_member(store_dir, 0)
+    flip(cache / cache_key(info), offset, keep_mtime=True)
+    flip(store_dir / info.name, offset)  # the test damages its own origin on purpose
+    with tiered(store_dir, cache) as store, pytest.raises(ChunkCorruptError) as err:
+        store.read_sample(sample)
+    message = str(err.value)
+    assert cache_key(info) in message  # the cached copy that was bad (and dropped)
+    assert str(store_dir / info.name) in message  # and the origin, bad as well
+    assert not (cache / cache_key(info)).exists()
+
+
+@pytest.mark.timeout(60)
+def test_bad_origin_is_blamed_as_origin(store_dir: Path) -> None:
+    info, offset, sample = first_member(store_dir, 1)
+    flip(store_dir / info.name, offset)
+    index = Index(store_dir)
+    with Store(index) as store, pytest.raises(ChunkCorruptError) as err:
+        store.read_sample(sample)
+    assert str(store_dir / info.name) in str(err.value)
+
+
+class FlakyRam(MemoryDriver):
+    """A RAM tier whose first writes fail with errors no driver documents."""
+
+    def __init__(self, budget: int, failures: int) -> None:
+        super().__init__(budget)
+        self.failures = failures
+
+    def _write(self, path: str, data: bytes) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ValueError("injected: not a StorageError")
+        super()._write(path, data)
+
+
+@pytest.mark.timeout(60)
+def test_copy_threads_survive_any_error_and_count_it(store_dir: Path) -> None:
+    index = Index(store_dir)
+    origin = PosixDriver(store_dir, read_only=True)
+    ram = Tier(FlakyRam(2**30, failures=3), 2**30, name="ram")
+    options = TierOptions(threads=2)
+    with Store(index, TierStack(index.chunks(), origin, [ram], "fill-top", options)) as store:
+        stack = store.source
+        assert isinstance(stack, TierStack)
+        for _ in range(3):  # misses until every chunk got copied (3 copies fail first)
+            for s in range(len(store)):
+                assert store.read_sample(s).fields["bin"] == expected(store, s)
+            stack.drain()
+        assert all(t.is_alive() for t in stack._threads)
+        stats = stack.stats()
+        assert stats["ram"]["copy_failures"] == 3
+        assert set(ram.held) == set(range(index.num_chunks))
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Switch threads often, so that races show within a test's seconds."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("policy", ["lru", "clairvoyant", "fill-top"])
+def test_racing_readers_and_copies(
+    packed: Callable[..., Path], policy: str, fast_switching: None
+) -> None:
+    """Reader threads record accesses while copy threads choose victims: no lost thread,
+    no error, every read correct, and the quota holds."""
+    store_dir = packed(FILES, PackOptions(chunk_size=4096, workers=2, progress=False))
+    index = Index(store_dir)
+    chunks = index.chunks()
+    quota = 2 * max(c.size for c in chunks)
+    origin = PosixDriver(store_dir, read_only=True)
+    ram = Tier(MemoryDriver(quota), quota, name="ram")
+    stack = TierStack(chunks, origin, [ram], policy, TierOptions(threads=4))
+    store = Store(index, stack)
+    if policy == "clairvoyant":
+        rng0 = random.Random(1)
+        stack.set_future([rng0.randrange(len(chunks)) for _ in range(20000)])
+    errors: list[BaseException] = []
+    stop = time.monotonic() + 2.0
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            while time.monotonic() < stop:
+                s = rng.randrange(len(store))
+                assert store.read_sample(s).fields["bin"] == expected(store, s)
+                if rng.random() < 0.05:
+                    stack.prefetch()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert all(t.is_alive() for t in stack._threads)
+        assert stack.stats()["ram"]["copy_failures"] == 0
+        assert sum(ram.held.values()) <= quota
+        assert ram.driver.used <= quota  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
+def test_existing_cache_dir_is_made_private(tmp_path: Path) -> None:
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    for d in (private, shared):
+        d.mkdir(mode=0o755)
+        d.chmod(0o755)
+    disk_tier(private, 2**20)
+    disk_tier(shared, 2**20, shared=True)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+
+
+def test_cache_dir_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "cache"
+    path.write_bytes(b"not a directory")
+    for target in (path, path / "sub"):
+        with pytest.raises(StorageError) as err:
+            disk_tier(target, 2**20)
+        assert str(target) in str(err.value)
+    assert path.read_bytes() == b"not a directory"
+
+
+def du(cache: Path) -> int:
+    """Bytes of cached chunks in a disk tier's directory, as `du` would count the files."""
+    return sum(p.stat().st_size for p in cache.glob("*.tar"))
+
+
+@pytest.mark.timeout(120)
+def test_shared_disk_tier_is_counted_once_over_workers(store_dir: Path, tmp_path: Path) -> None:
+    from tierfeed.telemetry.prometheus import render
+    from tierfeed.torch import Dataset, Loader, TierConfig
+
+    cache = tmp_path / "cache"
+    tiers = TierConfig(disk_dir=str(cache), disk_bytes=2**30, policy="fill-top")
+    ds = Dataset(store_dir, "global", batch_size=8, decode=lambda s: len(s.fields["bin"]),
+                 tiers=tiers)  # fmt: skip
+    with Loader(ds, num_workers=2) as loader:
+        for _ in range(3):  # by the last epoch every chunk has long been cached
+            for _ in loader:
+                pass
+            time.sleep(1.1)  # past the tier's rescan interval, so the last batches look again
+        held = loader.last_epoch["tiers"][f"disk:{cache}"]["held_bytes"]
+        text = render(loader.last_epoch)
+    total = sum(c.size for c in Index(store_dir).chunks())
+    assert du(cache) == total
+    assert held == total
+    assert f'tierfeed_tier_held_bytes{{tier="disk:{cache}"}} {float(total)!r}' in text
+
+
+@pytest.mark.timeout(60)
+def test_full_cache_disk_is_counted_and_reads_go_on(
+    store_dir: Path, tmpfs: Callable[..., Path]
+) -> None:
+    tiny_disk = tmpfs("tiny", "size=64k")  # a cache disk that fills up at once
+    before = {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()}
+    index = Index(store_dir)
+    origin = PosixDriver(store_dir, read_only=True)
+    tier = disk_tier(tiny_disk / "cache", 2**30)  # the quota allows what the disk does not
+    with Store(index, TierStack(index.chunks(), origin, [tier], "fill-top")) as store:
+        stack = store.source
+        assert isinstance(stack, TierStack)
+        for _ in range(2):
+            for s in range(len(store)):
+                assert store.read_sample(s).fields["bin"] == expected(store, s)
+            stack.drain()
+        assert stack.stats()[tier.name]["copy_failures"] >= 1
+        assert all(t.is_alive() for t in stack._threads)
+    assert not [p.name for p in (tiny_disk / "cache").iterdir() if p.name.startswith(".tmp.")]
+    assert {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()} == before
