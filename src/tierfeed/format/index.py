@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import mmap
 import os
@@ -18,19 +19,31 @@ import numpy.typing as npt
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, ChunkInfo, new_hasher
+from tierfeed.format.indexcheck import (
+    check_header,
+    check_invariants,
+    check_sections,
+    damaged,
+    header_checksum,
+)
 from tierfeed.format.layout import (
     INDEX_NAME,
     MAGIC,
     SECTIONS,
     VERSION,
     aligned,
-    as_dtype,
     expected_length,
 )
 
-__all__ = ["Index", "IndexContent", "write_index"]
+__all__ = ["CHECKSUM_ON_OPEN_BYTES", "Index", "IndexContent", "write_index"]
 
 _PREFIX = struct.Struct("<8sII")
+
+# Indexes whose sections total at most this many bytes (about 3M one-file samples) have their
+# sections checksum verified on open: xxh3 reads several GB/s, so this costs tens of ms at
+# most and catches every bit flip, including the ones that break the path order. Larger ones
+# rely on the vectorised invariant checks on open and `tierfeed verify` for the rest.
+CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -125,16 +138,18 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
         "path_order_dtype": arrays["path_order"].dtype.str,  # type: ignore[union-attr]
         "extra": content.extra,
     }
+    header_slack = 64  # room for the header checksum added once the offsets are known
     # Section offsets depend on the header length, which depends on the offsets: lay out with
     # a header padded to a fixed aligned size.
     sections: dict[str, list[int]] = {name: [0, len(data)] for name, data in payloads}
     header["sections"] = sections
-    header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + _PREFIX.size)
+    header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + header_slack + _PREFIX.size)
     offset = end = header_len
     for name, data in payloads:
         sections[name] = [offset, len(data)]
         end = offset + len(data)
         offset = aligned(end)
+    header["header_checksum"] = header_checksum(header)
     blob = json.dumps(header).encode()
     head = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
     if len(head) > header_len:
@@ -169,7 +184,12 @@ def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
 class Index:
     """A memory-mapped index: O(1) lookup by sample id, O(log n) by path.
 
-    Opening reads only the header; arrays are views of the mapping and are paged in on use.
+    Arrays are views of the mapping. Opening validates the header, the section table and
+    the invariants readers rely on (vectorised, see `tierfeed.format.indexcheck`), and the
+    sections checksum when the sections total at most `CHECKSUM_ON_OPEN_BYTES`; any damage
+    found raises IndexFormatError naming the file. Lookups by path stay safe on a crafted
+    index whose path order is not sorted: they end, and `Store.listdir` raises when it meets
+    paths out of order; `check_path_order` (run by `tierfeed verify`) checks it in full.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -192,6 +212,7 @@ class Index:
             self._mm: mmap.mmap | bytes = _map_or_read(fd, self._size, self.path)
         finally:
             os.close(fd)
+        self.checksum_verified = False
         self.header = self._read_header()
         self._map_sections()
 
@@ -205,11 +226,17 @@ class Index:
                 f"{VERSION}; re-index the store with this version (`tierfeed pack` or "
                 "`tierfeed index`) or use a matching tierfeed"
             )
+        self._header_end = _PREFIX.size + hlen
+        if self._header_end > self._size:
+            raise IndexFormatError(
+                f"{self.path}: index is truncated (header ends at byte {self._header_end}, "
+                f"file has {self._size}); re-create it (`tierfeed pack` or `tierfeed index`)"
+            )
         try:
-            header: dict[str, Any] = json.loads(self._mm[_PREFIX.size : _PREFIX.size + hlen])
-        except ValueError:
+            header = json.loads(self._mm[_PREFIX.size : self._header_end])
+        except (ValueError, RecursionError):
             raise IndexFormatError(f"{self.path}: index header is corrupt") from None
-        return header
+        return check_header(header, self.path, self._size)
 
     def _map_sections(self) -> None:
         h = self.header
@@ -218,27 +245,17 @@ class Index:
         self.num_chunks: int = h["chunks"]
         self.classes: list[str] = list(h["classes"])
         self.exts: list[bytes] = [os.fsencode(e) for e in h["exts"]]
+        table = check_sections(h, self.path, self._size, self._header_end)
         arrays: dict[str, Any] = {}
-        for name, (spec, kind) in SECTIONS.items():
-            if name == "path_order":
-                spec = h["path_order_dtype"]
-            try:
-                offset, nbytes = h["sections"][name]
-            except (KeyError, TypeError, ValueError):
-                raise IndexFormatError(f"{self.path}: index lacks section {name!r}") from None
-            if offset + nbytes > self._size:
-                raise IndexFormatError(
-                    f"{self.path}: index is truncated (section {name} ends at byte "
-                    f"{offset + nbytes}, file has {self._size}); re-create it"
-                )
-            dtype = as_dtype(spec)
-            count = nbytes // dtype.itemsize
+        for name, (_, kind) in SECTIONS.items():
+            offset, count, dtype = table[name]
             want = expected_length(kind, self.num_samples, self.num_members, self.num_chunks)
             if want is not None and count != want:
-                raise IndexFormatError(
-                    f"{self.path}: section {name} has {count} entries, expected {want}"
-                )
+                raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
+        if sum(nbytes for _, nbytes in h["sections"].values()) <= CHECKSUM_ON_OPEN_BYTES:
+            self.check_checksum()
+        check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
         self.sample_member_start: npt.NDArray[np.uint64] = arrays["sample_member_start"]
         self.sample_key_offset: npt.NDArray[np.uint64] = arrays["sample_key_offset"]
         self.sample_label: npt.NDArray[np.int32] = arrays["sample_label"]
@@ -337,6 +354,33 @@ class Index:
                     continue
                 return self.member_owner(int(self.path_order[i]))
         return None
+
+    def check_checksum(self) -> None:
+        """Raise IndexFormatError unless the sections match the header's checksum."""
+        if self.sections_checksum() != self.header["sections_checksum"]:
+            raise damaged(
+                self.path, "index checksum mismatch (the index file was altered or damaged)"
+            )
+        self.checksum_verified = True
+
+    def check_path_order(self) -> None:
+        """Raise IndexFormatError unless every member path is distinct and the path order
+        sorts them bytewise (O(members) Python work: `tierfeed verify` runs it)."""
+        blob = self._keys.tobytes()
+        offsets = self.sample_key_offset.tolist()
+        keys = [blob[a:b] for a, b in itertools.pairwise(offsets)]
+        counts = np.diff(self.sample_member_start).astype(np.int64)
+        owner = np.repeat(np.arange(self.num_samples), counts)
+        order = self.path_order.astype(np.int64)
+        exts = self.exts
+        previous = None
+        for o, e in zip(owner[order].tolist(), self.member_ext[order].tolist(), strict=True):
+            path = keys[o] + exts[e]
+            if previous is not None and path <= previous:
+                raise damaged(
+                    self.path, f"path order broken or duplicate path at {os.fsdecode(path)!r}"
+                )
+            previous = path
 
     def sections_checksum(self) -> int:
         """Checksum of every section as stored now (compare with the header's, to verify)."""

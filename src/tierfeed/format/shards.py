@@ -2,28 +2,40 @@
 
 Foreign shards are untrusted: member names that are absolute, contain ``..`` or NUL, or repeat
 another are refused (or skipped and counted when asked), links and devices are not data, and
-no chunk path in the resulting index can resolve outside the store directory.
+no chunk path in the resulting index can resolve outside the store directory. Every input is
+checked before any work (a missing shard, a directory, a FIFO, an ``--out`` that is not a
+directory), and each shard is parsed strictly (`tierfeed.format.tarscan`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from tierfeed.errors import BadMemberError, DuplicateKeyError, EmptySourceError, PackError
-from tierfeed.format.chunkref import checksum_bytes, checksum_file
+from tierfeed.errors import (
+    BadMemberError,
+    ChunkCorruptError,
+    DuplicateKeyError,
+    EmptySourceError,
+    FormatError,
+    PackError,
+)
+from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
 from tierfeed.format.source import assign_labels
-from tierfeed.format.tarchunk import scan_tar
+from tierfeed.format.tarscan import open_shard, scan_tar_fd
 
 __all__ = ["IndexReport", "index_shards"]
+
+_READ = 8 * 2**20  # bytes per read while checksumming: memory stays bounded by this
 
 
 @dataclass
@@ -55,18 +67,89 @@ def _chunk_name(shard: Path, root: Path) -> str:
     try:
         rel = shard.resolve().relative_to(root.resolve())
     except ValueError:
+        missing = "" if root.exists() else " (which does not exist)"
         raise PackError(
-            f"{shard}: shard lies outside the store directory {root}; pass --out a directory "
-            "that contains every shard (chunk paths in an index never leave the store)"
+            f"{shard}: shard lies outside the store directory {root}{missing}; pass --out a "
+            "directory that contains every shard (chunk paths in an index never leave the store)"
         ) from None
     return rel.as_posix()
 
 
+def _check_out(out: Path, index_path: Path) -> None:
+    """``--out`` must be an existing directory (or an index path inside one)."""
+    where = index_path.parent if out == index_path else out
+    try:
+        mode = where.stat().st_mode
+    except FileNotFoundError:
+        raise PackError(
+            f"{where}: --out does not exist; give the store directory that holds the shards"
+        ) from None
+    except OSError as exc:
+        raise PackError(f"{where}: cannot use --out: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise PackError(
+            f"{where}: --out is not a directory; give the store directory that holds the shards"
+        )
+
+
+def _shard_size(shard: Path) -> int:
+    """Size of a shard that must be a regular file; stat only, so a FIFO is never opened."""
+    try:
+        st = shard.stat()
+    except FileNotFoundError:
+        raise FormatError(f"{shard}: no such shard (does not exist); check the path") from None
+    except OSError as exc:
+        raise FormatError(f"{shard}: cannot stat shard: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise FormatError(f"{shard}: is a directory; a shard must be a plain .tar file")
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(
+            f"{shard}: is not a regular file (FIFO, socket, device); a shard must be a plain "
+            ".tar file"
+        )
+    return st.st_size
+
+
+def _checksum_range(
+    fd: int, offset: int, size: int, where: str, on_block: Callable[[int], object] | None = None
+) -> int:
+    """xxh3 of ``size`` bytes at ``offset``, read in bounded blocks (never ``size`` at once)."""
+    hasher = new_hasher()
+    done = 0
+    while done < size:
+        try:
+            block = os.pread(fd, min(_READ, size - done), offset + done)
+        except OSError as exc:
+            raise FormatError(f"{where}: cannot read: {exc.strerror or exc}") from None
+        if not block:
+            raise ChunkCorruptError(
+                f"{where}: ended at byte {offset + done} while being read (it shrank); index "
+                "it once it is complete"
+            )
+        hasher.update(block)
+        done += len(block)
+        if on_block is not None:
+            on_block(len(block))
+    return hasher.intdigest()
+
+
 def _add_shard(
-    got: _Collected, chunk: int, shard: Path, skip_bad: bool, skipped: list[tuple[str, str]]
-) -> None:
-    with open(shard, "rb") as fh:
-        _add_members(got, chunk, shard, fh.fileno(), skip_bad, skipped)
+    got: _Collected,
+    chunk: int,
+    shard: Path,
+    skip_bad: bool,
+    skipped: list[tuple[str, str]],
+    on_block: Callable[[int], object],
+) -> tuple[int, int]:
+    """Checksum and scan one shard; returns its (size, checksum)."""
+    fd = open_shard(shard)  # non-blocking open; refuses anything but a regular file
+    try:
+        _add_members(got, chunk, shard, fd, skip_bad, skipped)  # a bad header fails first
+        size = os.fstat(fd).st_size
+        checksum = _checksum_range(fd, 0, size, str(shard), on_block)
+    finally:
+        os.close(fd)
+    return size, checksum
 
 
 def _add_members(
@@ -77,13 +160,15 @@ def _add_members(
     skip_bad: bool,
     skipped: list[tuple[str, str]],
 ) -> None:
-    for member in scan_tar(shard):
+    for member in scan_tar_fd(fd, str(shard)):
         if member.is_dir:
             continue  # directory entries carry no data
         where = f"{shard}: member {member.name!r}"
         try:
             if not member.is_file:
-                raise BadMemberError(f"{where} is a link or device; only regular files are data")
+                raise BadMemberError(
+                    f"{where} is a {member.kind}, not a regular file (a link or device is not data)"
+                )
             path = normalize_member_name(member.name, str(shard))
             if path in got.seen_paths:
                 raise BadMemberError(f"{where} repeats an earlier member of the same name")
@@ -107,7 +192,8 @@ def _add_members(
         got.chunk.append(chunk)
         got.offset.append(member.offset)
         got.length.append(member.size)
-        got.checksum.append(checksum_bytes(os.pread(fd, member.size, member.offset)))
+        # The scanner checked the size against the file: the reads stay inside it.
+        got.checksum.append(_checksum_range(fd, member.offset, member.size, str(shard)))
         got.ext.append(ext)
 
 
@@ -133,17 +219,19 @@ def index_shards(
     paths = [Path(s) for s in shards]
     if not paths:
         raise EmptySourceError("no shard given to index")
-    names = [_chunk_name(p, root) for p in paths]
+    # Every input is checked before any work: the shards, then --out and where they lie.
+    total = sum(_shard_size(p) for p in paths)
+    if root.exists():
+        _check_out(out_path, index_path)  # a file given as --out
+    names = [_chunk_name(p, root) for p in paths]  # a missing --out holds no shard either
     got = _Collected()
     skipped: list[tuple[str, str]] = []
     sizes, sums = [], []
-    total = sum(p.stat().st_size for p in paths)
     with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
         for chunk, shard in enumerate(paths):
-            size, checksum = checksum_file(shard, bar.update)
+            size, checksum = _add_shard(got, chunk, shard, skip_bad_names, skipped, bar.update)
             sizes.append(size)
             sums.append(checksum)
-            _add_shard(got, chunk, shard, skip_bad_names, skipped)
     if not got.keys:
         raise EmptySourceError(f"{', '.join(map(str, paths))}: no regular file in the shards")
     label_of, classes = assign_labels(got.keys, labels, root)
@@ -165,7 +253,10 @@ def index_shards(
         classes=classes,
         extra={"skipped": len(skipped), "indexed_in_place": True},
     )
-    write_index(index_path, content)
+    try:
+        write_index(index_path, content)
+    except OSError as exc:
+        raise PackError(f"{index_path}: cannot write the index: {exc.strerror or exc}") from None
     return IndexReport(
         index_path, len(got.keys), len(got.offset), len(paths), sum(got.length), skipped
     )

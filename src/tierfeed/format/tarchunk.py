@@ -8,19 +8,20 @@ chunk checksum is computed while writing, without a second pass.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tarfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.errors import ChunkCorruptError, FormatError
+from tierfeed.errors import PackError
 from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.tarscan import TarMember, scan_tar  # re-exported: the strict scanner
 
 __all__ = [
     "BLOCK",
     "ChunkWriter",
     "TarMember",
+    "cannot_write",
     "header_length",
     "member_header",
     "padding",
@@ -66,24 +67,63 @@ def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> 
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+_WRITE_ADVICE = {
+    errno.ENOSPC: "free some space there or choose a DST on another file system",
+    errno.EDQUOT: "your disk quota is used up; free some space or choose another DST",
+    errno.EROFS: "the file system is read-only; choose a writable DST",
+    errno.EACCES: "no permission to write there; choose a DST you can write",
+    errno.EPERM: "no permission to write there; choose a DST you can write",
+}
+
+
+def cannot_write(path: Path, exc: OSError) -> PackError:
+    """The error for a failed write of a store file: names it and says what to do."""
+    advice = _WRITE_ADVICE.get(exc.errno or 0, "check the destination and try again")
+    return PackError(f"{path}: cannot write ({exc.strerror or exc}); {advice}")
+
+
 class ChunkWriter:
-    """Writes one chunk under a temporary name, hashing as it goes; `commit` publishes it."""
+    """Writes one chunk under a temporary name, hashing as it goes; `commit` publishes it.
+
+    A failed write (disk full, quota, read-only, permissions) removes the partial chunk and
+    raises `PackError` naming the chunk; nothing half-written stays behind.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._tmp = path.with_name(path.name + ".partial")
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise cannot_write(path, exc) from None
         self._hasher = new_hasher()
         self.size = 0
 
+    def _write_all(self, parts: list[bytes | memoryview]) -> None:
+        """Write every byte of ``parts``: writev may write less than asked (signals, >2 GiB)."""
+        views = [m for m in (memoryview(p).cast("B") for p in parts) if m.nbytes]
+        try:
+            while views:
+                done = os.writev(self._fd, views)
+                if done <= 0:  # nothing written and no error: treat as a full disk
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                while views and done >= views[0].nbytes:
+                    done -= views.pop(0).nbytes
+                if done:
+                    views[0] = views[0][done:]
+        except OSError as exc:
+            self.abort()
+            raise cannot_write(self.path, exc) from None
+
     def add(self, header: bytes, data: bytes | memoryview) -> int:
         """Append one member; returns the offset of its data in the chunk."""
+        length = memoryview(data).nbytes
         offset = self.size + len(header)
-        pad = b"\0" * padding(len(data))
+        pad = b"\0" * padding(length)
         for part in (header, data, pad):
             self._hasher.update(part)
-        os.writev(self._fd, [header, data, pad])
-        self.size = offset + len(data) + len(pad)
+        self._write_all([header, data, pad])
+        self.size = offset + length + len(pad)
         return offset
 
     def commit(self) -> tuple[int, int]:
@@ -93,47 +133,22 @@ class ChunkWriter:
         `sync_files`), which lets the kernel write back while the next chunk is filled.
         """
         self._hasher.update(_END)
-        os.write(self._fd, _END)
+        self._write_all([_END])
         self.size += len(_END)
-        os.close(self._fd)
-        self._fd = -1
-        os.replace(self._tmp, self.path)
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            os.replace(self._tmp, self.path)
+        except OSError as exc:
+            self.abort()
+            raise cannot_write(self.path, exc) from None
         return self.size, self._hasher.intdigest()
 
     def abort(self) -> None:
-        """Drop the partial chunk."""
+        """Drop the partial chunk (idempotent)."""
         if self._fd >= 0:
-            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
             self._fd = -1
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             self._tmp.unlink()
-
-
-@dataclass(frozen=True)
-class TarMember:
-    """A member of an existing tar, as read from its headers."""
-
-    name: str
-    offset: int  # of its data
-    size: int
-    is_file: bool
-    is_dir: bool
-
-
-def scan_tar(path: Path) -> Iterator[TarMember]:
-    """Yield the members of an uncompressed tar without reading their data.
-
-    Raises:
-        FormatError: the file is not an uncompressed tar or its headers are damaged.
-    """
-    try:
-        with tarfile.open(path, mode="r:", encoding="utf-8", errors="surrogateescape") as tar:
-            for info in tar:
-                yield TarMember(info.name, info.offset_data, info.size, info.isreg(), info.isdir())
-    except tarfile.ReadError as exc:
-        raise ChunkCorruptError(
-            f"{path}: not a readable uncompressed tar ({exc}); tierfeed indexes plain .tar "
-            "shards only (decompress .tar.gz first)"
-        ) from None
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None

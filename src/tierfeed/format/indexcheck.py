@@ -1,0 +1,219 @@
+"""Validation of an index as it is opened: header fields, the section table, and the array
+invariants every reader relies on (vectorised: no Python loop over samples or members).
+
+Each check raises IndexFormatError naming the file and what is wrong. What is checked here
+is what makes every later lookup safe: counts and sections agree with the file, offsets are
+monotone and inside their blobs, every id indexes a table that exists, every member lies
+inside its chunk, and the path order is a permutation. That the path order is *sorted* needs
+per-member work; it is covered by the sections checksum (see `Index`) and checked in full by
+`check_path_order` (`tierfeed verify`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.errors import IndexFormatError
+from tierfeed.format.chunkref import CHECKSUM_ALGO, checksum_bytes
+from tierfeed.format.layout import SECTIONS, as_dtype
+
+__all__ = [
+    "MAX_CHUNK_BYTES",
+    "MAX_EXTS",
+    "PATH_ORDER_DTYPES",
+    "check_header",
+    "check_invariants",
+    "check_sections",
+    "damaged",
+    "header_checksum",
+]
+
+MAX_EXTS = 2**16  # member_ext is uint16
+MAX_CHUNK_BYTES = 2**62  # far above any real chunk; keeps offset arithmetic inside int64
+PATH_ORDER_DTYPES = ("<u4", "<u8")
+_REQUIRED: dict[str, type] = {
+    "samples": int,
+    "members": int,
+    "chunks": int,
+    "classes": list,
+    "exts": list,
+    "checksum_algo": str,
+    "sections_checksum": int,
+    "path_order_dtype": str,
+    "sections": dict,
+}
+_OPTIONAL: dict[str, type] = {"extra": dict, "header_checksum": int}
+
+
+def damaged(where: Path, what: str) -> IndexFormatError:
+    """The error for a damaged index: names the file, what is wrong, and what to do."""
+    return IndexFormatError(
+        f"{where}: damaged index: {what}; re-create it (`tierfeed pack` or `tierfeed index`)"
+    )
+
+
+def header_checksum(header: Mapping[str, Any]) -> int:
+    """Checksum of the header's JSON without its ``header_checksum`` field (canonical form)."""
+    rest = {k: v for k, v in header.items() if k != "header_checksum"}
+    return checksum_bytes(json.dumps(rest, sort_keys=True).encode())
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_header(header: object, where: Path, size: int) -> dict[str, Any]:
+    """Every header field present, of the right type and within what ``size`` bytes allow."""
+    if not isinstance(header, dict):
+        raise damaged(where, "the header is not a JSON object")
+    for name, kind in (_REQUIRED | _OPTIONAL).items():
+        if name not in header:
+            if name in _REQUIRED:
+                raise damaged(where, f"header field {name!r} is missing")
+            continue
+        value = header[name]
+        if not (_is_int(value) if kind is int else isinstance(value, kind)):
+            raise damaged(where, f"header field {name!r} is not a JSON {kind.__name__}")
+        if kind is int and not 0 <= value < 2**64:
+            raise damaged(where, f"header field {name!r} = {value} is out of range")
+    unknown = sorted(set(header) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise damaged(where, f"unknown header field {unknown[0]!r}")
+    if "header_checksum" in header and header["header_checksum"] != header_checksum(header):
+        raise damaged(where, "header checksum mismatch (the header was altered or damaged)")
+    for name in ("samples", "members", "chunks"):
+        if header[name] > size:
+            raise damaged(where, f"{header[name]} {name} cannot fit in a {size}-byte file")
+    if header["checksum_algo"] != CHECKSUM_ALGO:
+        raise damaged(where, f"unknown checksum algorithm {header['checksum_algo']!r}")
+    if header["path_order_dtype"] not in PATH_ORDER_DTYPES:
+        raise damaged(
+            where,
+            f"path order dtype {header['path_order_dtype']!r} is not one of "
+            f"{', '.join(PATH_ORDER_DTYPES)}",
+        )
+    _check_names(header, where, size)
+    return header
+
+
+def _check_names(header: dict[str, Any], where: Path, size: int) -> None:
+    classes, exts = header["classes"], header["exts"]
+    if len(classes) > size or not all(isinstance(c, str) for c in classes):
+        raise damaged(where, "the class list is not a list of names")
+    if len(exts) > MAX_EXTS or not all(isinstance(e, str) for e in exts):
+        raise damaged(where, f"the extension list is not a list of at most {MAX_EXTS} strings")
+    raw = [os.fsencode(e) for e in exts]
+    for e in raw:
+        if (e and not e.startswith(b".")) or b"/" in e or b"\0" in e:
+            raise damaged(where, f"extension {os.fsdecode(e)!r} is not a file extension")
+    if len(set(raw)) != len(raw):
+        raise damaged(where, "the extension list repeats an extension")
+
+
+def check_sections(
+    header: dict[str, Any], where: Path, size: int, header_end: int
+) -> dict[str, tuple[int, int, np.dtype[np.generic]]]:
+    """The section table: exactly the known sections, each ``[offset, nbytes]`` of whole
+    items, inside the file, after the header, not overlapping. Returns name -> (offset,
+    count, dtype)."""
+    table = header["sections"]
+    if set(table) != set(SECTIONS):
+        missing = sorted(set(SECTIONS) - set(table))
+        what = f"lacks section {missing[0]!r}" if missing else "has an unknown section"
+        raise damaged(where, f"the section table {what}")
+    out: dict[str, tuple[int, int, np.dtype[np.generic]]] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, (spec, _) in SECTIONS.items():
+        entry = table[name]
+        if not (isinstance(entry, list) and len(entry) == 2 and all(map(_is_int, entry))):
+            raise damaged(where, f"section {name} is not an [offset, nbytes] pair of integers")
+        offset, nbytes = entry
+        if offset < header_end or nbytes < 0:
+            raise damaged(where, f"section {name} at byte {offset} overlaps the header")
+        if offset + nbytes > size:
+            raise IndexFormatError(
+                f"{where}: index is truncated (section {name} ends at byte {offset + nbytes}, "
+                f"file has {size}); re-create it (`tierfeed pack` or `tierfeed index`)"
+            )
+        dtype = as_dtype(header["path_order_dtype"] if name == "path_order" else spec)
+        if nbytes % dtype.itemsize or offset % dtype.itemsize:
+            raise damaged(where, f"section {name} is not a whole array of {dtype.str} items")
+        out[name] = (offset, nbytes // dtype.itemsize, dtype)
+        spans.append((offset, offset + nbytes, name))
+    spans.sort()
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        if start < end:
+            raise damaged(where, f"sections {a} and {b} overlap")
+    return out
+
+
+Arrays = Mapping[str, npt.NDArray[Any]]
+
+
+def _monotone_offsets(a: npt.NDArray[np.uint64], total: int, what: str, where: Path) -> None:
+    if len(a) == 0 or a[0] != 0 or a[-1] != total or np.any(a[1:] < a[:-1]):
+        raise damaged(where, f"{what} offsets are not monotone from 0 to {total}")
+
+
+def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: int) -> None:
+    """What readers rely on, vectorised over the arrays (section lengths already match the
+    header's counts)."""
+    members = len(a["member_chunk"])
+    start = a["sample_member_start"]
+    if start[0] != 0 or start[-1] != members or np.any(start[1:] <= start[:-1]):
+        raise damaged(where, "sample member ranges are not contiguous and non-empty")
+    _monotone_offsets(a["sample_key_offset"], len(a["keys"]), "sample key", where)
+    _monotone_offsets(a["chunk_name_offset"], len(a["chunk_names"]), "chunk name", where)
+    if np.any(a["keys"] == 0) or np.any(a["chunk_names"] == 0):
+        raise damaged(where, "a sample key or chunk name holds a NUL byte")
+    if np.any(np.diff(a["chunk_name_offset"]) == 0):
+        raise damaged(where, "a chunk name is empty")
+    labels = a["sample_label"]
+    if np.any((labels < -1) | (labels >= classes)):
+        raise damaged(where, f"sample labels outside [-1, {classes})")
+    if np.any(a["sample_chunk"] >= chunks) or np.any(a["member_chunk"] >= chunks):
+        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+    if np.any(a["member_ext"] >= exts):
+        raise damaged(where, f"a member has an extension id >= {exts}")
+    counts = np.diff(start).astype(np.int64)
+    if not np.array_equal(np.repeat(a["sample_chunk"], counts), a["member_chunk"]):
+        raise damaged(where, "the members of a sample are not all in the sample's chunk")
+    size = a["chunk_size"]
+    if np.any(size > MAX_CHUNK_BYTES):
+        raise damaged(where, f"a chunk is larger than {MAX_CHUNK_BYTES} bytes")
+    _check_member_ranges(a, where)
+    order = a["path_order"]
+    seen = np.zeros(members, dtype=bool)
+    if len(order) and order.max() >= members:
+        raise damaged(where, "the path order names a member id out of range")
+    seen[order] = True
+    if not seen.all():
+        raise damaged(where, "the path order is not a permutation of the members")
+
+
+def _check_member_ranges(a: Arrays, where: Path) -> None:
+    """offset + length <= chunk size, without uint64 wrap-around."""
+    size = a["chunk_size"][a["member_chunk"]]
+    length, offset = a["member_length"], a["member_offset"]
+    past = np.flatnonzero((length > size) | (offset > size - np.minimum(length, size)))
+    if len(past):
+        m = int(past[0])
+        owner = int(np.searchsorted(a["sample_member_start"], np.uint64(m), "right")) - 1
+        ko = a["sample_key_offset"]
+        path = a["keys"][int(ko[owner]) : int(ko[owner + 1])].tobytes()
+        c = int(a["member_chunk"][m])
+        no = a["chunk_name_offset"]
+        chunk = a["chunk_names"][int(no[c]) : int(no[c + 1])].tobytes()
+        raise damaged(
+            where,
+            f"member {m} of sample {os.fsdecode(path)!r} points past the end of chunk "
+            f"{os.fsdecode(chunk)} ({int(offset[m])}+{int(length[m])} > {int(size[m])} bytes)",
+        )

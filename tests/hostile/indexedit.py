@@ -1,0 +1,84 @@
+"""Edit an index file's bytes as an attacker would: header JSON, sections, checksums."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.indexcheck import header_checksum
+from tierfeed.format.layout import SECTIONS
+
+PREFIX = struct.Struct("<8sII")
+
+
+def read_header(raw: bytes) -> dict[str, Any]:
+    """The parsed JSON header of an index file's bytes."""
+    _, _, hlen = PREFIX.unpack_from(raw, 0)
+    header: dict[str, Any] = json.loads(raw[PREFIX.size : PREFIX.size + hlen])
+    return header
+
+
+def header_slot(raw: bytes) -> int:
+    """Bytes before the first section: the room a rewritten header may take."""
+    return min(offset for offset, _ in read_header(raw)["sections"].values())
+
+
+def with_header(raw: bytes, header: dict[str, Any], reseal: bool = True) -> bytes:
+    """``raw`` with its JSON header replaced (padded into the same slot).
+
+    With ``reseal`` the header checksum is recomputed (a crafted edit); without, the old one
+    is kept (damage).
+    """
+    header = dict(header)
+    if reseal and "header_checksum" in header:
+        header["header_checksum"] = header_checksum(header)
+    blob = json.dumps(header).encode()
+    magic, version, _ = PREFIX.unpack_from(raw, 0)
+    head = PREFIX.pack(magic, version, len(blob)) + blob
+    slot = header_slot(raw)
+    if len(head) > slot:  # an edit too large for the slot: the header overruns the sections
+        return head + raw[len(head) :]
+    return head.ljust(slot, b"\0") + raw[slot:]
+
+
+def reseal(raw: bytes) -> bytes:
+    """Recompute the sections checksum (and the header's) after editing sections: the index
+    an attacker crafts, or a buggy writer leaves."""
+    header = read_header(raw)
+    hasher = new_hasher()
+    for name in SECTIONS:
+        offset, nbytes = header["sections"][name]
+        hasher.update(raw[offset : offset + nbytes])
+    header["sections_checksum"] = hasher.intdigest()
+    return with_header(raw, header)
+
+
+def section(raw: bytes, name: str) -> tuple[int, int]:
+    """(offset, nbytes) of a section."""
+    offset, nbytes = read_header(raw)["sections"][name]
+    return int(offset), int(nbytes)
+
+
+def edit_array(raw: bytes, name: str, change: Any) -> bytes:
+    """``raw`` with section ``name`` replaced by ``change(array)`` (same byte length),
+    resealed so only the invariant checks can catch it."""
+    header = read_header(raw)
+    offset, nbytes = section(raw, name)
+    spec = header["path_order_dtype"] if name == "path_order" else SECTIONS[name][0]
+    array = np.frombuffer(raw, dtype=spec, count=nbytes // np.dtype(spec).itemsize, offset=offset)
+    new = np.asarray(change(array.copy()), dtype=spec).tobytes()
+    assert len(new) == nbytes, f"edit of {name} changed its length"
+    return reseal(raw[:offset] + new + raw[offset + nbytes :])
+
+
+def boundaries(raw: bytes) -> list[int]:
+    """Every section start and end, and the header's end: where truncation hurts most."""
+    _, _, hlen = PREFIX.unpack_from(raw, 0)
+    out = {0, PREFIX.size, PREFIX.size + hlen}
+    for offset, nbytes in read_header(raw)["sections"].values():
+        out.update((offset, offset + nbytes))
+    return sorted(b for b in out if b < len(raw))
