@@ -190,8 +190,8 @@ def test_index_pointing_past_chunk_end(packed: Callable[..., Path]) -> None:
     write_index(store / INDEX_NAME, content)
     problems = verify_store(store, progress=False)
     assert any("points past the end of chunk chunks/000000.tar" in p for p in problems)
-    with open_store(store) as s, pytest.raises(IndexFormatError, match="past the end of chunk"):
-        s.read_sample(0)
+    with pytest.raises(IndexFormatError, match="past the end of chunk"):
+        open_store(store)  # refused on open: no read follows an offset the chunk cannot hold
 
 
 def test_missing_chunk(packed: Callable[..., Path]) -> None:
@@ -202,9 +202,16 @@ def test_missing_chunk(packed: Callable[..., Path]) -> None:
         s.read_sample(0)
 
 
-def test_destination_inside_source_is_excluded(tmp_path: Path) -> None:
+def test_destination_inside_source_is_refused(tmp_path: Path) -> None:
+    """Pack never writes inside its source (the origin is read-only): DST inside SRC used to
+    be excluded from the walk, but the chunks and the lock still landed in the source, and a
+    later pack of SRC packed them. Now it is refused up front and a sibling is suggested."""
     write_tree(tmp_path / "src", FILES)
-    pack(tmp_path / "src", tmp_path / "src" / "store", QUIET)
-    pack(tmp_path / "src", tmp_path / "src" / "store", PackOptions(overwrite=True, progress=False))
-    with open_store(tmp_path / "src" / "store") as s:
+    with pytest.raises(
+        PackError, match=r"inside the source.*sibling directory such as .*src-store"
+    ):
+        pack(tmp_path / "src", tmp_path / "src" / "store", QUIET)
+    assert not (tmp_path / "src" / "store").exists()
+    pack(tmp_path / "src", tmp_path / "src-store", QUIET)
+    with open_store(tmp_path / "src-store") as s:
         assert len(s) == 3

@@ -8,11 +8,18 @@ import json
 import os
 from typing import Any
 
+from tierfeed.errors import ConfigError, ExchangeError
+
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise ConfigError(
+            f"stage needs PyTorch ({exc}); install torch (https://pytorch.org/get-started)"
+        ) from None
 
     from tierfeed.config import world_from_env
     from tierfeed.dist.comm import Comm
@@ -25,7 +32,14 @@ def _run(args: argparse.Namespace) -> int:
         if not dist.is_initialized():
             if _loopback_only():
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+            try:
+                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+            except (RuntimeError, ValueError) as exc:  # no rendezvous: MASTER_ADDR/PORT wrong
+                raise ExchangeError(
+                    f"rank {world.rank}: cannot join the process group of {world.world_size} "
+                    f"ranks ({' '.join(str(exc).split())}); check MASTER_ADDR, MASTER_PORT, "
+                    "RANK and WORLD_SIZE"
+                ) from None
             own_group = True
         comm = Comm(timeout_s=args.timeout)
     try:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from tierfeed.errors import ConfigError
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.shards import index_shards
 from tierfeed.format.verify import summarize, verify_store
@@ -23,9 +24,17 @@ def _print_skipped(skipped: list[tuple[str, str]]) -> None:
             print(f"  {path}: {reason}", file=sys.stderr)
 
 
+def _size(text: str) -> int:
+    """An argparse type: a bad size is a usage error (exit 2), in parse_size's words."""
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _run_pack(args: argparse.Namespace) -> int:
     options = PackOptions(
-        chunk_size=parse_size(args.chunk_size),
+        chunk_size=args.chunk_size,
         workers=args.workers,
         labels=args.labels,
         skip_unreadable=args.skip_unreadable,
@@ -49,7 +58,9 @@ def register_pack(sub: Any) -> None:
     p = sub.add_parser("pack", help="pack a directory tree into tar chunks and an index")
     p.add_argument("src", help="source directory (ImageFolder layout gives labels)")
     p.add_argument("dst", help="store directory to create")
-    p.add_argument("--chunk-size", default="64MiB", help="target chunk size (default 64MiB)")
+    p.add_argument(
+        "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
+    )
     p.add_argument("--workers", type=int, default=8, help="parallel file readers (default 8)")
     p.add_argument("--files", help="pack the paths listed in this file (relative to SRC)")
     p.add_argument("--labels", choices=["auto", "folder", "none"], default="auto")

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -22,13 +23,27 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from tierfeed.errors import ConfigError, EmptySourceError, PackError, UnreadableFileError
+from tierfeed.errors import (
+    ConfigError,
+    EmptySourceError,
+    PackError,
+    TierfeedError,
+    UnreadableFileError,
+)
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.packplan import PackPlan, plan_pack
-from tierfeed.format.source import SourceFile, SourceTree, group_samples, list_files, walk_tree
-from tierfeed.format.tarchunk import ChunkWriter, sync_files
+from tierfeed.format.source import (
+    SourceFile,
+    SourceTree,
+    file_kind,
+    group_samples,
+    list_files,
+    unreadable_error,
+    walk_tree,
+)
+from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
 
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
@@ -88,16 +103,41 @@ def chunk_file_name(chunk: int) -> str:
 
 
 def _read_file(f: SourceFile) -> bytes:
+    """The bytes of a listed file, reading at most its listed size + 1.
+
+    Opened without blocking (a FIFO swapped in since the listing cannot hang the pack) and
+    checked with fstat, so only a regular file is read; a file that grew or shrank since it
+    was listed is an error naming it.
+    """
     try:
-        with open(f.abs, "rb", buffering=0) as fh:
-            data = fh.read()
+        fd = os.open(f.abs, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise UnreadableFileError(f"{os.fsdecode(f.abs)}: {exc.strerror or exc}") from None
-    if len(data) != f.size:
-        raise UnreadableFileError(
-            f"{os.fsdecode(f.abs)}: changed size during pack ({f.size} -> {len(data)} bytes)"
+        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
+    parts: list[bytes] = []
+    got = 0
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise unreadable_error(
+                f.abs,
+                f"not a regular file any more ({file_kind(mode)}); only regular files are packed",
+            )
+        while got <= f.size:  # the + 1 byte tells a file that grew from one that did not
+            part = os.read(fd, f.size + 1 - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+    except OSError as exc:
+        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if got != f.size:
+        change = f"grew (more than {f.size} bytes)" if got > f.size else f"shrank to {got} bytes"
+        raise unreadable_error(
+            f.abs, f"{change} during the pack (listed with {f.size} bytes); is it being written?"
         )
-    return data
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _Packer:
@@ -256,22 +296,69 @@ class _Packer:
 @contextlib.contextmanager
 def _exclusive(dst: Path) -> Iterator[None]:
     """One pack at a time per destination; the kernel drops the lock if the process dies."""
-    fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise PackError(f"{dst}: another `tierfeed pack` is writing here") from None
+            raise PackError(
+                f"{dst}: another `tierfeed pack` is writing here; wait for it"
+            ) from None
         yield
     finally:
         os.close(fd)
 
 
-def _prepare(src: Path, dst: Path, options: PackOptions) -> None:
-    if not src.is_dir():
-        raise PackError(f"{src}: not a directory; pack takes a source directory")
-    if dst.resolve() == src.resolve():
-        raise PackError(f"{dst}: the destination must differ from the source")
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _check_source(src: Path) -> tuple[int, int]:
+    try:
+        st = os.stat(src)
+    except OSError as exc:
+        raise PackError(
+            f"{src}: cannot open the source ({exc.strerror or exc}); pack takes a source directory"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise PackError(
+            f"{src}: not a directory ({file_kind(st.st_mode)}); pack takes a source directory"
+        )
+    return st.st_dev, st.st_ino
+
+
+def _check_destination(src: Path, dst: Path, options: PackOptions) -> None:
+    """Refuse a destination pack cannot or must not write, before anything is written.
+
+    The destination may not be the source or lie inside it (also through a symlink or a bind
+    mount: directories are compared by identity), because the origin is read-only.
+    """
+    source = _check_source(src)
+    real = Path(os.path.realpath(dst))
+    if any(_identity(p) == source for p in (real, *real.parents)):
+        sibling = src.absolute().parent / f"{src.absolute().name}-store"
+        raise PackError(
+            f"{dst}: the destination is inside the source {src}, and pack never writes inside "
+            f"its source; choose a sibling directory such as {sibling}"
+        )
+    existing = next(p for p in (real, *real.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        where = "" if existing == real else f", so {dst} cannot be created under it"
+        raise PackError(f"{existing}: not a directory{where}; choose another DST")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        readonly = os.statvfs(existing).f_flag & os.ST_RDONLY
+        why = "Read-only file system" if readonly else "Permission denied"
+        raise PackError(f"{existing}: cannot write there ({why}); choose a writable DST")
+    if existing == real and (real / INDEX_NAME).exists() and not options.overwrite:
+        raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
+
+
+def _prepare(dst: Path, options: PackOptions) -> None:
+    """Under the lock: drop the store an --overwrite replaces."""
     index = dst / INDEX_NAME
     if index.exists():
         if not options.overwrite:
@@ -290,6 +377,38 @@ def _cleanup(dst: Path, num_chunks: int) -> None:
             path.unlink()
 
 
+def _write_store(
+    dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree
+) -> tuple[_Packer, IndexContent]:
+    """Write the chunks, the index last; keep what an interrupted earlier run finished."""
+    (dst / "chunks").mkdir(parents=True, exist_ok=True)
+    with _exclusive(dst):
+        _prepare(dst, options)
+        packer = _Packer(dst, plan, options, tree)
+        total = sum(f.size for f in plan.files)
+        with tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="pack",
+            disable=not options.progress,
+            dynamic_ncols=True,
+        ) as bar:
+            try:
+                packer.run(bar)
+            except BaseException:
+                bar.leave = False  # an error is one line on stderr, without a stale bar above
+                raise
+        content = packer.content()
+        _cleanup(dst, plan.num_chunks)
+        sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
+        write_index(dst / INDEX_NAME, content)
+        with contextlib.suppress(FileNotFoundError):
+            (dst / JOURNAL).unlink()
+    return packer, content
+
+
 def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -306,39 +425,32 @@ def pack(
 
     Returns:
         What was packed, and what was skipped when skipping was asked for.
+
+    Raises:
+        PackError: the source or destination cannot be used (DST inside SRC, not a directory,
+            read-only, full), or a write failed; nothing is ever written inside ``src``.
+        UnreadableFileError: a source file cannot be read or is not a regular file (unless
+            ``options.skip_unreadable``).
     """
     options = options or PackOptions()
     src_path, dst_path = Path(src), Path(dst)
     started = time.perf_counter()
-    (dst_path / "chunks").mkdir(parents=True, exist_ok=True)
-    with _exclusive(dst_path):
-        _prepare(src_path, dst_path, options)
-        skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
-        if files is not None:
-            listing = list_files(src_path, Path(files), skipped)
-        else:
-            listing = walk_tree(src_path, skipped, exclude=dst_path)
-        tree = group_samples(listing, options.labels, src_path)
-        tree.skipped = skipped or []
-        plan = plan_pack(tree, options.chunk_size)
-        packer = _Packer(dst_path, plan, options, tree)
-        total = sum(f.size for f in plan.files)
-        with tqdm(
-            total=total,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc="pack",
-            disable=not options.progress,
-            dynamic_ncols=True,
-        ) as bar:
-            packer.run(bar)
-        content = packer.content()
-        _cleanup(dst_path, plan.num_chunks)
-        sync_files([dst_path / chunk_file_name(c) for c in range(plan.num_chunks)])
-        write_index(dst_path / INDEX_NAME, content)
-        with contextlib.suppress(FileNotFoundError):
-            (dst_path / JOURNAL).unlink()
+    # Everything is checked and the source listed before the first write.
+    _check_destination(src_path, dst_path, options)
+    skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
+    if files is not None:
+        listing = list_files(src_path, Path(files), skipped)
+    else:
+        listing = walk_tree(src_path, skipped, exclude=dst_path)
+    tree = group_samples(listing, options.labels, src_path)
+    tree.skipped = skipped or []
+    plan = plan_pack(tree, options.chunk_size)
+    try:
+        packer, content = _write_store(dst_path, plan, options, tree)
+    except TierfeedError:
+        raise
+    except OSError as exc:  # a write of the store failed: name the file, say what to do
+        raise cannot_write(Path(os.fsdecode(exc.filename or dst_path)), exc) from None
     return PackReport(
         store=dst_path,
         samples=len(content.keys),

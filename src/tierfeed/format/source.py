@@ -16,8 +16,10 @@ __all__ = [
     "SourceSample",
     "SourceTree",
     "assign_labels",
+    "file_kind",
     "group_samples",
     "list_files",
+    "unreadable_error",
     "walk_tree",
 ]
 
@@ -51,23 +53,47 @@ class SourceTree:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
 
 
-def _unreadable(path: bytes, reason: str) -> UnreadableFileError:
+def unreadable_error(path: bytes | str, reason: str) -> UnreadableFileError:
+    """The error for a source file that cannot be packed: names it and says what to do."""
     return UnreadableFileError(
         f"{os.fsdecode(path)}: {reason}; fix or remove it, or pass --skip-unreadable to skip "
         "such files (they are then counted and listed)"
     )
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this st_mode is, in words (for messages)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
 def _stat_file(rel: bytes, path: bytes, skipped: list[tuple[str, str]] | None) -> SourceFile | None:
+    """Stat a source file (symlinks followed); only a regular file is packed.
+
+    A device, FIFO or socket is never opened: reading one could block forever (a FIFO) or
+    never end (``/dev/zero``).
+    """
     try:
         st = os.stat(path)
     except OSError as exc:
         reason = "broken symlink" if os.path.islink(path) else (exc.strerror or str(exc))
-        if skipped is None:
-            raise _unreadable(path, reason) from None
-        skipped.append((os.fsdecode(rel), reason))
-        return None
-    return SourceFile(rel, path, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
+    else:
+        if stat.S_ISREG(st.st_mode):
+            return SourceFile(rel, path, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
+        via = ", through a symlink" if os.path.islink(path) else ""
+        reason = f"not a regular file ({file_kind(st.st_mode)}{via}); only regular files are packed"
+    if skipped is None:
+        raise unreadable_error(path, reason)
+    skipped.append((os.fsdecode(rel), reason))
+    return None
 
 
 def walk_tree(
@@ -77,11 +103,13 @@ def walk_tree(
 
     Args:
         root: the source directory.
-        skipped: collect unreadable files here instead of raising.
+        skipped: collect unreadable files, non-regular files and unlistable directories
+            here instead of raising.
         exclude: a directory to leave out (the destination when it lies inside the source).
 
     Raises:
-        UnreadableFileError: a file or directory cannot be read, or a symlink loops.
+        UnreadableFileError: a file or directory cannot be read, is not a regular file or a
+            directory (a device, FIFO or socket), or a symlink loops.
     """
     base = os.fsencode(root)
     excluded = os.stat(exclude) if exclude is not None and exclude.exists() else None
@@ -94,12 +122,20 @@ def walk_tree(
         path = os.path.join(base, rel_dir) if rel_dir else base
         try:
             st = os.stat(path)
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            raise _unreadable(path, f"cannot list directory ({exc.strerror})") from None
-        ident = (st.st_dev, st.st_ino)
-        if ident in ancestors:
-            raise _unreadable(path, "symlink loop (it leads back to one of its parents)")
+            problem = f"cannot list directory ({exc.strerror or exc})"
+        else:
+            ident = (st.st_dev, st.st_ino)
+            problem = "symlink loop (it leads back to one of its parents)"
+            if ident not in ancestors:
+                problem = ""
+        if problem:
+            if skipped is None or not rel_dir:  # the source itself cannot be skipped
+                raise unreadable_error(path, problem)
+            skipped.append((os.fsdecode(rel_dir), problem))
+            continue
         if excluded is not None and ident == (excluded.st_dev, excluded.st_ino):
             continue
         for entry in reversed(entries):
@@ -110,7 +146,7 @@ def walk_tree(
                 is_dir = False
             if is_dir:
                 stack.append((rel, (*ancestors, ident)))
-            elif entry.is_symlink() or entry.is_file():
+            else:  # every other entry is stat'ed, so that odd types are named, not ignored
                 info = _stat_file(rel, entry.path, skipped)
                 if info is not None:
                     found.append(info)
@@ -121,10 +157,21 @@ def walk_tree(
 def list_files(
     root: Path, listing: Path, skipped: list[tuple[str, str]] | None
 ) -> list[SourceFile]:
-    """The files named in ``listing`` (one path relative to ``root`` per line), sorted."""
+    """The files named in ``listing`` (one path relative to ``root`` per line), sorted.
+
+    Raises:
+        PackError: the listing itself cannot be read.
+        UnreadableFileError: a listed file cannot be packed (unless ``skipped`` collects it).
+    """
     base = os.fsencode(root)
     found: list[SourceFile] = []
-    raw_lines = listing.read_bytes().splitlines()
+    try:
+        raw_lines = listing.read_bytes().splitlines()
+    except OSError as exc:
+        raise PackError(
+            f"{listing}: cannot read this --files listing ({exc.strerror or exc}); give a file "
+            "with one path relative to SRC per line"
+        ) from None
     for lineno, line in enumerate(raw_lines, 1):
         rel = line.strip(b"/").rstrip(b"\r")
         if not rel:

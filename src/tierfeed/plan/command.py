@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tierfeed.errors import ConfigError
 from tierfeed.plan.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.simulate import as_dict, simulate
@@ -16,12 +17,20 @@ from tierfeed.units import human, parse_size
 __all__ = ["register"]
 
 
+def _size(text: str) -> int:
+    """An argparse type: a bad size is a usage error (exit 2), in parse_size's words."""
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _shape(args: argparse.Namespace) -> DatasetShape:
     n = args.samples
-    mean = parse_size(args.sample_bytes)
+    mean: int = args.sample_bytes
     rng = np.random.default_rng(args.seed)
     sizes = rng.lognormal(np.log(mean) - args.sigma**2 / 2, args.sigma, size=n).astype(np.int64)
-    per_chunk = max(1, parse_size(args.chunk_size) // max(1, mean))
+    per_chunk = max(1, args.chunk_size // max(1, mean))
     chunk = np.arange(n, dtype=np.int64) // per_chunk
     return DatasetShape(chunk, np.maximum(sizes, 1))
 
@@ -56,9 +65,11 @@ def register(sub: Any) -> None:
     """Add `tierfeed simulate`."""
     p = sub.add_parser("simulate", help="origin, exchange and cache bytes per epoch of a plan")
     p.add_argument("--samples", type=int, required=True)
-    p.add_argument("--sample-bytes", default="110KB", help="mean sample size (lognormal)")
+    p.add_argument(
+        "--sample-bytes", type=_size, default="110KB", help="mean sample size (lognormal)"
+    )
     p.add_argument("--sigma", type=float, default=0.6, help="lognormal shape of sizes")
-    p.add_argument("--chunk-size", default="64MiB")
+    p.add_argument("--chunk-size", type=_size, default="64MiB")
     p.add_argument("--ranks", type=int, required=True)
     p.add_argument("--policy", default="global", help="global, local, partial:Q, chunkwise:K")
     p.add_argument("--epochs", type=int, default=3)

@@ -38,6 +38,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         # Imported here: mfusepy loads libfuse3 on import, and `tierfeed --help` must not need it.
         from tierfeed.slowfs.passthrough import serve
+    except ImportError as exc:
+        raise StorageError(
+            f"slowfs needs mfusepy ({exc}); install it with `pip install 'tierfeed[fuse]'`"
+        ) from None
     except OSError as exc:
         raise StorageError(f"slowfs needs libfuse3 ({exc}); install fuse3 (make sysdeps)") from None
     if not args.quiet:

@@ -5,24 +5,49 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tierfeed.errors import ConfigError
 from tierfeed.telemetry.report import draw_report
 from tierfeed.telemetry.run import read_records
 
 __all__ = ["register"]
 
 
+def _records(path: str) -> list[dict[str, Any]]:
+    """The records of a run file; an OSError (missing, unreadable) is one line from the CLI."""
+    try:
+        return read_records(path)
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{path}: not a run file (not text); give a JSON-lines run file written by the "
+            "tierfeed loader"
+        ) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     for path in args.runs:
-        for rec in read_records(path):
+        for rec in _records(path):
             if rec.get("type") != "epoch":
                 continue
-            w = rec["batch_wait"]
-            print(
-                f"{rec.get('system', path)} epoch {rec['epoch']}: {rec['samples_per_s']:,.0f} "
-                f"samples/s, batch wait p50 {w['p50'] * 1e3:.2f} ms p99.99 "
-                f"{w['p99.99'] * 1e3:.1f} ms max {w['max'] * 1e3:.1f} ms, "
-                f"stall {rec['stall_s']:.2f} s"
-            )
+            try:
+                w = rec["batch_wait"]
+                line = (
+                    f"{rec.get('system', path)} epoch {rec['epoch']}: "
+                    f"{rec['samples_per_s']:,.0f} samples/s, batch wait p50 "
+                    f"{w['p50'] * 1e3:.2f} ms p99.99 {w['p99.99'] * 1e3:.1f} ms max "
+                    f"{w['max'] * 1e3:.1f} ms, stall {rec['stall_s']:.2f} s"
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"{path}: an epoch record lacks or mangles {exc}; give a run file written "
+                    "by the tierfeed loader"
+                ) from None
+            print(line)
+    try:
+        import matplotlib  # noqa: F401 - only to give a clear message when it is missing
+    except ImportError:
+        raise ConfigError(
+            "report needs matplotlib to draw; install it with `pip install 'tierfeed[report]'`"
+        ) from None
     print(f"wrote {draw_report(args.runs, args.output)}")
     return 0
 
