@@ -3,14 +3,91 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import stat
 import sys
 from typing import Any
 
-from tierfeed.errors import ConfigError
+from tierfeed.errors import ConfigError, StorageError, TierfeedError
 from tierfeed.units import parse_size
 
-__all__ = ["register_mount", "register_umount", "serve"]
+__all__ = [
+    "FUSE_SUBTYPE",
+    "check_mountpoint",
+    "is_tierfeed_mount",
+    "register_mount",
+    "register_umount",
+    "serve",
+]
+
+# Mounts show up in the mount table as ``fuse.tierfeed`` with source ``tierfeed:<store>``:
+# that is how `tierfeed umount` tells its own mounts from everything else.
+FUSE_SUBTYPE = "tierfeed"
+_FSNAME_PREFIX = "tierfeed:"
+
+
+def is_tierfeed_mount(mountpoint: str | os.PathLike[str]) -> bool:
+    """True when the topmost mount at ``mountpoint`` is a ``tierfeed mount`` (live or stale)."""
+    from tierfeed.mount.lifecycle import mount_entry
+
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        return False
+    if entry.fstype == f"fuse.{FUSE_SUBTYPE}":
+        return True
+    # Mounted by a tierfeed that gave no subtype yet: plain `fuse`, source tierfeed:<store>.
+    return entry.fstype == "fuse" and entry.source.startswith(_FSNAME_PREFIX)
+
+
+def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
+    """Refuse a target that is not an empty directory with nothing mounted on it.
+
+    Returns:
+        The mountpoint with symlinks resolved (the mount table shows the resolved path).
+
+    Raises:
+        ConfigError: the target is mounted, missing, not a directory, or not empty (unless
+            ``nonempty``); the message says what to do.
+    """
+    from tierfeed.mount.lifecycle import is_stale_mount, mount_entry
+
+    entry = mount_entry(mountpoint)
+    if entry is not None:
+        dead = " whose server is gone" if is_stale_mount(mountpoint) else ""
+        raise ConfigError(
+            f"{mountpoint}: already a mountpoint ({entry.fstype} {entry.source}{dead}); "
+            "unmount it first, or pick another empty directory"
+        )
+    try:
+        st = os.stat(mountpoint)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{mountpoint}: no such directory; create an empty directory to mount on"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"{mountpoint}: cannot be used as a mountpoint ({exc.strerror})"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{mountpoint}: not a directory; mount on an empty directory")
+    if not nonempty:
+        try:
+            with os.scandir(mountpoint) as entries:
+                occupied = next(entries, None) is not None
+        except OSError as exc:
+            raise ConfigError(
+                f"{mountpoint}: cannot be listed ({exc.strerror}); mount on an empty directory"
+            ) from None
+        if occupied:
+            raise ConfigError(
+                f"{mountpoint}: directory is not empty; the mount would hide its contents. Mount "
+                "on an empty directory, or pass --nonempty to hide them while mounted"
+            )
+    resolved = os.path.realpath(mountpoint)
+    if resolved != os.path.abspath(mountpoint) and mount_entry(resolved) is not None:
+        raise ConfigError(f"{mountpoint}: {resolved} is already a mountpoint; unmount it first")
+    return resolved
 
 
 def _tiered_store(store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str) -> Any:
@@ -45,13 +122,23 @@ def serve(
     """
     import logging
 
-    import mfusepy
+    try:
+        # mfusepy loads libfuse3 on import, and `tierfeed --help` must not need it.
+        import mfusepy
+    except OSError as exc:
+        raise StorageError(f"mount needs libfuse3 ({exc}); install fuse3 (make sysdeps)") from None
 
     from tierfeed.mount.view import StoreView
     from tierfeed.storage import TierStack
 
     logging.basicConfig(format="tierfeed mount: %(message)s", level=logging.WARNING)
-    store = _tiered_store(store_path, *tiers)
+    try:
+        store = _tiered_store(store_path, *tiers)
+    except TierfeedError:
+        raise
+    except OSError as exc:  # a plain OSError escaped a driver: still one line naming the file
+        name = exc.filename if exc.filename is not None else store_path
+        raise StorageError(f"{name}: cannot open the store ({exc.strerror or exc})") from None
     try:
         source = store.source
         if isinstance(source, TierStack):
@@ -71,13 +158,18 @@ def serve(
         options: dict[str, Any] = {
             "foreground": True,
             "ro": True,
-            "fsname": f"tierfeed:{store_path}",
+            # libfuse splits options at commas; a backslash keeps one in the name.
+            "fsname": _FSNAME_PREFIX + os.path.abspath(store_path).replace(",", "\\,"),
+            "subtype": FUSE_SUBTYPE,
             "attr_timeout": 3600.0,  # the tree never changes while mounted
             "entry_timeout": 3600.0,
         }
         if allow_other:
             options["allow_other"] = True
-        mfusepy.FUSE(view, mountpoint, raw_fi=True, **options)
+        try:
+            mfusepy.FUSE(view, mountpoint, raw_fi=True, **options)
+        except RuntimeError as exc:  # libfuse said why on stderr; mfusepy only gives a code
+            raise StorageError(f"{mountpoint}: libfuse could not mount the store ({exc})") from None
     finally:
         store.close()
 
@@ -93,21 +185,25 @@ def _unmount_quietly(mountpoint: str) -> None:
 
 def _run_mount(args: argparse.Namespace) -> int:
     tiers = (parse_size(args.ram), args.disk, parse_size(args.disk_size), args.policy)
-    if args.foreground:
-        serve(args.store, args.mountpoint, args.allow_other, tiers)
+    if args.foreground:  # serve() opens the store once, with the same message for a bad one
+        serve(args.store, check_mountpoint(args.mountpoint, args.nonempty), args.allow_other, tiers)
         return 0
     from tierfeed.format.index import Index
     from tierfeed.mount.lifecycle import FuseProcess
 
     Index(args.store).close()  # a bad store fails here, with its own message
-    argv = [sys.executable, "-m", "tierfeed", "mount", args.store, args.mountpoint, "--foreground"]
+    mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
+
+    argv = [sys.executable, "-m", "tierfeed", "mount", args.store, mountpoint, "--foreground"]
     argv += ["--ram", args.ram, "--disk-size", args.disk_size, "--policy", args.policy]
     if args.disk:
         argv += ["--disk", args.disk]
     if args.allow_other:
         argv.append("--allow-other")
-    FuseProcess(argv, args.mountpoint, name="tierfeed mount", detachable=True).start().detach()
-    print(f"mounted {args.store} at {args.mountpoint} (read-only); `tierfeed umount` to stop")
+    if args.nonempty:
+        argv.append("--nonempty")
+    FuseProcess(argv, mountpoint, name="tierfeed mount", detachable=True).start().detach()
+    print(f"mounted {args.store} at {mountpoint} (read-only); `tierfeed umount` to stop")
     return 0
 
 
@@ -116,6 +212,9 @@ def register_mount(sub: Any) -> None:
     p = sub.add_parser("mount", help="mount a store read-only as its original directory tree")
     p.add_argument("store", help="store directory or index file")
     p.add_argument("mountpoint", help="an empty directory")
+    p.add_argument(
+        "--nonempty", action="store_true", help="mount even if the directory is not empty"
+    )
     p.add_argument("--foreground", action="store_true", help="serve in this process")
     p.add_argument(
         "--allow-other", action="store_true", help="let other users see the mount (needs root)"
@@ -128,10 +227,17 @@ def register_mount(sub: Any) -> None:
 
 
 def _run_umount(args: argparse.Namespace) -> int:
-    from tierfeed.mount.lifecycle import is_mounted, unmount
+    from tierfeed.mount.lifecycle import mount_entry, unmount
 
-    if not is_mounted(args.mountpoint):
+    entry = mount_entry(args.mountpoint)
+    if entry is None:
         raise ConfigError(f"{args.mountpoint}: nothing is mounted there")
+    if not is_tierfeed_mount(args.mountpoint):
+        raise ConfigError(
+            f"{args.mountpoint}: a {entry.fstype} mount ({entry.source}), not a tierfeed mount; "
+            "`tierfeed umount` only unmounts what `tierfeed mount` mounted (use umount or "
+            "fusermount3 -u for anything else)"
+        )
     unmount(args.mountpoint, lazy=args.lazy)
     print(f"unmounted {args.mountpoint}")
     return 0

@@ -14,16 +14,18 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import IO
+from typing import IO, NamedTuple
 
 from tierfeed.errors import StorageError
 
 __all__ = [
     "FuseProcess",
+    "MountEntry",
     "cleanup_stale_mount",
     "fuse_mount_type",
     "is_mounted",
     "is_stale_mount",
+    "mount_entry",
     "unmount",
 ]
 
@@ -32,6 +34,16 @@ _POLL_S = 0.02
 _OCTAL = re.compile(r"\\([0-7]{3})")
 # A dead FUSE server leaves its mountpoint answering these to every access.
 _STALE_ERRNOS = {errno.ENOTCONN, errno.ECONNABORTED}
+# The one-line error a tierfeed CLI child prints before exiting 1 (see cli.main).
+_CHILD_ERROR = re.compile(r"^tierfeed [\w-]+: error: (.+)$", re.MULTILINE)
+
+
+class MountEntry(NamedTuple):
+    """The topmost mount at a path, as the mount table shows it."""
+
+    id: int
+    fstype: str  # e.g. ``fuse.slowfs``, ``tmpfs``
+    source: str  # the file system's name (FUSE's fsname), e.g. ``tierfeed:/data/store``
 
 
 def _normalize(path: str | os.PathLike[str]) -> str:
@@ -46,8 +58,8 @@ def _unescape(field: str) -> str:
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _top_mount(path: str | os.PathLike[str]) -> tuple[int, str] | None:
-    # (mount id, file system type) of the topmost mount at exactly `path`.
+def mount_entry(path: str | os.PathLike[str]) -> MountEntry | None:
+    """The topmost mount at exactly ``path`` (stale FUSE mounts included), or None."""
     target = _normalize(path)
     found = None
     with open(_MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
@@ -55,14 +67,17 @@ def _top_mount(path: str | os.PathLike[str]) -> tuple[int, str] | None:
             left, _, right = line.partition(" - ")
             parts = left.split()
             if len(parts) >= 5 and _unescape(parts[4]) == target:
-                found = int(parts[0]), (right.split() or [""])[0]
+                fields = right.split()
+                fstype = fields[0] if fields else ""
+                source = _unescape(fields[1]) if len(fields) > 1 else ""
+                found = MountEntry(int(parts[0]), fstype, source)
     return found
 
 
 def fuse_mount_type(path: str | os.PathLike[str]) -> str | None:
     """File system type of the topmost mount at exactly ``path`` (e.g. ``fuse.slowfs``), or None."""
-    top = _top_mount(path)
-    return top[1] if top is not None else None
+    top = mount_entry(path)
+    return top.fstype if top is not None else None
 
 
 def is_mounted(path: str | os.PathLike[str]) -> bool:
@@ -234,10 +249,7 @@ class FuseProcess:
         while True:
             code = proc.poll()
             if code is not None:
-                raise StorageError(
-                    f"{self.name} exited with code {code} before mounting {self.mountpoint}:\n"
-                    f"{self.output().strip()}"
-                )
+                raise StorageError(self._exit_message(code))
             if is_mounted(self.mountpoint) and (self._ready is None or self._ready()):
                 return
             if time.monotonic() > deadline:
@@ -246,6 +258,15 @@ class FuseProcess:
                     f"{self._ready_timeout:.0f} s; its output:\n{self.output().strip()}"
                 )
             time.sleep(_POLL_S)
+
+    def _exit_message(self, code: int) -> str:
+        """Why the server exited before mounting: its own one-line error when it printed one
+        (a tierfeed CLI child), else its whole output."""
+        output = self.output().strip()
+        said = _CHILD_ERROR.findall(output)
+        if said:
+            return f"{said[-1]} ({self.name} could not mount {self.mountpoint})"
+        return f"{self.name} exited with code {code} before mounting {self.mountpoint}:\n{output}"
 
     def detach(self) -> None:
         """Leave the server serving on its own; `unmount` (or SIGTERM) stops it later."""

@@ -1,8 +1,11 @@
 """The read-only FUSE view of a store: the original tree, answered from the metadata snapshot.
 
-stat, readdir and open never reach the origin: they are answered from the index. Reads go to
-the store's chunk source (a plain directory, or the tier stack), one range read per request.
-Live counters are served at ``/.tierfeed/stats.json``, which is left out of listings.
+stat, readdir and open never reach the origin: they are answered from the index. A read serves
+only bytes that passed the member's checksum: the member is read whole once through
+``Store.read_member`` (which drops a bad tier copy and reads the origin again), kept in a small
+LRU of verified members bounded in bytes, and the kernel's many 128 KiB requests are sliced
+from it. A member that fails its check is an EIO, never bytes. Live counters are served at
+``/.tierfeed/stats.json``, which is left out of listings.
 """
 
 from __future__ import annotations
@@ -20,11 +23,19 @@ from typing import Any
 
 import mfusepy
 
-from tierfeed.errors import NotFoundError, TierfeedError
+from tierfeed.errors import ChunkCorruptError, NotFoundError, TierfeedError
 from tierfeed.format.store import Store
 from tierfeed.telemetry.histogram import LatencyHistogram
 
-__all__ = ["STATS_DIR", "STATS_FILE", "StoreView"]
+__all__ = [
+    "DEFAULT_MEMBER_CACHE_BYTES",
+    "STATS_DIR",
+    "STATS_FILE",
+    "StoreView",
+    "VerifiedMembers",
+]
+
+DEFAULT_MEMBER_CACHE_BYTES = 64 * 2**20  # members in flight; the page cache keeps the rest
 
 STATS_DIR = ".tierfeed"
 STATS_FILE = "stats.json"
@@ -38,6 +49,82 @@ def _erofs(*_args: object) -> int:
     raise mfusepy.FuseOSError(errno.EROFS)
 
 
+class _Flight:
+    """One member being read and checked; later requests for it wait on this one."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.data = b""
+        self.error: BaseException | None = None
+
+
+class VerifiedMembers:
+    """Members that passed their checksum, most recently used last, at most ``budget`` bytes.
+
+    ``get`` reads a missing member once however many threads ask for it at the same time
+    (single flight): FUSE splits one file read into many requests served by several threads.
+    A member larger than the whole budget is kept alone (everything else is dropped for it):
+    it had to be held whole to be checked anyway, and the requests that follow for the rest of
+    the file are then served from it instead of reading and checking it again each time.
+
+    Args:
+        load: reads and checks one member (``Store.read_member``).
+        budget: bytes of member data kept at most.
+    """
+
+    def __init__(self, load: Callable[[int], bytes], budget: int) -> None:
+        self._load = load
+        self.budget = budget
+        self._kept: OrderedDict[int, bytes] = OrderedDict()
+        self._bytes = 0
+        self._flights: dict[int, _Flight] = {}
+        self._mutex = threading.Lock()
+        self.loads = 0  # members read from the store (each one checked)
+
+    def get(self, member: int) -> bytes:
+        """The checked bytes of ``member``; raises what ``load`` raised for it."""
+        with self._mutex:
+            kept = self._kept.get(member)
+            if kept is not None:
+                self._kept.move_to_end(member)
+                return kept
+            flight = self._flights.get(member)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[member] = _Flight()
+        if not leader:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.data
+        try:
+            flight.data = self._load(member)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._mutex:
+                del self._flights[member]
+                self.loads += 1
+                if flight.error is None:
+                    self._keep(member, flight.data)
+            flight.done.set()
+        return flight.data
+
+    def _keep(self, member: int, data: bytes) -> None:
+        # Under the mutex. A member over the whole budget is kept alone (see the class doc).
+        self._kept[member] = data
+        self._bytes += len(data)
+        while self._bytes > self.budget and len(self._kept) > 1:
+            _, dropped = self._kept.popitem(last=False)
+            self._bytes -= len(dropped)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of member data kept now."""
+        return self._bytes
+
+
 class StoreView(mfusepy.Operations):  # type: ignore[misc]
     """FUSE operations serving ``store`` read-only.
 
@@ -45,6 +132,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         store: the opened store (its ``source`` serves the bytes).
         extra_stats: returns more counters for the stats file (e.g. the tier stack's).
         on_open: called with the chunk id when a file is opened (prefetch hints).
+        cache_bytes: bytes of verified members kept for the read requests that follow.
     """
 
     use_ns = True
@@ -54,8 +142,11 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         store: Store,
         extra_stats: Callable[[], dict[str, Any]] | None = None,
         on_open: Callable[[int], None] | None = None,
+        cache_bytes: int = DEFAULT_MEMBER_CACHE_BYTES,
     ) -> None:
         self.store = store
+        self._members = VerifiedMembers(store.read_member, cache_bytes)
+        self._warned_oversized = False
         self._extra = extra_stats or dict
         self._on_open = on_open
         st = os.stat(store.index.path)
@@ -68,6 +159,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
             "getattrs": 0,
             "readdirs": 0,
             "errors": 0,
+            "corrupt": 0,
         }
         self._read_latency = LatencyHistogram()
         self._mutex = threading.Lock()
@@ -105,6 +197,8 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         with self._mutex:
             counts = dict(self._counts)
             latency = self._read_latency.summary()
+        counts["members_checked"] = self._members.loads
+        counts["member_cache_bytes"] = self._members.held_bytes
         return {
             "uptime_s": time.time() - self._started,
             "view": counts,
@@ -177,26 +271,54 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         if fh >= _STATS_FH:
             return self._snapshot(fh)[offset : offset + size]
         member = fh - 1
-        ix = self.store.index
-        length = int(ix.member_length[member])
+        length = int(self.store.index.member_length[member])
         if offset >= length:
             return b""
-        n = min(size, length - offset)
         started = time.perf_counter()
+        if length > self._members.budget:
+            self._warn_oversized(path, length)
         try:
-            data = self.store.source.read_range(
-                int(ix.member_chunk[member]), int(ix.member_offset[member]) + offset, n
-            )
-        except TierfeedError as exc:
-            _log.error("read of %s failed: %s", path, exc)
-            with self._mutex:
-                self._counts["errors"] += 1
+            whole = self._members.get(member)
+        except (TierfeedError, OSError) as exc:
+            self._failed(path, member, exc)
             raise mfusepy.FuseOSError(errno.EIO) from None
+        data = whole[offset : offset + size]
         with self._mutex:
             self._counts["reads"] += 1
             self._counts["bytes"] += len(data)
             self._read_latency.add(time.perf_counter() - started)
         return data
+
+    def _failed(self, path: str, member: int, exc: BaseException) -> None:
+        """Log and count a read that is answered EIO: which chunk, which member, and why."""
+        chunk = self.store.chunks[int(self.store.index.member_chunk[member])].name
+        corrupt = isinstance(exc, ChunkCorruptError)
+        _log.error(
+            "%s: %s of member %r in chunk %s; answered EIO: %s",
+            self.store.root,
+            "checksum mismatch" if corrupt else "read failed",
+            path.lstrip("/"),
+            chunk,
+            exc,
+        )
+        with self._mutex:
+            self._counts["errors"] += 1
+            if corrupt:
+                self._counts["corrupt"] += 1
+
+    def _warn_oversized(self, path: str, length: int) -> None:
+        # Said once per mount: such files displace each other (and everything else).
+        with self._mutex:
+            if self._warned_oversized:
+                return
+            self._warned_oversized = True
+        _log.warning(
+            "%r (%d bytes) is larger than the verified-member cache (%d bytes): it is held "
+            "alone while read; reading several such files at once reads each again and again",
+            path.lstrip("/"),
+            length,
+            self._members.budget,
+        )
 
     def _snapshot(self, fh: int) -> bytes:
         """The stats JSON a handle reads: taken at its first use and kept for its later reads.
