@@ -20,11 +20,11 @@ from tierfeed.format.pack import JOURNAL, PackOptions, pack
 CHILD = """
 import sys, time
 from tierfeed.format import pack as p
-real = p._read_file
+real = p.read_source_file
 def slow(f):
     time.sleep(0.01)
     return real(f)
-p._read_file = slow
+p.read_source_file = slow
 p.pack(sys.argv[1], sys.argv[2], p.PackOptions(chunk_size=16384, workers=1, progress=False))
 """
 

@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -31,16 +30,15 @@ from tierfeed.errors import (
     UnreadableFileError,
 )
 from tierfeed.format.chunkref import checksum_bytes
+from tierfeed.format.destination import check_destination
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.packplan import PackPlan, plan_pack
 from tierfeed.format.source import (
-    SourceFile,
     SourceTree,
-    file_kind,
     group_samples,
     list_files,
-    unreadable_error,
+    read_source_file,
     walk_tree,
 )
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
@@ -100,44 +98,6 @@ class PackReport:
 def chunk_file_name(chunk: int) -> str:
     """Store-relative name of packed chunk ``chunk``."""
     return f"chunks/{chunk:06d}.tar"
-
-
-def _read_file(f: SourceFile) -> bytes:
-    """The bytes of a listed file, reading at most its listed size + 1.
-
-    Opened without blocking (a FIFO swapped in since the listing cannot hang the pack) and
-    checked with fstat, so only a regular file is read; a file that grew or shrank since it
-    was listed is an error naming it.
-    """
-    try:
-        fd = os.open(f.abs, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
-    parts: list[bytes] = []
-    got = 0
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise unreadable_error(
-                f.abs,
-                f"not a regular file any more ({file_kind(mode)}); only regular files are packed",
-            )
-        while got <= f.size:  # the + 1 byte tells a file that grew from one that did not
-            part = os.read(fd, f.size + 1 - got)
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
-    except OSError as exc:
-        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
-    finally:
-        os.close(fd)
-    if got != f.size:
-        change = f"grew (more than {f.size} bytes)" if got > f.size else f"shrank to {got} bytes"
-        raise unreadable_error(
-            f.abs, f"{change} during the pack (listed with {f.size} bytes); is it being written?"
-        )
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _Packer:
@@ -201,7 +161,7 @@ class _Packer:
         pending = iter(todo)
         while True:
             for m in pending:
-                queue.append((m, pool.submit(_read_file, self.plan.files[m])))
+                queue.append((m, pool.submit(read_source_file, self.plan.files[m])))
                 inflight += self.plan.files[m].size
                 if inflight >= _READ_AHEAD_BYTES or len(queue) >= 64 * self.options.workers:
                     break
@@ -309,54 +269,6 @@ def _exclusive(dst: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _identity(path: str | Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _check_source(src: Path) -> tuple[int, int]:
-    try:
-        st = os.stat(src)
-    except OSError as exc:
-        raise PackError(
-            f"{src}: cannot open the source ({exc.strerror or exc}); pack takes a source directory"
-        ) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise PackError(
-            f"{src}: not a directory ({file_kind(st.st_mode)}); pack takes a source directory"
-        )
-    return st.st_dev, st.st_ino
-
-
-def _check_destination(src: Path, dst: Path, options: PackOptions) -> None:
-    """Refuse a destination pack cannot or must not write, before anything is written.
-
-    The destination may not be the source or lie inside it (also through a symlink or a bind
-    mount: directories are compared by identity), because the origin is read-only.
-    """
-    source = _check_source(src)
-    real = Path(os.path.realpath(dst))
-    if any(_identity(p) == source for p in (real, *real.parents)):
-        sibling = src.absolute().parent / f"{src.absolute().name}-store"
-        raise PackError(
-            f"{dst}: the destination is inside the source {src}, and pack never writes inside "
-            f"its source; choose a sibling directory such as {sibling}"
-        )
-    existing = next(p for p in (real, *real.parents) if os.path.lexists(p))
-    if not existing.is_dir():
-        where = "" if existing == real else f", so {dst} cannot be created under it"
-        raise PackError(f"{existing}: not a directory{where}; choose another DST")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        readonly = os.statvfs(existing).f_flag & os.ST_RDONLY
-        why = "Read-only file system" if readonly else "Permission denied"
-        raise PackError(f"{existing}: cannot write there ({why}); choose a writable DST")
-    if existing == real and (real / INDEX_NAME).exists() and not options.overwrite:
-        raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
-
-
 def _prepare(dst: Path, options: PackOptions) -> None:
     """Under the lock: drop the store an --overwrite replaces."""
     index = dst / INDEX_NAME
@@ -436,7 +348,7 @@ def pack(
     src_path, dst_path = Path(src), Path(dst)
     started = time.perf_counter()
     # Everything is checked and the source listed before the first write.
-    _check_destination(src_path, dst_path, options)
+    check_destination(src_path, dst_path, options.overwrite)
     skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
     if files is not None:
         listing = list_files(src_path, Path(files), skipped)

@@ -19,6 +19,7 @@ __all__ = [
     "file_kind",
     "group_samples",
     "list_files",
+    "read_source_file",
     "unreadable_error",
     "walk_tree",
 ]
@@ -105,7 +106,8 @@ def walk_tree(
         root: the source directory.
         skipped: collect unreadable files, non-regular files and unlistable directories
             here instead of raising.
-        exclude: a directory to leave out (the destination when it lies inside the source).
+        exclude: a directory to leave out (the destination, should a symlink in the source
+            lead to it: a destination inside the source itself is refused earlier).
 
     Raises:
         UnreadableFileError: a file or directory cannot be read, is not a regular file or a
@@ -152,6 +154,44 @@ def walk_tree(
                     found.append(info)
     found.sort(key=lambda f: f.rel)
     return found
+
+
+def read_source_file(f: SourceFile) -> bytes:
+    """The bytes of a listed file, reading at most its listed size + 1.
+
+    Opened without blocking (a FIFO swapped in since the listing cannot hang the pack) and
+    checked with fstat, so only a regular file is read; a file that grew or shrank since it
+    was listed is an error naming it.
+    """
+    try:
+        fd = os.open(f.abs, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
+    parts: list[bytes] = []
+    got = 0
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise unreadable_error(
+                f.abs,
+                f"not a regular file any more ({file_kind(mode)}); only regular files are packed",
+            )
+        while got <= f.size:  # the + 1 byte tells a file that grew from one that did not
+            part = os.read(fd, f.size + 1 - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+    except OSError as exc:
+        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if got != f.size:
+        change = f"grew (more than {f.size} bytes)" if got > f.size else f"shrank to {got} bytes"
+        raise unreadable_error(
+            f.abs, f"{change} during the pack (listed with {f.size} bytes); is it being written?"
+        )
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def list_files(
