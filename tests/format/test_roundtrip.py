@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tests.format.conftest import QUIET, read_tree, write_tree
 from tierfeed import open_store
 from tierfeed.format.chunkfiles import FdCache
-from tierfeed.format.names import split_key
+from tierfeed.format.names import split_file
 from tierfeed.format.pack import PackOptions, pack
 
 # Name components: printable ASCII, non-ASCII UTF-8, and bytes that are not UTF-8 at all.
@@ -45,11 +45,11 @@ def _check_store(store_dir: Path, files: dict[bytes, bytes]) -> None:
             key = os.fsencode(sample.key)
             for m in store.index.members(i):
                 path = store.index.member_path_bytes(m)
-                assert split_key(path)[0] == key
+                assert split_file(path)[0] == key
                 got[path] = store.read_member(m)
             assert sorted(sample.fields) == sorted(
                 (e[1:] if len(e) > 1 else e).decode("utf-8", "surrogateescape")
-                for e in (split_key(p)[1] for p in got if split_key(p)[0] == key)
+                for e in (split_file(p)[1] for p in got if split_file(p)[0] == key)
             )
         assert got == files
         for path, data in files.items():
@@ -121,10 +121,59 @@ def test_imagefolder_labels_and_sample_grouping(packed: Callable[..., Path]) -> 
     assert samples[2].fields == {"cls": b"7", "jpg": b"1"}
 
 
-def test_top_level_files_mean_no_labels(packed: Callable[..., Path]) -> None:
-    with open_store(packed({b"a/x.jpg": b"1", b"top.jpg": b"2"})) as store:
-        assert store.classes == []
-        assert {store.read_sample(i).label for i in range(len(store))} == {-1}
+def test_top_level_files_have_no_class_and_keep_the_others_labels(
+    packed: Callable[..., Path],
+) -> None:
+    """torchvision's rule: classes are the top-level directories; a stray README.txt at the
+    root is no sample of any class, and does not take the classes away."""
+    tree = {b"a/x.jpg": b"1", b"b/y.jpg": b"3", b"README.txt": b"2", b"top.jpg": b"4"}
+    with open_store(packed(tree)) as store:
+        assert store.classes == ["a", "b"]
+        labels = {store.read_sample(i).key: store.read_sample(i).label for i in range(len(store))}
+    assert labels == {"README": -1, "a/x": 0, "b/y": 1, "top": -1}
+
+
+def test_pack_reports_the_unlabelled(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {b"a/x.jpg": b"1", b"README.txt": b"2"})
+    report = pack(tmp_path / "src", tmp_path / "store", PackOptions(progress=False))
+    assert (report.classes, report.unlabelled) == (1, 1)
+
+
+def test_each_file_is_a_sample_whatever_dots_its_name_holds(packed: Callable[..., Path]) -> None:
+    tree = {
+        b"fish/photo.v2.jpg": b"v2",
+        b"fish/photo.jpg": b"v1",
+        b"fish/.DS_Store": b"mac",
+        b"fish/.x.jpg": b"hidden",
+        b"fish/log.2024-01-01": b"log",
+        b"fish/notes": b"n",
+        b"fish/y.jpg": b"y",
+        b"fish/y.json": b"{}",  # a sidecar: the same sample as y.jpg
+    }
+    with open_store(packed(tree)) as store:
+        got = {store.read_sample(i).key: store.read_sample(i).fields for i in range(len(store))}
+        assert store.index.find_sample("fish/photo") != store.index.find_sample("fish/photo.v2")
+        for key in got:
+            i = store.index.find_sample(key)
+            assert i is not None and store.index.key(i) == key
+    assert got == {
+        "fish/.DS_Store": {"": b"mac"},
+        "fish/.x": {"jpg": b"hidden"},
+        "fish/log.2024-01-01": {"": b"log"},
+        "fish/notes": {"": b"n"},
+        "fish/photo": {"jpg": b"v1"},
+        "fish/photo.v2": {"jpg": b"v2"},
+        "fish/y": {"jpg": b"y", "json": b"{}"},
+    }
+
+
+def test_group_by_key_is_webdataset_grouping(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {b"s/a.jpg": b"1", b"s/a.seg.png": b"2"})
+    options = PackOptions(progress=False, group_by="key")
+    pack(tmp_path / "src", tmp_path / "store", options)
+    with open_store(tmp_path / "store") as store:
+        assert len(store) == 1
+        assert store.read_sample(0).fields == {"jpg": b"1", "seg.png": b"2"}
 
 
 def test_big_file_gets_a_chunk_of_its_own(packed: Callable[..., Path]) -> None:

@@ -341,18 +341,25 @@ class Index:
         return None
 
     def find_sample(self, key: str | bytes) -> int | None:
-        """The sample id of ``key``, or None: O(log n).
+        """The sample id of ``key``, or None: O(log n) plus the paths that extend the key.
 
-        A key has no dot in its last component, so its members' paths are the key itself
-        (no extension) or start with ``key + "."``, and every such path belongs to it.
+        A sample's member paths are its key, or its key followed by an extension that starts
+        with a dot. A key may itself hold dots (``photo.v2`` in a tree packed one file per
+        sample), so a path starting with ``key + "."`` may belong to a longer key: the owner's
+        key is compared.
         """
         raw = os.fsencode(key)
-        for probe in (raw, raw + b"."):
-            i = self.bisect_path(probe)
-            if i < self.num_members and self.sorted_path(i).startswith(probe):
-                if probe == raw and self.sorted_path(i) != raw:
-                    continue
-                return self.member_owner(int(self.path_order[i]))
+        i = self.bisect_path(raw)
+        n = self.num_members
+        if i < n and self.sorted_path(i) == raw:
+            return self.member_owner(int(self.path_order[i]))
+        probe = raw + b"."
+        i = self.bisect_path(probe)
+        while i < n and self.sorted_path(i).startswith(probe):
+            owner = self.member_owner(int(self.path_order[i]))
+            if self.key_bytes(owner) == raw:
+                return owner
+            i += 1
         return None
 
     def check_checksum(self) -> None:

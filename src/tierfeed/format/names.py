@@ -1,4 +1,5 @@
-"""Sample keys, extensions and member paths: WebDataset grouping and the tar-slip guard.
+"""Sample keys, extensions and member paths: one file per sample, WebDataset grouping, and
+the tar-slip guard.
 
 Paths are handled as bytes (``/``-separated, relative to the store root) so that names which
 are not valid UTF-8 round-trip exactly; the public API shows them as ``os.fsdecode`` strings.
@@ -7,10 +8,22 @@ are not valid UTF-8 round-trip exactly; the public API shows them as ``os.fsdeco
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from tierfeed.errors import BadMemberError
 
-__all__ = ["field_name", "label_dir", "normalize_member_name", "split_key"]
+__all__ = [
+    "GROUPINGS",
+    "field_name",
+    "label_dir",
+    "normalize_member_name",
+    "split_file",
+    "split_for",
+    "split_key",
+]
+
+GROUPINGS = ("file", "key")  # how files of a tree become samples (see `split_for`)
+_EXT_MAX = 16  # longer "extensions" are part of the name (``data.2024-01-01``)
 
 
 def split_key(path: bytes) -> tuple[bytes, bytes]:
@@ -25,6 +38,30 @@ def split_key(path: bytes) -> tuple[bytes, bytes]:
     if dot < 0:
         return path, b""
     return path[:dot], path[dot:]
+
+
+def split_file(path: bytes) -> tuple[bytes, bytes]:
+    """Split a file's path into (key, ext) when each file of a tree is a sample of its own.
+
+    The extension is what follows the last dot of the last component, when it is a short run of
+    letters, digits and underscores and the dot does not start the name; otherwise the file has
+    none. ``key + ext == path`` always holds: ``b"fish/photo.v2.jpg" -> (b"fish/photo.v2",
+    b".jpg")``, ``b"cat/.DS_Store" -> (b"cat/.DS_Store", b"")``, ``b"log.2024-01-01" ->
+    (b"log.2024-01-01", b"")``.
+    """
+    slash = path.rfind(b"/")
+    dot = path.rfind(b".")
+    ext = path[dot + 1 :]
+    if dot <= slash + 1 or not ext or len(ext) > _EXT_MAX:
+        return path, b""
+    if not ext.replace(b"_", b"").isalnum() or not ext.isascii():
+        return path, b""
+    return path[:dot], path[dot:]
+
+
+def split_for(grouping: str) -> Callable[[bytes], tuple[bytes, bytes]]:
+    """The key rule of a grouping: ``file`` (one file, one sample) or ``key`` (WebDataset)."""
+    return split_file if grouping == "file" else split_key
 
 
 def field_name(ext: bytes) -> str:

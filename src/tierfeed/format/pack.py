@@ -33,6 +33,7 @@ from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.destination import check_destination
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
+from tierfeed.format.names import GROUPINGS
 from tierfeed.format.packplan import PackPlan, plan_pack
 from tierfeed.format.source import (
     SourceTree,
@@ -57,8 +58,12 @@ class PackOptions:
     Attributes:
         chunk_size: target chunk size in bytes (a larger sample gets a chunk of its own).
         workers: parallel file readers.
-        labels: ``auto`` (ImageFolder classes when every file is in a class directory),
-            ``folder`` (require that) or ``none``.
+        labels: ``auto`` (ImageFolder classes: the top-level directories; a file at the top
+            level gets label -1 and is counted), ``folder`` (every file in a class directory)
+            or ``none``.
+        group_by: ``file`` (each file is a sample, whatever dots its name holds; files that
+            differ only in their extension are one) or ``key`` (WebDataset's rule: files
+            sharing the path up to the first dot of their name are one sample).
         skip_unreadable: skip unreadable files (counted and listed) instead of failing.
         overwrite: replace a store already at the destination.
         progress: show a progress bar on stderr.
@@ -67,6 +72,7 @@ class PackOptions:
     chunk_size: int = 64 * 2**20
     workers: int = 8
     labels: str = "auto"
+    group_by: str = "file"
     skip_unreadable: bool = False
     overwrite: bool = False
     progress: bool = True
@@ -76,6 +82,8 @@ class PackOptions:
             raise ConfigError(f"chunk size {self.chunk_size} is too small (at least 4 KiB)")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.group_by not in GROUPINGS:
+            raise ConfigError(f"group_by must be one of {GROUPINGS}, got {self.group_by!r}")
         if self.labels not in ("auto", "folder", "none"):
             raise ConfigError(f"labels must be auto, folder or none, got {self.labels!r}")
 
@@ -93,6 +101,8 @@ class PackReport:
     seconds: float
     resumed_chunks: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    classes: int = 0
+    unlabelled: int = 0  # samples outside every class directory (label -1) while classes exist
 
 
 def chunk_file_name(chunk: int) -> str:
@@ -354,7 +364,7 @@ def pack(
         listing = list_files(src_path, Path(files), skipped)
     else:
         listing = walk_tree(src_path, skipped, exclude=dst_path)
-    tree = group_samples(listing, options.labels, src_path)
+    tree = group_samples(listing, options.labels, src_path, options.group_by)
     tree.skipped = skipped or []
     plan = plan_pack(tree, options.chunk_size)
     try:
@@ -373,4 +383,6 @@ def pack(
         seconds=time.perf_counter() - started,
         resumed_chunks=packer.resumed,
         skipped=tree.skipped,
+        classes=len(content.classes),
+        unlabelled=int(np.count_nonzero(content.labels < 0)) if content.classes else 0,
     )

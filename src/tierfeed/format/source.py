@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tierfeed.errors import DuplicateKeyError, EmptySourceError, PackError, UnreadableFileError
-from tierfeed.format.names import label_dir, split_key
+from tierfeed.format.names import label_dir, split_for
 
 __all__ = [
     "SourceFile",
@@ -227,18 +227,24 @@ def list_files(
     return found
 
 
-def group_samples(files: Iterable[SourceFile], labels: str, source: Path) -> SourceTree:
+def group_samples(
+    files: Iterable[SourceFile], labels: str, source: Path, grouping: str = "file"
+) -> SourceTree:
     """Group files into samples by key; derive ImageFolder labels when asked.
 
     Args:
         files: the files, sorted by path.
-        labels: ``"auto"`` (class = first directory when every file has one), ``"folder"``
-            (the same, but required), or ``"none"``.
+        labels: ``"auto"`` (class = top-level directory, as torchvision's ImageFolder),
+            ``"folder"`` (the same, and a file at the top level is an error), or ``"none"``.
         source: the source, for error messages.
+        grouping: ``"file"``: a sample is a file (its key is its path without its extension;
+            files that differ only in their extension, a sidecar ``x.json`` beside ``x.jpg``,
+            are one sample); ``"key"``: WebDataset's rule (the path up to the first dot).
     """
+    split = split_for(grouping)
     by_key: dict[bytes, SourceSample] = {}
     for f in files:
-        key, ext = split_key(f.rel)
+        key, ext = split(f.rel)
         sample = by_key.setdefault(key, SourceSample(key, []))
         if any(e == ext for e, _ in sample.files):
             raise DuplicateKeyError(
@@ -258,26 +264,31 @@ def group_samples(files: Iterable[SourceFile], labels: str, source: Path) -> Sou
 
 
 def assign_labels(keys: list[bytes], mode: str, source: Path) -> tuple[list[int], list[str]]:
-    """ImageFolder labels of sample keys: the class is the first directory of the path.
+    """ImageFolder labels of sample keys, as torchvision's ``find_classes`` gives them: the
+    classes are the top-level directories, sorted; a sample's class is its first directory.
+
+    A sample at the top level belongs to no class (label -1) and does not take the others'
+    labels away (torchvision ignores files at the root); callers count and report them.
 
     Args:
         keys: sample keys in store order.
-        mode: ``auto`` (labels when every key has a directory, else all -1), ``folder``
-            (require one) or ``none`` (all -1).
+        mode: ``auto`` (as above), ``folder`` (as above, and a top-level sample is an error)
+            or ``none`` (all -1, no classes).
         source: the source, for error messages.
 
     Returns:
         (label per key, sorted class names).
     """
+    if mode == "none":
+        return [-1] * len(keys), []
     dirs = [label_dir(k) for k in keys]
-    if mode != "none" and all(d is not None for d in dirs):
-        names = sorted({d for d in dirs if d is not None})
-        number = {n: i for i, n in enumerate(names)}
-        return [number[d] for d in dirs if d is not None], [os.fsdecode(n) for n in names]
-    if mode == "folder":
+    if mode == "folder" and None in dirs:
         top = next(k for k, d in zip(keys, dirs, strict=True) if d is None)
         raise PackError(
             f"{source}: --labels folder needs every file inside a class directory, but "
-            f"{os.fsdecode(top)!r} is at the top level"
+            f"{os.fsdecode(top)!r} is at the top level; move it, or use --labels auto (it "
+            "then has label -1)"
         )
-    return [-1] * len(keys), []
+    names = sorted({d for d in dirs if d is not None})
+    number = {n: i for i, n in enumerate(names)}
+    return [-1 if d is None else number[d] for d in dirs], [os.fsdecode(n) for n in names]
