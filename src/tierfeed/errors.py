@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BadMemberError",
     "ChunkCorruptError",
     "ConfigError",
+    "DecodeError",
     "DuplicateKeyError",
     "EmptySourceError",
     "ExchangeError",
@@ -97,6 +100,30 @@ class StuckReadError(TierfeedError, TimeoutError):
 
 class LoaderError(TierfeedError, RuntimeError):
     """The Loader's workers ended an iteration before the epoch was complete."""
+
+
+class DecodeError(TierfeedError, ValueError, OSError):
+    """The user's decode failed on a sample; names the sample key and its chunk file.
+
+    The decoder's own exception is ``__cause__``. Attributes (None when the error was
+    re-created from its message, as DataLoader does for an error raised in a worker, whose
+    message carries the original traceback instead):
+
+    Attributes:
+        key: the sample key.
+        chunk: the path of the chunk file holding the sample.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, chunk: str | None = None) -> None:
+        super().__init__(message)
+        self.key, self.chunk = key, chunk
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (str(self), self.key, self.chunk))
+
+
+def _rebuild(message: str, key: str | None, chunk: str | None) -> DecodeError:
+    return DecodeError(message, key=key, chunk=chunk)
 
 
 # --- distributed ---------------------------------------------------------------

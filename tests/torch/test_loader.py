@@ -227,12 +227,10 @@ def test_workers_persist_and_follow_set_epoch(store_dir: Path) -> None:
             loader.set_epoch(epoch)
             batches = list(loader)
             order = value[plan.order(epoch, 0, 1)]
-            # DataLoader takes batches from its workers in turn; worker w reads order[w::2].
-            per_worker = [
-                [order[w::2][i : i + 7].tolist() for i in range(0, N // 2, 7)] for w in (0, 1)
-            ]
-            expected = [v for pair in zip(*per_worker, strict=True) for b in pair for v in b]
-            assert values(batches) == expected, epoch
+            # Workers are dealt the order's batches in turn and DataLoader takes batches from
+            # its workers in turn (18 batches, 9 a worker): the batches come in plan order.
+            assert values(batches) == order.tolist(), epoch
+            assert [len(x) for x, _ in batches] == [7] * 17 + [1]
             pids |= {int(p) for _, ps in batches for p in ps}
     assert len(pids) == 2  # the same two worker processes served every epoch
 
@@ -309,14 +307,15 @@ def test_workers_run_on_into_the_next_epoch_exactly_once_each(store_dir: Path) -
 def test_epoch_ends_with_drop_last_and_with_idle_workers(
     store_dir: Path, n: int, workers: int, drop_last: bool
 ) -> None:
-    # drop_last: each worker's 40 give 2 batches of 16, 8 are dropped. 3 samples over 4
-    # workers: one worker has none, and the epoch must not wait for it.
+    # drop_last: the rank's 120 give 7 batches of 16 (dealt 3, 2, 2 to the workers), the last
+    # 8 are dropped. 3 samples over 4 workers: one batch, three workers have none, and the
+    # epoch must not wait for them.
     ds = Dataset(store_dir, PermPlan(n), batch_size=16, decode=decode, drop_last=drop_last)
     with Loader(ds, num_workers=workers) as loader:
         for epoch in range(3):
             loader.set_epoch(epoch)
             got = values(list(loader))
-            assert len(got) == len(set(got)) == (96 if drop_last else n)
+            assert len(got) == len(set(got)) == (112 if drop_last else n)
             assert set(got) <= set(values_of(store_dir, range(n)))
 
 

@@ -178,7 +178,7 @@ def _check_header(block: bytes, pos: int, where: str) -> None:
     ):
         raise ChunkCorruptError(
             f"{where}: the block at byte {pos} is not a tar header (header checksum mismatch)"
-            ": the previous member's size is wrong or {_DAMAGED}; tierfeed indexes "
+            f": the previous member's size is wrong or {_DAMAGED}; tierfeed indexes "
             "plain uncompressed .tar shards only"
         )
     magic = block[257:265]

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tqdm import tqdm
 
 from tierfeed.errors import FormatError, IndexFormatError, TierfeedError
 from tierfeed.format.chunkfiles import safe_chunk_path
-from tierfeed.format.chunkref import checksum_file
+from tierfeed.format.chunkref import checksum_file, new_hasher
 from tierfeed.format.index import Index
 from tierfeed.format.names import normalize_member_name
 from tierfeed.format.tarchunk import scan_tar
@@ -47,7 +48,7 @@ def _check_chunk(ix: Index, root: Path, chunk: int, bar: tqdm[Any]) -> list[str]
     if size != info.size:
         return [f"chunk {path}: size {size} bytes, the index says {info.size} (truncated?)"]
     if checksum_file(path, bar.update)[1] != info.checksum:
-        return [f"chunk {path}: checksum mismatch (the chunk was altered or damaged)"]
+        return [_checksum_mismatch(ix, path, chunk, size)]
     members = np.flatnonzero(ix.member_chunk == chunk)
     expected = {
         (int(ix.member_offset[m]), int(ix.member_length[m])): ix.member_path_bytes(int(m))
@@ -72,6 +73,97 @@ def _check_chunk(ix: Index, root: Path, chunk: int, bar: tqdm[Any]) -> list[str]
         (offset, length), name = next(iter(expected.items()))
         return [_disagree(path, name, offset, length)]
     return []
+
+
+_NAMED = 10  # damaged members (or byte ranges) named in one problem
+_HASH_BLOCK = 8 * 2**20  # bytes hashed at a time: a huge member is never held whole
+
+
+def _checksum_mismatch(ix: Index, path: Path, chunk: int, size: int) -> str:
+    """Where a chunk that fails its checksum is damaged: the members that fail their own
+    checksum (the first `_NAMED` named), else the bytes outside every member."""
+    members = np.flatnonzero(ix.member_chunk == chunk)
+    members = members[np.argsort(ix.member_offset[members], kind="stable")]
+    head = f"chunk {path}: checksum mismatch (the chunk was altered or damaged)"
+    fix = "re-pack the store, or restore the chunk from a good copy"
+    try:
+        bad, checked = _failing_members(ix, path, members, size)
+    except OSError as exc:
+        return f"{head}; reading it again to find the damaged member failed ({exc.strerror})"
+    if checked < len(members):
+        # Members of a genuine tar never overlap, so their bytes total less than the chunk.
+        return (
+            f"{head}; its members in the index overlap (the index was altered: run "
+            f"`tierfeed index` again or re-pack); of the first {checked}, {len(bad)} fail "
+            "their checksum"
+        )
+    if bad:
+        named = ", ".join(
+            f"{os.fsdecode(ix.member_path_bytes(m))!r} (bytes "
+            f"{int(ix.member_offset[m])}+{int(ix.member_length[m])})"
+            for m in bad[:_NAMED]
+        )
+        more = f", and {len(bad) - _NAMED} more" if len(bad) > _NAMED else ""
+        which = "member fails its" if len(bad) == 1 else "members fail their"
+        return f"{head}: {len(bad)} {which} checksum: {named}{more}; {fix}"
+    return (
+        f"{head}, yet every member passes its own checksum: the altered bytes lie outside the "
+        f"members, in tar headers, padding or the end-of-archive blocks "
+        f"({_outside_members(ix, path, members, size)}); {fix}"
+    )
+
+
+def _failing_members(
+    ix: Index, path: Path, members: npt.NDArray[np.intp], size: int
+) -> tuple[list[int], int]:
+    """The members (in chunk order) whose bytes fail their checksum, and how many members were
+    checked: at most ``size`` bytes are hashed, which a crafted index of overlapping members
+    would exceed (all are checked otherwise). Raises OSError."""
+    bad: list[int] = []
+    hashed, checked = 0, 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for m in members.tolist():
+            offset, length = int(ix.member_offset[m]), int(ix.member_length[m])
+            hashed += length
+            if hashed > size:
+                break
+            checked += 1
+            hasher = new_hasher()
+            done = 0
+            while done < length:
+                block = os.pread(fd, min(_HASH_BLOCK, length - done), offset + done)
+                if not block:
+                    break  # shorter than the index says: the hash below fails
+                hasher.update(block)
+                done += len(block)
+            if hasher.intdigest() != int(ix.member_checksum[m]):
+                bad.append(int(m))
+    finally:
+        os.close(fd)
+    return bad, checked
+
+
+def _outside_members(ix: Index, path: Path, members: npt.NDArray[np.intp], size: int) -> str:
+    """The bytes of a chunk outside every member, and what the strict tar scan says of them."""
+    gaps: list[tuple[int, int]] = []
+    at = 0
+    for m in members.tolist():
+        offset = int(ix.member_offset[m])
+        if offset > at:
+            gaps.append((at, offset - at))
+        at = max(at, offset + int(ix.member_length[m]))
+    if size > at:
+        gaps.append((at, size - at))
+    ranges = ", ".join(f"{a}+{n}" for a, n in gaps[:_NAMED])
+    more = f" and {len(gaps) - _NAMED} more" if len(gaps) > _NAMED else ""
+    where = f"{sum(n for _, n in gaps)} bytes in {len(gaps)} ranges: {ranges}{more}"
+    try:
+        for _ in scan_tar(path):
+            pass
+    except FormatError as exc:
+        return f"{where}; the tar scan says: {exc}"
+    return where
 
 
 def _disagree(path: Path, name: bytes, offset: int, length: int) -> str:

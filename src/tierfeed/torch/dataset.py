@@ -1,7 +1,9 @@
 """`tierfeed.torch.Dataset`: batches built in the workers from the plan, behind the deadline guard.
 
-Each DataLoader worker takes a disjoint slice of the rank's plan, reads it through a
-`GuardedStream` (read-ahead, deferral, hedging) and assembles whole batches, so one
+The rank's epoch order is cut into batches and the DataLoader workers are dealt whole
+batches in turn (`tierfeed.loader.batching`), as DataLoader's batch sampler does: only the
+rank's last batch can be short. Each worker reads its batches' samples through a
+`GuardedStream` (read-ahead, deferral, hedging) and assembles the batches itself, so one
 shared-memory transfer carries a batch rather than a sample. Every batch carries the worker's
 stream position, which is what makes `Loader.state_dict()` exact.
 """
@@ -30,6 +32,8 @@ from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.format.store import Sample, Store, open_store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
+from tierfeed.loader.batching import batch_count, worker_slice
+from tierfeed.loader.decode import decode_sample, describe_sample
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
 from tierfeed.torch.readers import Readers
@@ -125,9 +129,14 @@ class Dataset(IterableDataset[Batch]):
         plan: the sampling plan: a `PlanSpec`, its text (``"global"``, ``"local"``,
             ``"partial:0.1"``, ``"global,chunkwise:8"``) or any object with ``order()``.
         batch_size: samples per batch.
-        decode: Sample -> what the batch holds per sample (e.g. (tensor, label)).
+        decode: Sample -> what the batch holds per sample (e.g. (tensor, label)). An
+            exception it raises reaches the caller as `tierfeed.loader.DecodeError` (a
+            ValueError and an OSError too), naming the sample key and chunk, the original
+            chained.
         collate: list of decoded samples -> batch (torch's default_collate by default).
-        drop_last: drop a worker's last short batch.
+        drop_last: drop the rank's last batch of an epoch if it is short (as DataLoader's
+            drop_last; its samples are not read). Workers are dealt whole batches, so at most
+            one batch per epoch is short, whatever the number of workers.
         prefetch: read-ahead window per worker.
         deadline: the deadline guard (on, adaptive, by default).
         world: rank and world size; from torch.distributed or torchrun's environment if None.
@@ -193,15 +202,25 @@ class Dataset(IterableDataset[Batch]):
             self._pid = os.getpid()
         return self._store
 
+    def rank_order(self, epoch: int | None = None) -> npt.NDArray[np.int64]:
+        """The rank's sample order for ``epoch`` (the current one by default)."""
+        epoch = self.epoch if epoch is None else epoch
+        return np.asarray(
+            self.plan.order(epoch, self.world.rank, self.world.world_size), dtype=np.int64
+        )
+
     def worker_order(
         self, worker: int, num_workers: int, epoch: int | None = None
     ) -> npt.NDArray[np.int64]:
-        """The slice of the rank's order that one worker reads: every num_workers-th sample."""
-        epoch = self.epoch if epoch is None else epoch
-        order = np.asarray(
-            self.plan.order(epoch, self.world.rank, self.world.world_size), dtype=np.int64
-        )
-        return order[worker::num_workers]
+        """The slice of the rank's order that one worker reads: the samples of batches
+        ``worker``, ``worker + num_workers``, ... of the rank's order cut into batches."""
+        order = self.rank_order(epoch)
+        return worker_slice(order, self.batch_size, worker, num_workers, self.drop_last)
+
+    def num_batches(self, epoch: int | None = None) -> int:
+        """Batches the rank delivers in a whole epoch: ``ceil(n / batch_size)`` of its ``n``
+        samples, ``floor`` with drop_last (any number of workers, guard or not)."""
+        return batch_count(len(self.rank_order(epoch)), self.batch_size, self.drop_last)
 
     @property
     def continuous(self) -> bool:
@@ -281,10 +300,10 @@ class Dataset(IterableDataset[Batch]):
             source.set_future(reads, read_bytes=footprint)
         return GuardedStream(
             order,
-            lambda i: self.decode(store.read_sample(i)),
+            lambda i: decode_sample(self.decode, store, i),
             hedge=hedge,
             size_of=lambda i: int(sizes[i]),
-            describe=lambda i: _describe(store, i),
+            describe=lambda i: describe_sample(store, i),
             prefetch=self.prefetch,
             deadline=self.deadline,
             state=state,
@@ -324,7 +343,14 @@ class Dataset(IterableDataset[Batch]):
 
     def _batches(self, stream: GuardedStream[Any], worker: int, epoch: int) -> Iterator[Batch]:
         """The epoch's batches from one worker's stream, the last one marked; in a continuous
-        iteration a worker whose slice yields no batch sends an empty one (``data`` None)."""
+        iteration a worker whose slice yields no batch sends an empty one (``data`` None).
+
+        The slice is whole batches of the rank's order (only the rank's last batch can be
+        short, and with drop_last it is not in any slice), so cutting the stream every
+        ``batch_size`` samples gives exactly the batches this worker was dealt. The guard may
+        deliver a late sample in a later batch of this worker than its own; the number of
+        batches does not change.
+        """
         items: list[Any] = []
         started = time.perf_counter()
         sent = False
@@ -333,15 +359,9 @@ class Dataset(IterableDataset[Batch]):
             left = stream.remaining
             if len(items) < self.batch_size and left > 0:
                 continue
-            full = len(items) == self.batch_size
-            # With drop_last, the last batch is the full one that leaves less than a batch.
-            last = left == 0 or (self.drop_last and left < self.batch_size)
-            if full or not self.drop_last:
-                yield self._batch(items, worker, epoch, stream, started, last)
-                sent = True
+            yield self._batch(items, worker, epoch, stream, started, left == 0)
+            sent = True
             items, started = [], time.perf_counter()
-            if last:
-                break  # with drop_last, the few left over are not read
         if not sent and self.continuous:
             yield Batch(None, worker, epoch, stream.state().to_dict(), {}, None, last=True)
 
@@ -388,11 +408,6 @@ class _Opener:
 
     def __call__(self) -> Store:
         return open_store(self.path) if self.tiers is None else self.tiers.build(self.path)
-
-
-def _describe(store: Store, sample: int) -> str:
-    chunk = store.chunks[int(store.index.sample_chunk[sample])]
-    return f"sample {store.index.key(sample)!r} (chunk {store.root / chunk.name})"
 
 
 def _world() -> World:

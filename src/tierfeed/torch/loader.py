@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
+from tierfeed.loader.batching import read_prefix
 from tierfeed.storage.tiers import combine_stats, stats_since
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len
 from tierfeed.telemetry.prometheus import MetricsServer
@@ -23,7 +24,14 @@ class Loader:
     """Iterate batches of a `Dataset` with PyTorch's DataLoader conventions.
 
     Batches are assembled inside the workers (``batch_size=None`` for the DataLoader), so a
-    batch crosses from a worker to the trainer in one transfer. ``state_dict()`` records where
+    batch crosses from a worker to the trainer in one transfer. The rank's epoch order is cut
+    into batches and the workers are dealt whole batches in turn, as DataLoader's batch
+    sampler does: only the rank's last batch can be short, ``drop_last`` drops at most that
+    one, and ``len(loader)`` is the number of batches an epoch yields (``ceil(n / batch_size)``
+    of the rank's ``n`` samples, ``floor`` with drop_last), for LR schedulers and progress bars.
+    With the guard off each batch is one of the plan's batches (in the plan's order while the
+    workers hold equally many); the guard may move a late sample into a later batch of the
+    same worker, never changing the count. ``state_dict()`` records where
     every worker stands in its slice of the plan, deferred samples included, and
     ``load_state_dict()`` resumes exactly there.
 
@@ -87,6 +95,13 @@ class Loader:
         """The epoch the next iteration reads."""
         return self.dataset.epoch
 
+    def __len__(self) -> int:
+        """Batches this rank delivers in a whole epoch (the one the next iteration reads).
+
+        An iteration resumed mid-epoch by `load_state_dict` delivers only the rest of them.
+        """
+        return self.dataset.num_batches()
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (as DistributedSampler.set_epoch); clears any resume position."""
         if epoch != self.dataset.epoch:
@@ -99,6 +114,8 @@ class Loader:
         return {
             "epoch": self.dataset.epoch,
             "num_workers": self.num_workers,
+            "batch_size": self.dataset.batch_size,
+            "drop_last": self.dataset.drop_last,
             "workers": {str(w): s for w, s in sorted(self._states.items())},
         }
 
@@ -109,6 +126,21 @@ class Loader:
                 f"the state was saved with num_workers={state['num_workers']}, this loader has "
                 f"{self.num_workers}; resume with the same number of workers"
             )
+        # A worker's slice is whole batches of the rank's order: its positions depend on the
+        # batch size and drop_last. A state without them (an older tierfeed's workers read
+        # every num_workers-th sample) would skip the wrong samples.
+        if state["workers"] and "batch_size" not in state:
+            raise ConfigError(
+                "the state was saved by an older tierfeed whose workers read other slices of "
+                "the plan, so it cannot resume exactly; call set_epoch() to read that epoch "
+                "from its start"
+            )
+        for key in ("batch_size", "drop_last"):
+            if key in state and state[key] != getattr(self.dataset, key):
+                raise ConfigError(
+                    f"the state was saved with {key}={state[key]}, this loader's dataset has "
+                    f"{getattr(self.dataset, key)}; resume with the same {key}"
+                )
         self.dataset.set_epoch(int(state["epoch"]))
         self._states = {int(w): s for w, s in state["workers"].items()}
         self.dataset.resume = {w: StreamState.from_dict(s) for w, s in self._states.items()}
@@ -216,17 +248,21 @@ class Loader:
         return None
 
     def _resumed_positions(self) -> int:
-        """Positions of the rank's order read before a resume (a lower bound)."""
+        """Positions of the rank's order read before a resume (a lower bound: a prefix)."""
         if not self._states:
             return 0
-        cursors = [int(s["cursor"]) for s in self._states.values()]
-        return min(cursors) * max(1, self.num_workers)
+        workers = max(1, self.num_workers)
+        cursors = [int(self._states.get(w, {"cursor": 0})["cursor"]) for w in range(workers)]
+        return read_prefix(cursors, self.dataset.batch_size, workers)
 
     def _read_ahead(self) -> int:
         """How far the readers may run ahead of the batches delivered here (positions)."""
         workers = max(1, self.num_workers)
         queued = int(self._kwargs.get("prefetch_factor", 0)) + 1
-        return workers * (self.dataset.prefetch.window + queued * self.dataset.batch_size)
+        batch = self.dataset.batch_size
+        # A worker's slice is whole batches dealt in turn: its position p stands at most
+        # (workers - 1) batches beyond p * workers in the rank's order.
+        return workers * (self.dataset.prefetch.window + queued * batch) + (workers - 1) * batch
 
     def _guard_totals(self) -> dict[str, float]:
         totals: dict[str, float] = {}

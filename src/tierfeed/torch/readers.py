@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tierfeed.format.store import Sample, Store
+from tierfeed.loader.decode import decode_sample
 from tierfeed.loader.stream import HEDGE_THREADS
 
 __all__ = ["Readers"]
@@ -26,13 +27,14 @@ class Readers:
         self._made_second = False
 
     def hedge_reader(self, make: Callable[[], Store | None]) -> Callable[[int], Any] | None:
-        """Reads a sample the second way (the store is made once per process)."""
+        """Reads a sample the second way (the store is made once per process); a decode
+        failure names the sample, as on the first way."""
         if not self._made_second:
             self._second, self._made_second = make(), True
         second = self._second
         if second is None:
             return None
-        return lambda i: self._decode(second.read_sample(i))
+        return lambda i: decode_sample(self._decode, second, i)
 
     def close(self) -> None:
         """Cancel queued reads and join the threads (a stalled read is waited for here)."""

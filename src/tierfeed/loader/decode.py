@@ -1,0 +1,60 @@
+"""Decoding a sample with the user's function: its failure names the sample key and chunk.
+
+A decode that fails (PIL's ``cannot identify image file <_io.BytesIO ...>``, a JSON error)
+knows only the bytes it was given. `decode_sample` re-raises its error as a `DecodeError`
+that names the sample key and the chunk file, with the original chained as ``__cause__``.
+
+`DecodeError` derives from `TierfeedError` and also from both ``ValueError`` (the bytes are
+not what the decoder expects: json, unicode and numpy decoders raise ValueError) and
+``OSError`` (what PIL raises for an image it cannot read, and what code written around
+torchvision's loaders catches), so an ``except`` written for either kind of decoder keeps
+catching it. Errors tierfeed itself raised while reading (a damaged chunk, a stuck read) are
+already `TierfeedError` naming the chunk and pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tierfeed.errors import DecodeError, TierfeedError
+from tierfeed.format.store import Sample, Store
+
+__all__ = ["DecodeError", "decode_sample", "describe_sample"]
+
+
+def _chunk_path(store: Store, sample: int) -> str:
+    chunk = store.chunks[int(store.index.sample_chunk[sample])]
+    return str(store.root / chunk.name)
+
+
+def describe_sample(store: Store, sample: int) -> str:
+    """``sample 'key' (chunk /path/to/chunk.tar)``: how errors name a sample."""
+    return f"sample {store.index.key(sample)!r} (chunk {_chunk_path(store, sample)})"
+
+
+def decode_sample(decode: Callable[[Sample], Any], store: Store, sample: int) -> Any:
+    """``decode(store.read_sample(sample))``; a failure of ``decode`` becomes a `DecodeError`.
+
+    Raises:
+        DecodeError: ``decode`` raised (the original is chained).
+        TierfeedError: the read failed (e.g. ChunkCorruptError), unchanged.
+    """
+    data = store.read_sample(sample)
+    try:
+        return decode(data)
+    except TierfeedError:
+        raise
+    except Exception as exc:
+        checked = (
+            "its bytes match the checksum taken when it was packed, so the packed file itself "
+            "is not what decode expects"
+            if store.verify_reads
+            else "its bytes were read without a checksum check"
+        )
+        raise DecodeError(
+            f"{describe_sample(store, sample)}: decode failed with {type(exc).__name__}: "
+            f"{exc} ({checked}); fix or remove that file and re-pack, or handle it in decode",
+            key=data.key,
+            chunk=_chunk_path(store, sample),
+        ) from exc
