@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tierfeed.errors import ConfigError
+from tierfeed.errors import ConfigError, NotFoundError
 from tierfeed.format.pack import PackOptions, pack
+from tierfeed.format.store import Sample, open_store
 from tierfeed.synth import SynthSpec, make_imagefolder
-from tierfeed.torch import ImageFolder
+from tierfeed.torch import IMG_EXTENSIONS, ImageFolder
 
 
 def to_tensor(img: object) -> torch.Tensor:
@@ -33,6 +34,7 @@ def test_torchvision_contract(store: Path) -> None:
     assert ds.class_to_idx == {"class_000": 0, "class_001": 1, "class_002": 2}
     assert len(ds) == 24 and ds.targets == [0] * 8 + [1] * 8 + [2] * 8
     assert ds.samples[9] == ("class_001/img_000001.jpg", 1)
+    assert ds.imgs is ds.samples and ds.extensions == IMG_EXTENSIONS
     image, label = ds[9]
     assert image.mode == "RGB" and label == 1
     src = store.parent / "src" / "class_001" / "img_000001.jpg"
@@ -54,3 +56,40 @@ def test_dataloader_workers(store: Path, workers: int) -> None:
 def test_not_a_store_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tierfeed pack"):
         ImageFolder(tmp_path)
+
+
+def test_torchvision_keywords(store: Path) -> None:
+    ds = ImageFolder(store, is_valid_file=lambda p: p.endswith("1.jpg"), allow_empty=True)
+    assert [p for p, _ in ds.samples][:2] == [
+        "class_000/img_000001.jpg",
+        "class_001/img_000001.jpg",
+    ]
+    assert ds.extensions is None and ds.targets == [0, 1, 2]
+
+
+def test_a_store_without_class_folders(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jpg").write_bytes(b"x")
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(progress=False))
+    with pytest.raises(NotFoundError, match="class folder") as caught:
+        ImageFolder(tmp_path / "store")
+    assert isinstance(caught.value, FileNotFoundError)
+
+
+def test_sample_repr_names_sizes_not_bytes(store: Path) -> None:
+    with open_store(store) as opened:
+        sample = opened.read_sample(0)
+    text = repr(sample)
+    size = len(sample.fields["jpg"])
+    assert text == f"Sample(key={sample.key!r}, label=0, fields={{'jpg': <{size} bytes>}})"
+    assert repr(Sample("k", -1, {"jpg": b"x" * 127_000})).endswith("{'jpg': <127000 bytes>})")
+
+
+def test_pickled_for_workers_without_descriptors(store: Path) -> None:
+    import pickle
+
+    ds = ImageFolder(store)
+    ds[0]
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._store is None and copy.samples == ds.samples
+    assert np.array_equal(np.asarray(copy[3][0]), np.asarray(ds[3][0]))

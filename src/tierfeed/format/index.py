@@ -281,6 +281,12 @@ class Index:
         hi = int(self.sample_key_offset[sample + 1])
         return self._keys[lo:hi].tobytes()
 
+    def key_blob(self) -> bytes:
+        """Every key, concatenated in sample order (sample i's is ``[key_offset[i],
+        key_offset[i+1])``): one copy, for walks over all samples (slicing it is ~4x faster
+        than `key_bytes` per sample)."""
+        return self._keys.tobytes()
+
     def key(self, sample: int) -> str:
         """The key of ``sample`` (``os.fsdecode`` of the stored bytes)."""
         return os.fsdecode(self.key_bytes(sample))
@@ -373,7 +379,7 @@ class Index:
     def check_path_order(self) -> None:
         """Raise IndexFormatError unless every member path is distinct and the path order
         sorts them bytewise (O(members) Python work: `tierfeed verify` runs it)."""
-        blob = self._keys.tobytes()
+        blob = self.key_blob()
         offsets = self.sample_key_offset.tolist()
         keys = [blob[a:b] for a, b in itertools.pairwise(offsets)]
         counts = np.diff(self.sample_member_start).astype(np.int64)

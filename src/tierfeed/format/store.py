@@ -17,13 +17,19 @@ __all__ = ["PathStat", "Sample", "Store", "open_store"]
 _MAX_COPIES = 8  # cached copies a read may drop before it blames the origin (tiers are few)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Sample:
     """One sample: its key, its class label (-1 when unlabelled) and its members by extension."""
 
     key: str
     label: int
     fields: dict[str, bytes]
+
+    def __repr__(self) -> str:
+        # Names and sizes only: a payload in a repr floods logs and tracebacks (an image is
+        # ~100 KB), and the bytes say nothing a reader of a repr can use.
+        sizes = ", ".join(f"{name!r}: <{len(data)} bytes>" for name, data in self.fields.items())
+        return f"Sample(key={self.key!r}, label={self.label}, fields={{{sizes}}})"
 
 
 @dataclass(frozen=True)
