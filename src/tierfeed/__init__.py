@@ -1,15 +1,26 @@
-"""tierfeed: keep deep-learning training fed from slow shared storage."""
+"""tierfeed: keep deep-learning training fed from slow shared storage.
+
+The public names load on first use (PEP 562), so that `import tierfeed` and `tierfeed --help`
+do not pay for numpy, tqdm and multiprocessing before they are needed.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tierfeed.errors import TierfeedError
-from tierfeed.format.chunkref import ChunkInfo, ChunkSource
-from tierfeed.format.index import Index
-from tierfeed.format.pack import PackOptions, PackReport, pack
-from tierfeed.format.shards import index_shards
-from tierfeed.format.store import PathStat, Sample, Store, open_store
-from tierfeed.format.verify import verify_store
-from tierfeed.world import World
+
+if TYPE_CHECKING:
+    from tierfeed.format.chunkref import ChunkInfo, ChunkSource
+    from tierfeed.format.index import Index
+    from tierfeed.format.optimize import optimize
+    from tierfeed.format.pack import PackOptions, PackReport, pack
+    from tierfeed.format.shards import index_shards
+    from tierfeed.format.store import PathStat, Sample, Store, open_store
+    from tierfeed.format.verify import verify_store
+    from tierfeed.format.writer import Writer, WriteReport
+    from tierfeed.world import World
 
 __version__ = "0.1.0"
 
@@ -24,9 +35,45 @@ __all__ = [
     "Store",
     "TierfeedError",
     "World",
+    "WriteReport",
+    "Writer",
     "__version__",
     "index_shards",
     "open_store",
+    "optimize",
     "pack",
     "verify_store",
 ]
+
+# name -> the module defining it, imported when the name is first used.
+_LAZY = {
+    "ChunkInfo": "tierfeed.format.chunkref",
+    "ChunkSource": "tierfeed.format.chunkref",
+    "Index": "tierfeed.format.index",
+    "optimize": "tierfeed.format.optimize",
+    "PackOptions": "tierfeed.format.pack",
+    "PackReport": "tierfeed.format.pack",
+    "pack": "tierfeed.format.pack",
+    "index_shards": "tierfeed.format.shards",
+    "PathStat": "tierfeed.format.store",
+    "Sample": "tierfeed.format.store",
+    "Store": "tierfeed.format.store",
+    "open_store": "tierfeed.format.store",
+    "verify_store": "tierfeed.format.verify",
+    "WriteReport": "tierfeed.format.writer",
+    "Writer": "tierfeed.format.writer",
+    "World": "tierfeed.world",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tierfeed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later uses are plain attribute lookups
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

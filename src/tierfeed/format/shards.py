@@ -28,10 +28,10 @@ from tierfeed.errors import (
 )
 from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.index import IndexContent, write_index
+from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
-from tierfeed.format.source import assign_labels
-from tierfeed.format.tarscan import open_shard, scan_tar_fd
+from tierfeed.format.tarscan import TarMember, open_shard, scan_tar_fd
 
 __all__ = ["IndexReport", "index_shards"]
 
@@ -61,6 +61,13 @@ class _Collected:
     ext: list[bytes] = field(default_factory=list)
     seen_paths: set[bytes] = field(default_factory=set)
     seen_keys: set[bytes] = field(default_factory=set)
+    want_cls: bool = False  # read .cls/.cls2 members as labels
+    cls: dict[int, dict[bytes, int]] = field(default_factory=dict)  # sample -> {ext: label}
+
+    def labels_of_cls(self) -> list[int | None]:
+        """Each sample's cls label (``.cls`` before ``.cls2``), None where it has none."""
+        found = [self.cls.get(i, {}) for i in range(len(self.keys))]
+        return [next((f[e] for e in CLS_EXTS if e in f), None) for f in found]
 
 
 def _chunk_name(shard: Path, root: Path) -> str:
@@ -195,6 +202,17 @@ def _add_members(
         # The scanner checked the size against the file: the reads stay inside it.
         got.checksum.append(_checksum_range(fd, member.offset, member.size, str(shard)))
         got.ext.append(ext)
+        if got.want_cls and ext in CLS_EXTS:
+            got.cls.setdefault(len(got.keys) - 1, {})[ext] = _read_cls(fd, member, where)
+
+
+def _read_cls(fd: int, member: TarMember, where: str) -> int:
+    """The label in a ``.cls`` member (read at most CLS_MAX_BYTES + 1 bytes of it)."""
+    try:
+        text = os.pread(fd, min(member.size, CLS_MAX_BYTES + 1), member.offset)
+    except OSError as exc:
+        raise FormatError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    return parse_cls(text, where)
 
 
 def index_shards(
@@ -203,15 +221,20 @@ def index_shards(
     labels: str = "auto",
     skip_bad_names: bool = False,
     progress: bool = True,
+    classes: str | os.PathLike[str] | Sequence[str] | None = None,
 ) -> IndexReport:
     """Index tar ``shards`` in place; write the index into the store directory ``out``.
 
     Args:
         shards: uncompressed tar files, all inside ``out``; they become chunks in this order.
         out: the store directory (or the index file's path inside it).
-        labels: ``auto``, ``folder`` or ``none`` (as for pack).
+        labels: ``auto`` (labels from ``.cls`` members, integer text, when any sample has one
+            (``.cls2`` where a sample has no ``.cls``); else ImageFolder labels as for pack),
+            ``cls`` (every sample needs one), ``folder`` or ``none``.
         skip_bad_names: skip unsafe or repeated member names (counted) instead of failing.
         progress: show a progress bar on stderr.
+        classes: names of the ``.cls`` classes: a list, or a ``classes.txt``-style file (line
+            ``i`` names class ``i``); without one class ``i`` is named ``"i"``.
     """
     out_path = Path(out)
     index_path = out_path if out_path.suffix == ".tfi" else out_path / INDEX_NAME
@@ -224,7 +247,8 @@ def index_shards(
     if root.exists():
         _check_out(out_path, index_path)  # a file given as --out
     names = [_chunk_name(p, root) for p in paths]  # a missing --out holds no shard either
-    got = _Collected()
+    names_of_cls = None if classes is None else load_classes(classes)
+    got = _Collected(want_cls=labels in ("auto", "cls"))
     skipped: list[tuple[str, str]] = []
     sizes, sums = [], []
     with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
@@ -234,7 +258,9 @@ def index_shards(
             sums.append(checksum)
     if not got.keys:
         raise EmptySourceError(f"{', '.join(map(str, paths))}: no regular file in the shards")
-    label_of, classes = assign_labels(got.keys, labels, root)
+    label_of, class_names = resolve_labels(
+        got.keys, got.labels_of_cls(), labels, names_of_cls, root
+    )
     exts = sorted(set(got.ext))
     ext_id = {e: i for i, e in enumerate(exts)}
     content = IndexContent(
@@ -250,7 +276,7 @@ def index_shards(
         chunk_names=names,
         chunk_size=np.asarray(sizes, dtype=np.uint64),
         chunk_checksum=np.asarray(sums, dtype=np.uint64),
-        classes=classes,
+        classes=class_names,
         extra={"skipped": len(skipped), "indexed_in_place": True},
     )
     try:

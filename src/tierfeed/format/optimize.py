@@ -1,0 +1,284 @@
+"""`tierfeed.optimize`: run ``fn`` over inputs in N processes and write one store, like
+LitData's ``optimize``.
+
+Worker ``w`` takes the ``w``-th contiguous slice of the inputs, fed through its own bounded
+queue, calls ``fn`` on each input in order and writes its own chunks into the destination
+(``chunks/wWWW-NNNNNN.tar``, each as ``.partial`` first). It sends the record of every finished
+chunk to the parent over a bounded queue. The parent renames the chunks to ``NNNNNN.tar`` in
+worker order and writes ONE index last, so the store holds the samples in input order whatever
+the number of workers or their speed, and an interrupted run leaves no store that opens.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from tierfeed.errors import ConfigError, DuplicateKeyError, PackError, TierfeedError
+from tierfeed.format.chunksink import ChunkRecord, ChunkSink
+from tierfeed.format.encode import encode_sample
+from tierfeed.format.labels import load_classes
+from tierfeed.format.pack import chunk_file_name
+from tierfeed.format.writer import (
+    Classes,
+    WriteReport,
+    check_options,
+    claim_destination,
+    finish_store,
+)
+
+__all__ = ["optimize"]
+
+_QUEUE_ITEMS = 64  # inputs waiting per worker; chunk records waiting for the parent
+_POLL_S = 0.2
+
+Fn = Callable[[Any], Mapping[str, Any] | Iterable[Mapping[str, Any]]]
+
+
+def _samples_of(result: object, index: int) -> list[tuple[str, Mapping[str, Any]]]:
+    """(default key, sample) for what ``fn`` returned for input ``index``."""
+    if isinstance(result, Mapping):
+        return [(f"{index:09d}", result)]
+    if isinstance(result, Iterable) and not isinstance(result, str | bytes):
+        return [(f"{index:09d}_{j:04d}", s) for j, s in enumerate(result)]
+    raise PackError(
+        f"optimize: fn returned a {type(result).__name__} for input {index}; return a sample "
+        "dict, or an iterable of them"
+    )
+
+
+def _work(
+    worker: int,
+    fn: Fn,
+    inputs: Any,
+    results: Any,
+    root: str,
+    chunk_size: int,
+    want_cls: bool,
+) -> None:
+    """One worker process: encode fn's samples of its inputs into its own chunks."""
+    sink = ChunkSink(
+        Path(root),
+        chunk_size,
+        lambda n: f"chunks/w{worker:03d}-{n:06d}.tar",
+        lambda record: results.put(("chunk", worker, record)),
+    )
+    keys: set[bytes] = set()
+    index = -1
+    try:
+        while (item := inputs.get()) is not None:
+            index, value = pickle.loads(item)
+            for default_key, sample in _samples_of(fn(value), index):
+                encoded = encode_sample(sample, default_key, want_cls)
+                if encoded.key in keys:
+                    raise DuplicateKeyError(
+                        f"sample key {os.fsdecode(encoded.key)!r} is written twice"
+                    )
+                keys.add(encoded.key)
+                sink.add(encoded)
+        sink.flush()
+        results.put(("done", worker, sink.samples))
+    except BaseException as exc:
+        sink.abort()
+        if isinstance(exc, TierfeedError):
+            results.put(("error", worker, type(exc)(f"optimize, input {index}: {exc}")))
+        else:
+            text = "".join(traceback.format_exception(exc)).rstrip()
+            results.put(
+                ("error", worker, PackError(f"optimize: fn failed on input {index}:\n{text}"))
+            )
+
+
+class _Run:
+    """The parent's side: feeder threads, the worker processes, and their chunk records."""
+
+    def __init__(self, ctx: BaseContext, workers: int, inputs: Sequence[Any]) -> None:
+        self.inputs = inputs
+        self.stop = threading.Event()
+        self.queues = [ctx.Queue(_QUEUE_ITEMS) for _ in range(workers)]
+        self.results = ctx.Queue(_QUEUE_ITEMS * workers)
+        n = len(inputs)
+        self.slices = [range(w * n // workers, (w + 1) * n // workers) for w in range(workers)]
+        self.records: list[list[ChunkRecord]] = [[] for _ in range(workers)]
+        self.procs: list[BaseProcess] = []
+        self.feeders: list[threading.Thread] = []
+        self.feed_error: TierfeedError | None = None
+
+    def _items(self, worker: int) -> Iterator[bytes | None]:
+        """The worker's inputs, pickled here: a Queue that cannot pickle an item drops it."""
+        for i in self.slices[worker]:
+            try:
+                yield pickle.dumps((i, self.inputs[i]))
+            except Exception as exc:
+                self.feed_error = PackError(
+                    f"optimize: input {i} cannot be sent to a worker ({type(exc).__name__}: {exc})"
+                )
+                break
+        yield None
+
+    def _feed(self, worker: int) -> None:
+        q = self.queues[worker]
+        for item in self._items(worker):
+            while not self.stop.is_set():
+                try:
+                    q.put(item, timeout=_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+
+    def start(self, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, want_cls: bool) -> None:
+        for w in range(len(self.queues)):
+            args = (w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls)
+            proc = ctx.Process(target=_work, args=args, name=f"tierfeed-optimize-{w}", daemon=True)  # type: ignore[attr-defined]
+            proc.start()
+            self.procs.append(proc)
+            feeder = threading.Thread(
+                target=self._feed, args=(w,), name=f"tierfeed-optimize-feed-{w}", daemon=True
+            )
+            feeder.start()
+            self.feeders.append(feeder)
+
+    def collect(self) -> int:
+        """Gather every worker's chunk records; raise the first worker's error."""
+        done: dict[int, int] = {}
+        dead: dict[int, int] = {}  # empty polls since a worker was seen ended without "done"
+        while len(done) < len(self.procs):
+            if self.feed_error is not None:
+                raise self.feed_error
+            try:
+                kind, worker, payload = self.results.get(timeout=_POLL_S)
+            except queue.Empty:
+                for w, proc in enumerate(self.procs):
+                    if w in done or proc.exitcode is None:
+                        continue
+                    dead[w] = dead.get(w, 0) + 1
+                    if dead[w] > 2:  # its last messages had time to arrive: it died
+                        raise PackError(
+                            f"optimize: worker {w} died (exit code {proc.exitcode}) before it "
+                            "finished; no index was written"
+                        ) from None
+                continue
+            if kind == "chunk":
+                self.records[worker].append(payload)
+            elif kind == "done":
+                done[worker] = payload
+            else:
+                raise payload
+        for feeder in self.feeders:  # every input was handed over, or its error is known
+            feeder.join()
+        if self.feed_error is not None:
+            raise self.feed_error
+        return sum(done.values())
+
+    def close(self, failed: bool) -> None:
+        """Stop feeding, end the workers (at once when the run failed) and join everything."""
+        self.stop.set()
+        for proc in self.procs:
+            proc.join(timeout=0 if failed else 10)
+            if proc.exitcode is None:
+                proc.terminate()
+                proc.join()
+        for feeder in self.feeders:
+            feeder.join()
+        for q in [*self.queues, self.results]:
+            q.close()
+            q.cancel_join_thread()
+
+
+def optimize(
+    fn: Fn,
+    inputs: Sequence[Any],
+    dst: str | os.PathLike[str],
+    workers: int = 2,
+    chunk_size: int = 64 * 2**20,
+    labels: str = "auto",
+    classes: Classes = None,
+    overwrite: bool = False,
+    start_method: str = "spawn",
+) -> WriteReport:
+    """Run ``fn`` over ``inputs`` in ``workers`` processes and write one store at ``dst``.
+
+    ``fn(input)`` returns a sample dict (as `Writer.write` takes it) or an iterable of them.
+    The store holds the samples in input order, the same samples (keys, fields, labels,
+    classes) as a `Writer` given ``fn(x)`` for every ``x`` in turn; only where chunks end
+    differs, since each worker fills its own. A sample without ``__key__`` is keyed by its
+    input's index, nine digits (``"000000042"``), with ``_JJJJ`` appended for the ``j``-th of
+    several samples of one input. Labels, classes, chunk size and crash safety as `Writer`.
+
+    Args:
+        fn: called in the worker processes; with ``spawn`` it must be importable (a
+            module-level function), as for any multiprocessing target.
+        inputs: a sequence (its length decides each worker's slice).
+        dst: the store directory.
+        workers: worker processes.
+        chunk_size, labels, classes, overwrite: as for `Writer`.
+        start_method: ``spawn`` (default; safe beside threads), ``forkserver`` or ``fork``.
+
+    Raises:
+        PackError: an error in ``fn`` (with its traceback) or in a sample, or a worker that
+            died; no index is written and the chunks are removed.
+        DuplicateKeyError: a key is written twice.
+    """
+    check_options(chunk_size, labels)
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if start_method not in mp.get_all_start_methods():
+        raise ConfigError(
+            f"start_method {start_method!r} is not available here; use one of "
+            f"{', '.join(mp.get_all_start_methods())}"
+        )
+    if not isinstance(inputs, Sequence):
+        raise ConfigError(f"inputs must be a sequence (a list), not {type(inputs).__name__}")
+    if start_method != "fork":
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:
+            raise ConfigError(
+                f"optimize: fn {fn!r} cannot be sent to {start_method} workers ({exc}); use a "
+                "module-level function, or start_method='fork'"
+            ) from None
+    names = None if classes is None else load_classes(classes)
+    root = Path(dst)
+    started = time.perf_counter()
+    lock = claim_destination(root, overwrite)
+    ctx = mp.get_context(start_method)
+    run = _Run(ctx, workers, inputs)
+    try:
+        failed = True
+        try:
+            run.start(ctx, fn, root, chunk_size, labels in ("auto", "cls"))
+            run.collect()
+            failed = False
+        finally:
+            run.close(failed)
+        records = [r for per_worker in run.records for r in per_worker]
+        for number, record in enumerate(records):
+            final = chunk_file_name(number)
+            os.replace(root / record.name, root / final)
+            record.name = final
+        content = finish_store(root, records, labels, names, chunk_size, check_unique=True)
+    except BaseException:
+        for path in (root / "chunks").iterdir():  # claimed empty: every chunk there is ours
+            if path.name.endswith((".tar", ".tar.partial")):
+                path.unlink()
+        raise
+    finally:
+        os.close(lock)
+    return WriteReport(
+        store=root,
+        samples=len(content.keys),
+        members=len(content.member_offset),
+        chunks=len(records),
+        data_bytes=int(content.member_length.sum()),
+        seconds=time.perf_counter() - started,
+    )
