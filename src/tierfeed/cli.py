@@ -42,35 +42,78 @@ _OS_ADVICE = {
     errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
 }
 
-# name -> "module:function"; the function adds the subcommand's parser and sets
-# `func` (args -> exit code) on it. Modules are imported only when they exist, so
-# a command's dependencies (FUSE, matplotlib, torch) load only when it is used.
-COMMANDS: dict[str, str] = {
-    "pack": "tierfeed.format.commands:register_pack",
-    "index": "tierfeed.format.commands:register_index",
-    "inspect": "tierfeed.format.commands:register_inspect",
-    "verify": "tierfeed.format.commands:register_verify",
-    "slowfs": "tierfeed.slowfs.command:register",
-    "stage": "tierfeed.dist.command:register",
-    "simulate": "tierfeed.plan.command:register",
-    "report": "tierfeed.telemetry.command:register",
-    "mount": "tierfeed.mount.command:register_mount",
-    "umount": "tierfeed.mount.command:register_umount",
+# name -> ("module:function", one-line summary). The function adds the subcommand's parser and
+# sets `func` (args -> exit code) on it. Only the module of the command being run is imported:
+# the others appear in `tierfeed --help` by their summary alone, so a command's dependencies
+# (FUSE, matplotlib, torch) load only when it is used and `tierfeed --help` starts at once.
+# Each summary is the `help=` its module registers (tests/test_cli_startup.py keeps them equal).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "pack": (
+        "tierfeed.format.commands:register_pack",
+        "pack a directory tree into tar chunks and an index",
+    ),
+    "index": ("tierfeed.format.commands:register_index", "index existing tar shards in place"),
+    "inspect": (
+        "tierfeed.format.commands:register_inspect",
+        "summarise a store: samples, chunks, classes, sizes",
+    ),
+    "verify": (
+        "tierfeed.format.commands:register_verify",
+        "check every chunk checksum and the index; exit 1 if bad",
+    ),
+    "slowfs": (
+        "tierfeed.slowfs.command:register",
+        "mount a directory read-only through FUSE with a seeded latency model",
+    ),
+    "stage": (
+        "tierfeed.dist.command:register",
+        "copy a store's chunks to node-local storage (every rank a disjoint share)",
+    ),
+    "simulate": (
+        "tierfeed.plan.command:register",
+        "origin, exchange and cache bytes per epoch of a plan",
+    ),
+    "report": (
+        "tierfeed.telemetry.command:register",
+        "plot a run: throughput, batch-wait CDF, tier hit rates",
+    ),
+    "mount": (
+        "tierfeed.mount.command:register_mount",
+        "mount a store read-only as its original directory tree",
+    ),
+    "umount": ("tierfeed.mount.command:register_umount", "unmount a tierfeed mount"),
 }
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
-def _load(target: str) -> Register | None:
+def _load(target: str) -> Register:
     module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            return None  # this command is not part of this build yet
-        raise
-    register: Register = getattr(module, attr)
+    register: Register = getattr(importlib.import_module(module_name), attr)
     return register
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed distribution's version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("tierfeed")
+        except PackageNotFoundError:  # a source tree on PYTHONPATH that was never installed
+            from tierfeed import __version__ as text
+        print(f"tierfeed {text}")
+        parser.exit(0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,17 +124,42 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {what}; see `{self.prog} --help`\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser with every available subcommand."""
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand argparse will pick: the first argument that is not an option.
+
+    The top-level parser has no option that takes a value, so this is exactly argparse's choice.
+    """
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; every subcommand's own parser, or only that of ``only``.
+
+    Args:
+        only: the command about to run; every other command gets a stub parser that carries
+            its summary for `tierfeed --help` and imports nothing. None registers them all.
+    """
     parser: argparse.ArgumentParser = _Parser(
         prog="tierfeed",
         description="Keep training fed from slow shared storage.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for target in COMMANDS.values():
-        register = _load(target)
-        if register is not None:
-            register(sub)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    sub = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        help="`tierfeed COMMAND --help` tells more",
+    )
+    for name, (target, summary) in COMMANDS.items():
+        if only is None or name == only:
+            _load(target)(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
 
 
@@ -140,7 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = "tierfeed"
     try:
-        args = build_parser().parse_args(argv)
+        # Only the command named is imported; with none ("": --help, --version, a usage
+        # error) no command module is.
+        args = build_parser(_command_in(argv) or "").parse_args(argv)
         command = f"tierfeed {args.command}"
         func: Callable[[argparse.Namespace], int] = args.func
         status = func(args)

@@ -81,8 +81,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--plan",
         default="global",
-        help="the plan the job reads with: partition plans (local, partial:Q) stage each "
-        "rank's own partition",
+        help="sampling plan the job reads with: global (default), local or partial:Q; the "
+        "partition plans (local, partial:Q) stage each rank's own partition",
     )
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds any wait on a peer may take"

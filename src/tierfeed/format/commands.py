@@ -37,6 +37,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         workers=args.workers,
         labels=args.labels,
+        group_by=args.group_by,
         skip_unreadable=args.skip_unreadable,
         overwrite=args.overwrite,
         progress=not args.quiet,
@@ -50,6 +51,12 @@ def _run_pack(args: argparse.Namespace) -> int:
         f"into {report.chunks} chunks{resumed} in {report.seconds:.1f} s ({human(rate)}/s) "
         f"-> {report.store}"
     )
+    if report.unlabelled:
+        print(
+            f"{report.unlabelled} samples lie outside the {report.classes} class directories "
+            "(at the top level): they have label -1",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -63,7 +70,20 @@ def register_pack(sub: Any) -> None:
     )
     p.add_argument("--workers", type=int, default=8, help="parallel file readers (default 8)")
     p.add_argument("--files", help="pack the paths listed in this file (relative to SRC)")
-    p.add_argument("--labels", choices=["auto", "folder", "none"], default="auto")
+    p.add_argument(
+        "--labels",
+        choices=["auto", "folder", "none"],
+        default="auto",
+        help="auto: ImageFolder classes from the top-level directories (default); folder: "
+        "every file lies in a class directory; none: no labels",
+    )
+    p.add_argument(
+        "--group-by",
+        choices=["file", "key"],
+        default="file",
+        help="file: each file is a sample (default); key: files sharing the path up to the "
+        "first dot of their name are one sample (WebDataset's rule)",
+    )
     p.add_argument("--skip-unreadable", action="store_true", help="skip and list unreadable files")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DST")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -72,7 +92,12 @@ def register_pack(sub: Any) -> None:
 
 def _run_index(args: argparse.Namespace) -> int:
     report = index_shards(
-        args.shards, args.out, args.labels, args.skip_bad_names, progress=not args.quiet
+        args.shards,
+        args.out,
+        args.labels,
+        args.skip_bad_names,
+        progress=not args.quiet,
+        classes=args.classes,
     )
     _print_skipped(report.skipped)
     print(
@@ -87,7 +112,20 @@ def register_index(sub: Any) -> None:
     p = sub.add_parser("index", help="index existing tar shards in place")
     p.add_argument("shards", nargs="+", help="uncompressed .tar shards inside --out")
     p.add_argument("--out", required=True, help="store directory holding the shards")
-    p.add_argument("--labels", choices=["auto", "folder", "none"], default="auto")
+    p.add_argument(
+        "--labels",
+        choices=["auto", "cls", "folder", "none"],
+        default="auto",
+        help="auto (default): from .cls members (integer text; .cls2 if no .cls) when samples "
+        "have them, else classes from the top-level directories of the member names, as for "
+        "pack; cls: every sample needs a .cls",
+    )
+    p.add_argument(
+        "--classes",
+        metavar="FILE",
+        help="names of the .cls classes, one per line (line i names class i); "
+        "default '0', '1', ...",
+    )
     p.add_argument("--skip-bad-names", action="store_true", help="skip and count unsafe names")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_index)

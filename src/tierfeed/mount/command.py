@@ -222,7 +222,12 @@ def register_mount(sub: Any) -> None:
     p.add_argument("--ram", default="0", help="RAM tier size, e.g. 4GiB (default: none)")
     p.add_argument("--disk", help="local-disk tier directory (shared by processes of a host)")
     p.add_argument("--disk-size", default="100GiB", help="local-disk tier quota")
-    p.add_argument("--policy", default="fill-top", choices=["fill-top", "lru", "clairvoyant"])
+    p.add_argument(
+        "--policy",
+        default="fill-top",
+        choices=["fill-top", "lru", "clairvoyant"],
+        help="placement of chunks in the RAM and disk tiers (default fill-top)",
+    )
     p.set_defaults(func=_run_mount)
 
 
@@ -246,6 +251,6 @@ def _run_umount(args: argparse.Namespace) -> int:
 def register_umount(sub: Any) -> None:
     """Add `tierfeed umount`."""
     p = sub.add_parser("umount", help="unmount a tierfeed mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where `tierfeed mount` mounted a store")
     p.add_argument("--lazy", action="store_true", help="detach even if files are open")
     p.set_defaults(func=_run_umount)

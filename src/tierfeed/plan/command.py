@@ -37,7 +37,7 @@ def _shape(args: argparse.Namespace) -> DatasetShape:
 
 def _run(args: argparse.Namespace) -> int:
     shape = _shape(args)
-    plan = Plan(shape, PlanSpec.parse(args.policy, seed=args.seed))
+    plan = Plan(shape, PlanSpec.parse(args.plan, seed=args.seed))
     rows = simulate(shape, plan, args.ranks, args.epochs, args.sample_ranks)
     if args.json:
         print(json.dumps(as_dict(rows), indent=1))
@@ -63,17 +63,42 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add `tierfeed simulate`."""
-    p = sub.add_parser("simulate", help="origin, exchange and cache bytes per epoch of a plan")
-    p.add_argument("--samples", type=int, required=True)
-    p.add_argument(
-        "--sample-bytes", type=_size, default="110KB", help="mean sample size (lognormal)"
+    p = sub.add_parser(
+        "simulate",
+        help="origin, exchange and cache bytes per epoch of a plan",
+        description="Compute a sampling plan on a synthetic dataset of lognormal sample sizes "
+        "and print, per epoch, the bytes each rank reads from the origin, exchanges with peers "
+        "and keeps in its cache. Nothing is read or written.",
     )
-    p.add_argument("--sigma", type=float, default=0.6, help="lognormal shape of sizes")
-    p.add_argument("--chunk-size", type=_size, default="64MiB")
-    p.add_argument("--ranks", type=int, required=True)
-    p.add_argument("--policy", default="global", help="global, local, partial:Q, chunkwise:K")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--sample-ranks", type=int, default=16, help="ranks actually computed")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--samples", type=int, required=True, help="number of samples in the dataset")
+    p.add_argument(
+        "--sample-bytes",
+        type=_size,
+        default="110KB",
+        help="mean sample size, lognormal (default 110KB)",
+    )
+    p.add_argument(
+        "--sigma", type=float, default=0.6, help="lognormal shape of sizes (default 0.6)"
+    )
+    p.add_argument(
+        "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
+    )
+    p.add_argument("--ranks", type=int, required=True, help="number of ranks in the job")
+    p.add_argument(
+        "--plan",
+        default="global",
+        help="sampling plan: global, local, partial:Q, chunkwise:K, or a combination such as "
+        "partial:0.1,chunkwise:4 (default global)",
+    )
+    # The old name of --plan, hidden: still read, and silent so that an error stays one line.
+    p.add_argument("--policy", dest="plan", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--epochs", type=int, default=3, help="epochs to simulate (default 3)")
+    p.add_argument(
+        "--sample-ranks",
+        type=int,
+        default=16,
+        help="ranks actually computed; totals are extrapolated to --ranks (default 16)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the plan and the sizes (default 0)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=_run)
