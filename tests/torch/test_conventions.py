@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from PIL import Image, UnidentifiedImageError
 
 from tests.format.conftest import write_tree
+from tests.torch.conftest import N
 from tests.torch.test_loader import PermPlan, decode, slow_store, values, values_of
 from tierfeed.errors import ChunkCorruptError, ConfigError, TierfeedError
 from tierfeed.format.pack import PackOptions, pack
@@ -24,17 +25,6 @@ from tierfeed.loader import DeadlineOptions, DecodeError, PrefetchOptions, decod
 from tierfeed.loader.batching import batch_count, read_prefix, worker_positions
 from tierfeed.torch import Dataset, Loader
 from tierfeed.torch.readers import Readers
-
-N = 120
-
-
-@pytest.fixture(scope="module")
-def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("conv")
-    write_tree(root / "src", {f"c{i % 3}/s{i:04d}.txt".encode(): b"%d" % i for i in range(N)})
-    pack(root / "src", root / "store", PackOptions(chunk_size=8192, progress=False))
-    return root / "store"
-
 
 # --- whole batches to workers (pure) ------------------------------------------------------
 

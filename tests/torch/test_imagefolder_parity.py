@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.format.conftest import write_tree
 from tierfeed.errors import ConfigError, NotFoundError
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
@@ -152,11 +153,7 @@ MESSY: dict[bytes, bytes] = {
 def make_messy(root: Path) -> Path:
     src = root / "src"
     base = os.fsencode(src)
-    for rel, data in MESSY.items():
-        path = os.path.join(base, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+    write_tree(src, MESSY)
     os.symlink(os.path.join(base, b"cat", b"sub"), os.path.join(base, b"dog", b"linked"))
     return src
 

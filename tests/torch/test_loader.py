@@ -14,17 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.format.conftest import write_tree
+from tests.torch.conftest import N
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.index import Index
-from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.telemetry import read_records
 from tierfeed.torch import Dataset, Loader
 from tierfeed.torch.dataset import Batch
-
-N = 120
 
 
 class PermPlan:
@@ -49,14 +46,6 @@ class SlowChunks(DirectoryChunks):
 
 def decode(sample: Sample) -> tuple[torch.Tensor, int]:
     return torch.tensor(int(sample.fields["txt"])), sample.label
-
-
-@pytest.fixture(scope="module")
-def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ld")
-    write_tree(root / "src", {f"c{i % 3}/s{i:04d}.txt".encode(): b"%d" % i for i in range(N)})
-    pack(root / "src", root / "store", PackOptions(chunk_size=8192, progress=False))
-    return root / "store"
 
 
 def slow_store(store_dir: Path) -> Store:
