@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.index import Index, IndexContent
 from tierfeed.format.indexcheck import header_checksum
-from tierfeed.format.layout import SECTIONS
+from tierfeed.format.layout import present_sections
 
 PREFIX = struct.Struct("<8sII")
 
@@ -50,7 +51,9 @@ def reseal(raw: bytes) -> bytes:
     an attacker crafts, or a buggy writer leaves."""
     header = read_header(raw)
     hasher = new_hasher()
-    for name in SECTIONS:
+    for name in present_sections(header["sections"]):
+        if name not in header["sections"]:
+            continue  # a section taken out of the table: what is left is checksummed
         offset, nbytes = header["sections"][name]
         hasher.update(raw[offset : offset + nbytes])
     header["sections_checksum"] = hasher.intdigest()
@@ -68,7 +71,8 @@ def edit_array(raw: bytes, name: str, change: Any) -> bytes:
     resealed so only the invariant checks can catch it."""
     header = read_header(raw)
     offset, nbytes = section(raw, name)
-    spec = header["path_order_dtype"] if name == "path_order" else SECTIONS[name][0]
+    known = present_sections(header["sections"])
+    spec = header["path_order_dtype"] if name == "path_order" else known[name][0]
     array = np.frombuffer(raw, dtype=spec, count=nbytes // np.dtype(spec).itemsize, offset=offset)
     new = np.asarray(change(array.copy()), dtype=spec).tobytes()
     assert len(new) == nbytes, f"edit of {name} changed its length"
@@ -82,3 +86,31 @@ def boundaries(raw: bytes) -> list[int]:
     for offset, nbytes in read_header(raw)["sections"].values():
         out.update((offset, offset + nbytes))
     return sorted(b for b in out if b < len(raw))
+
+
+def content_of(index: Index) -> IndexContent:
+    """Everything ``index`` holds, as the `IndexContent` that writes it again (a crafted index
+    is this with a field replaced, written whole: every checksum is right)."""
+    ix = index
+    return IndexContent(
+        keys=[ix.key_bytes(s) for s in range(ix.num_samples)],
+        labels=ix.sample_label.copy(),
+        member_start=ix.sample_member_start.copy(),
+        member_chunk=ix.member_chunk.copy(),
+        member_offset=ix.member_offset.copy(),
+        member_length=ix.member_length.copy(),
+        member_checksum=ix.member_checksum.copy(),
+        member_ext=ix.member_ext.copy(),
+        exts=list(ix.exts),
+        chunk_names=[c.name for c in ix.chunks()],
+        chunk_size=ix.chunk_size.copy(),
+        chunk_checksum=ix.chunk_checksum.copy(),
+        classes=list(ix.classes),
+        extra=dict(ix.header.get("extra", {})),
+        member_mode=None if ix.member_mode is None else ix.member_mode.copy(),
+        member_mtime=None if ix.member_mtime is None else ix.member_mtime.copy(),
+        dir_paths=list(ix.dir_paths) if ix.has_tree else None,
+        dir_mode=None if ix.dir_mode is None else ix.dir_mode.copy(),
+        dir_mtime=None if ix.dir_mtime is None else ix.dir_mtime.copy(),
+        root=ix.root,
+    )

@@ -20,11 +20,12 @@ from tests.format.conftest import write_tree
 from tests.hostile import indexedit as ie
 from tierfeed.errors import TierfeedError
 from tierfeed.format.index import Index
-from tierfeed.format.layout import INDEX_NAME, SECTIONS
+from tierfeed.format.layout import INDEX_NAME, SECTIONS, TREE_SECTIONS
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Store, open_store
 from tierfeed.format.verify import summarize, verify_store
 
+ALL_SECTIONS = SECTIONS | TREE_SECTIONS  # the pristine store is packed: it has the tree
 pytestmark = pytest.mark.timeout(120)
 
 FILES = {
@@ -142,7 +143,7 @@ HOSTILE: list[object] = [None, -1, 0, 1, 2**31, 2**64, 2**70, "x", "", 1.5, True
 @given(data=st.data())
 def test_header_edits(world: World, data: st.DataObject) -> None:
     header = ie.read_header(world.raw)
-    fields = sorted(header) + [f"sections.{n}" for n in SECTIONS] + ["new field"]
+    fields = sorted(header) + [f"sections.{n}" for n in ALL_SECTIONS] + ["new field"]
     field = data.draw(st.sampled_from(fields))
     remove = data.draw(st.booleans())
     if field.startswith("sections."):
@@ -176,9 +177,9 @@ def test_header_edits(world: World, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_crafted_sections(world: World, data: st.DataObject) -> None:
     """Edits an attacker makes, the checksum resealed: only the invariants stand guard."""
-    name = data.draw(st.sampled_from(list(SECTIONS)))
+    name = data.draw(st.sampled_from(list(ALL_SECTIONS)))
     header = ie.read_header(world.raw)
-    spec = header["path_order_dtype"] if name == "path_order" else SECTIONS[name][0]
+    spec = header["path_order_dtype"] if name == "path_order" else ALL_SECTIONS[name][0]
     count = ie.section(world.raw, name)[1] // np.dtype(spec).itemsize
     if count == 0:
         return

@@ -10,6 +10,7 @@ selection equal to a literal walk.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.format.conftest import write_tree
+from tests.hostile.indexedit import content_of
 from tierfeed.errors import ConfigError, NotFoundError
-from tierfeed.format.index import IndexContent, write_index
+from tierfeed.format.index import Index, IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Store, open_store
@@ -155,6 +157,8 @@ def make_messy(root: Path) -> Path:
     base = os.fsencode(src)
     write_tree(src, MESSY)
     os.symlink(os.path.join(base, b"cat", b"sub"), os.path.join(base, b"dog", b"linked"))
+    os.mkdir(src / "empty_class")  # a class folder with no file yet: still a class
+    os.makedirs(src / "cat" / "empty" / "deeper")  # empty directories inside a class
     return src
 
 
@@ -170,7 +174,7 @@ def messy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_messy_tree_samples_match_torchvision(messy: Path) -> None:
     want = torchvision_samples(messy / "src", allow_empty=True)
     ds = ImageFolder(messy / "store", allow_empty=True)
-    assert ds.classes == sorted(["cat", "dog", "a", "a-b", "a.b", "Zebra", "junk"])
+    assert ds.classes == sorted(["cat", "dog", "a", "a-b", "a.b", "Zebra", "junk", "empty_class"])
     assert ds.samples == want
     assert ds.imgs is ds.samples
     assert ds.targets == [t for _, t in want]
@@ -215,7 +219,9 @@ def test_vectorised_selection_equals_a_walk_of_the_store_tree(messy: Path) -> No
         everything = walk_samples(store, lambda p: True)
         images = walk_samples(store, lambda p: p.lower().endswith(IMG_EXTENSIONS))
         _, class_to_idx = tv_find_classes(os.fspath(messy / "src"))
-        got, members = make_dataset(store, class_to_idx, is_valid_file=lambda p: True)
+        got, members = make_dataset(
+            store, class_to_idx, is_valid_file=lambda p: True, allow_empty=True
+        )
         assert got == everything
         assert members.tolist() == [store.stat(p).member for p, _ in got]
         got, _ = make_dataset(store, class_to_idx, IMG_EXTENSIONS, allow_empty=True)
@@ -223,12 +229,35 @@ def test_vectorised_selection_equals_a_walk_of_the_store_tree(messy: Path) -> No
 
 
 def test_empty_class_is_a_file_not_found_error(messy: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="junk"):
+    with pytest.raises(FileNotFoundError, match="empty_class, junk"):
         torchvision_samples(messy / "src")
-    with pytest.raises(NotFoundError, match=r"junk.*allow_empty=True") as caught:
+    with pytest.raises(NotFoundError, match=r"empty_class, junk.*allow_empty=True") as caught:
         ImageFolder(messy / "store")
     assert isinstance(caught.value, FileNotFoundError)
     assert str(messy / "store") in str(caught.value)
+
+
+def test_a_store_without_the_tree_behaves_as_before(messy: Path, tmp_path: Path) -> None:
+    """An index without the tree (written before it existed, or by `tierfeed index`) knows
+    only the directories that hold files: no empty class."""
+    (tmp_path / "chunks").symlink_to(messy / "store" / "chunks")
+    with Index(messy / "store") as ix:
+        content = dataclasses.replace(
+            content_of(ix),
+            member_mode=None,
+            member_mtime=None,
+            dir_paths=None,
+            dir_mode=None,
+            dir_mtime=None,
+            root=None,
+        )
+    write_index(tmp_path / INDEX_NAME, content)
+    full = ImageFolder(messy / "store", allow_empty=True)
+    old = ImageFolder(tmp_path, allow_empty=True)
+    assert old.classes == [c for c in full.classes if c != "empty_class"]
+    assert [p for p, _ in old.samples] == [p for p, _ in full.samples]
+    with pytest.raises(NotFoundError, match=r"classes junk \("):
+        ImageFolder(tmp_path)
 
 
 def test_both_extensions_and_is_valid_file_is_a_value_error(messy: Path) -> None:

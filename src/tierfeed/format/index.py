@@ -1,4 +1,4 @@
-"""The metadata snapshot: write an index file, and open one by memory-mapping its arrays."""
+"""The metadata snapshot: open an index file by mapping its arrays (`indexwrite` writes one)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import itertools
 import json
 import mmap
 import os
-import struct
 from bisect import bisect_left
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,152 +15,32 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import IndexFormatError
-from tierfeed.format.chunkref import CHECKSUM_ALGO, ChunkInfo, new_hasher
+from tierfeed.format.chunkref import ChunkInfo, new_hasher
 from tierfeed.format.indexcheck import (
     check_header,
     check_invariants,
     check_sections,
     damaged,
-    header_checksum,
 )
+from tierfeed.format.indexwrite import PREFIX as _PREFIX
+from tierfeed.format.indexwrite import IndexContent, write_index
 from tierfeed.format.layout import (
     INDEX_NAME,
     MAGIC,
-    SECTIONS,
     VERSION,
-    aligned,
     expected_length,
+    present_sections,
 )
+from tierfeed.format.treecheck import check_tree
 
 __all__ = ["CHECKSUM_ON_OPEN_BYTES", "Index", "IndexContent", "write_index"]
 
-_PREFIX = struct.Struct("<8sII")
 
 # Indexes whose sections total at most this many bytes (about 3M one-file samples) have their
 # sections checksum verified on open: xxh3 reads several GB/s, so this costs tens of ms at
 # most and catches every bit flip, including the ones that break the path order. Larger ones
 # rely on the vectorised invariant checks on open and `tierfeed verify` for the rest.
 CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
-
-
-@dataclass
-class IndexContent:
-    """Everything an index holds, as plain arrays: what `write_index` takes.
-
-    Samples are in store order; the members of a sample are contiguous and sorted by
-    extension; every member of a sample lies in the sample's chunk.
-    """
-
-    keys: list[bytes]
-    labels: npt.NDArray[np.int32]
-    member_start: npt.NDArray[np.uint64]  # samples + 1
-    member_chunk: npt.NDArray[np.uint32]
-    member_offset: npt.NDArray[np.uint64]
-    member_length: npt.NDArray[np.uint64]
-    member_checksum: npt.NDArray[np.uint64]
-    member_ext: npt.NDArray[np.uint16]
-    exts: list[bytes]
-    chunk_names: list[str]
-    chunk_size: npt.NDArray[np.uint64]
-    chunk_checksum: npt.NDArray[np.uint64]
-    classes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _blob(parts: Sequence[bytes]) -> tuple[npt.NDArray[np.uint64], bytes]:
-    lengths = np.fromiter((len(p) for p in parts), dtype=np.uint64, count=len(parts))
-    offsets = np.zeros(len(parts) + 1, dtype=np.uint64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets, b"".join(parts)
-
-
-def _path_order(content: IndexContent) -> npt.NDArray[np.generic]:
-    start = content.member_start
-    owner = np.repeat(np.arange(len(content.keys)), np.diff(start).astype(np.int64))
-    paths = [
-        content.keys[s] + content.exts[e] for s, e in zip(owner, content.member_ext, strict=True)
-    ]
-    order = sorted(range(len(paths)), key=paths.__getitem__)
-    dtype = "<u4" if len(paths) < 2**32 else "<u8"
-    return np.asarray(order, dtype=dtype)
-
-
-def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
-    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename)."""
-    if len(content.exts) > 2**16:
-        raise IndexFormatError(
-            f"{path}: {len(content.exts)} distinct file extensions; the index holds at most "
-            f"{2**16} (are sample keys split as intended?)"
-        )
-    key_offset, keys = _blob(content.keys)
-    name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
-    arrays: dict[str, npt.NDArray[Any] | bytes] = {
-        "sample_member_start": content.member_start,
-        "sample_key_offset": key_offset,
-        "sample_label": content.labels,
-        "sample_chunk": content.member_chunk[content.member_start[:-1].astype(np.int64)]
-        if len(content.keys)
-        else np.zeros(0, np.uint32),
-        "member_chunk": content.member_chunk,
-        "member_offset": content.member_offset,
-        "member_length": content.member_length,
-        "member_checksum": content.member_checksum,
-        "member_ext": content.member_ext,
-        "path_order": _path_order(content),
-        "keys": keys,
-        "chunk_name_offset": name_offset,
-        "chunk_names": names,
-        "chunk_size": content.chunk_size,
-        "chunk_checksum": content.chunk_checksum,
-    }
-    payloads: list[tuple[str, bytes]] = []
-    for name, (dtype, _) in SECTIONS.items():
-        value = arrays[name]
-        if isinstance(value, bytes):
-            payloads.append((name, value))
-        else:
-            spec = value.dtype.newbyteorder("<").str if name == "path_order" else dtype
-            payloads.append((name, np.ascontiguousarray(value, dtype=spec).tobytes()))
-    hasher = new_hasher()
-    for _, data in payloads:
-        hasher.update(data)
-    header: dict[str, Any] = {
-        "samples": len(content.keys),
-        "members": len(content.member_offset),
-        "chunks": len(content.chunk_names),
-        "classes": content.classes,
-        "exts": [os.fsdecode(e) for e in content.exts],
-        "checksum_algo": CHECKSUM_ALGO,
-        "sections_checksum": hasher.intdigest(),
-        "path_order_dtype": arrays["path_order"].dtype.str,  # type: ignore[union-attr]
-        "extra": content.extra,
-    }
-    header_slack = 64  # room for the header checksum added once the offsets are known
-    # Section offsets depend on the header length, which depends on the offsets: lay out with
-    # a header padded to a fixed aligned size.
-    sections: dict[str, list[int]] = {name: [0, len(data)] for name, data in payloads}
-    header["sections"] = sections
-    header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + header_slack + _PREFIX.size)
-    offset = end = header_len
-    for name, data in payloads:
-        sections[name] = [offset, len(data)]
-        end = offset + len(data)
-        offset = aligned(end)
-    header["header_checksum"] = header_checksum(header)
-    blob = json.dumps(header).encode()
-    head = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
-    if len(head) > header_len:
-        raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
-    tmp = Path(f"{os.fspath(path)}.partial")
-    with open(tmp, "wb") as f:
-        f.write(head.ljust(header_len, b"\0"))
-        for name, data in payloads:
-            f.seek(sections[name][0])
-            f.write(data)
-        f.truncate(end)  # no padding after the last section: truncation is always seen
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
@@ -246,16 +123,28 @@ class Index:
         self.classes: list[str] = list(h["classes"])
         self.exts: list[bytes] = [os.fsencode(e) for e in h["exts"]]
         table = check_sections(h, self.path, self._size, self._header_end)
+        self.num_dirs: int = h.get("dirs", 0)
+        self.has_tree = "dirs" in h
+        # (mode, mtime ns) of the tree's root, when the index holds the tree.
+        self.root: tuple[int, int] | None = (h["root"][0], h["root"][1]) if self.has_tree else None
         arrays: dict[str, Any] = {}
-        for name, (_, kind) in SECTIONS.items():
+        for name, (_, kind) in present_sections(h["sections"]).items():
             offset, count, dtype = table[name]
-            want = expected_length(kind, self.num_samples, self.num_members, self.num_chunks)
+            want = expected_length(
+                kind, self.num_samples, self.num_members, self.num_chunks, self.num_dirs
+            )
             if want is not None and count != want:
                 raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
         if sum(nbytes for _, nbytes in h["sections"].values()) <= CHECKSUM_ON_OPEN_BYTES:
             self.check_checksum()
         check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
+        # Directory paths of the tree (root excluded), sorted: few next to the members.
+        self.dir_paths: list[bytes] = check_tree(arrays, self.path) if self.has_tree else []
+        self.member_mode: npt.NDArray[np.uint16] | None = arrays.get("member_mode")
+        self.member_mtime: npt.NDArray[np.int64] | None = arrays.get("member_mtime")
+        self.dir_mode: npt.NDArray[np.uint16] | None = arrays.get("dir_mode")
+        self.dir_mtime: npt.NDArray[np.int64] | None = arrays.get("dir_mtime")
         self.sample_member_start: npt.NDArray[np.uint64] = arrays["sample_member_start"]
         self.sample_key_offset: npt.NDArray[np.uint64] = arrays["sample_key_offset"]
         self.sample_label: npt.NDArray[np.int32] = arrays["sample_label"]
@@ -398,7 +287,7 @@ class Index:
     def sections_checksum(self) -> int:
         """Checksum of every section as stored now (compare with the header's, to verify)."""
         hasher = new_hasher()
-        for name in SECTIONS:
+        for name in present_sections(self.header["sections"]):
             offset, nbytes = self.header["sections"][name]
             hasher.update(self._mm[offset : offset + nbytes])
         return hasher.intdigest()

@@ -23,11 +23,12 @@ import numpy.typing as npt
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, checksum_bytes
-from tierfeed.format.layout import SECTIONS, as_dtype
+from tierfeed.format.layout import TREE_SECTIONS, as_dtype, present_sections
 
 __all__ = [
     "MAX_CHUNK_BYTES",
     "MAX_EXTS",
+    "MAX_MODE",
     "PATH_ORDER_DTYPES",
     "check_header",
     "check_invariants",
@@ -50,7 +51,8 @@ _REQUIRED: dict[str, type] = {
     "path_order_dtype": str,
     "sections": dict,
 }
-_OPTIONAL: dict[str, type] = {"extra": dict, "header_checksum": int}
+_OPTIONAL: dict[str, type] = {"extra": dict, "header_checksum": int, "dirs": int, "root": list}
+MAX_MODE = 0o7777  # permission bits only: the type bits come from what an entry is
 
 
 def damaged(where: Path, what: str) -> IndexFormatError:
@@ -89,8 +91,8 @@ def check_header(header: object, where: Path, size: int) -> dict[str, Any]:
         raise damaged(where, f"unknown header field {unknown[0]!r}")
     if "header_checksum" in header and header["header_checksum"] != header_checksum(header):
         raise damaged(where, "header checksum mismatch (the header was altered or damaged)")
-    for name in ("samples", "members", "chunks"):
-        if header[name] > size:
+    for name in ("samples", "members", "chunks", "dirs"):
+        if header.get(name, 0) > size:
             raise damaged(where, f"{header[name]} {name} cannot fit in a {size}-byte file")
     if header["checksum_algo"] != CHECKSUM_ALGO:
         raise damaged(where, f"unknown checksum algorithm {header['checksum_algo']!r}")
@@ -101,7 +103,19 @@ def check_header(header: object, where: Path, size: int) -> dict[str, Any]:
             f"{', '.join(PATH_ORDER_DTYPES)}",
         )
     _check_names(header, where, size)
+    _check_root(header, where)
     return header
+
+
+def _check_root(header: dict[str, Any], where: Path) -> None:
+    """The tree's root, ``[mode, mtime ns]``, comes with the tree (``dirs``) and only with it."""
+    if ("root" in header) != ("dirs" in header):
+        raise damaged(where, "the header's root and dirs fields come together")
+    root = header.get("root", [0, 0])
+    if not (len(root) == 2 and all(map(_is_int, root))):
+        raise damaged(where, "the header's root is not a [mode, mtime] pair of integers")
+    if not (0 <= root[0] <= MAX_MODE and -(2**63) <= root[1] < 2**63):
+        raise damaged(where, f"the header's root {root} is out of range")
 
 
 def _check_names(header: dict[str, Any], where: Path, size: int) -> None:
@@ -121,17 +135,20 @@ def _check_names(header: dict[str, Any], where: Path, size: int) -> None:
 def check_sections(
     header: dict[str, Any], where: Path, size: int, header_end: int
 ) -> dict[str, tuple[int, int, np.dtype[np.generic]]]:
-    """The section table: exactly the known sections, each ``[offset, nbytes]`` of whole
-    items, inside the file, after the header, not overlapping. Returns name -> (offset,
-    count, dtype)."""
+    """The section table: exactly the known sections (the tree sections all together, with
+    the header's ``dirs``, or none of them), each ``[offset, nbytes]`` of whole items, inside
+    the file, after the header, not overlapping. Returns name -> (offset, count, dtype)."""
     table = header["sections"]
-    if set(table) != set(SECTIONS):
-        missing = sorted(set(SECTIONS) - set(table))
+    known = present_sections(table)
+    if set(table) != set(known):
+        missing = sorted(set(known) - set(table))
         what = f"lacks section {missing[0]!r}" if missing else "has an unknown section"
         raise damaged(where, f"the section table {what}")
+    if ("dirs" in header) != (TREE_SECTIONS.keys() <= table.keys()):
+        raise damaged(where, "the header's dirs count and the tree sections come together")
     out: dict[str, tuple[int, int, np.dtype[np.generic]]] = {}
     spans: list[tuple[int, int, str]] = []
-    for name, (spec, _) in SECTIONS.items():
+    for name, (spec, _) in known.items():
         entry = table[name]
         if not (isinstance(entry, list) and len(entry) == 2 and all(map(_is_int, entry))):
             raise damaged(where, f"section {name} is not an [offset, nbytes] pair of integers")

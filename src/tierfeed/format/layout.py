@@ -8,7 +8,9 @@ offset 0   b"TIERFEED"                 magic, 8 bytes
       ...  sections, each 64-byte aligned, raw little-endian numpy arrays
 ```
 Per sample 24 bytes and per member 34 bytes (plus the key bytes): a 10M-sample index opens
-by memory-mapping these arrays, without reading them.
+by memory-mapping these arrays, without reading them. A store packed from a tree also holds
+the optional tree sections (`TREE_SECTIONS`: modes and mtimes of its files, and every
+directory); indexes without them (`tierfeed index`, `Writer`, older packs) open unchanged.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ __all__ = [
     "INDEX_NAME",
     "MAGIC",
     "SECTIONS",
+    "TREE_SECTIONS",
     "VERSION",
     "aligned",
     "as_dtype",
     "expected_length",
+    "present_sections",
 ]
 
 MAGIC = b"TIERFEED"
@@ -51,13 +55,34 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "chunk_checksum": ("<u8", "c"),
 }
 
+# The tree: present all together (with the header count "dirs") or not at all. "d" is the
+# number of directories of the tree, the root excluded, sorted bytewise by path.
+TREE_SECTIONS: dict[str, tuple[str, str]] = {
+    "member_mode": ("<u2", "m"),  # permission bits (S_IMODE) of the packed file
+    "member_mtime": ("<i8", "m"),  # mtime of the packed file, nanoseconds since the epoch
+    "dir_path_offset": ("<u8", "d+1"),  # path of directory i: dir_paths[off[i]:off[i+1]]
+    "dir_paths": ("u1", "blob"),
+    "dir_mode": ("<u2", "d"),
+    "dir_mtime": ("<i8", "d"),
+}
+
+
+def present_sections(names: object) -> dict[str, tuple[str, str]]:
+    """The sections an index with this section table holds, in file and checksum order:
+    `SECTIONS`, then `TREE_SECTIONS` when the table names any of them."""
+    if isinstance(names, dict) and any(name in names for name in TREE_SECTIONS):
+        return SECTIONS | TREE_SECTIONS
+    return dict(SECTIONS)
+
 
 def aligned(n: int) -> int:
     """Round ``n`` up to the section alignment."""
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def expected_length(kind: str, samples: int, members: int, chunks: int) -> int | None:
+def expected_length(
+    kind: str, samples: int, members: int, chunks: int, dirs: int = 0
+) -> int | None:
     """Number of elements a section of this length kind must have (None for blobs)."""
     return {
         "s": samples,
@@ -65,6 +90,8 @@ def expected_length(kind: str, samples: int, members: int, chunks: int) -> int |
         "m": members,
         "c": chunks,
         "c+1": chunks + 1,
+        "d": dirs,
+        "d+1": dirs + 1,
     }.get(kind)
 
 

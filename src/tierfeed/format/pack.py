@@ -36,10 +36,12 @@ from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import GROUPINGS
 from tierfeed.format.packplan import PackPlan, plan_pack
 from tierfeed.format.source import (
+    SourceDir,
     SourceTree,
     group_samples,
     list_files,
     read_source_file,
+    tree_content,
     walk_tree,
 )
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
@@ -260,6 +262,7 @@ class _Packer:
             chunk_checksum=self.chunk_checksum,
             classes=tree.classes,
             extra={"skipped": len(tree.skipped), "chunk_target_bytes": plan.chunk_size},
+            **tree_content(plan.files, kept, tree.dirs),
         )
 
 
@@ -360,12 +363,14 @@ def pack(
     # Everything is checked and the source listed before the first write.
     check_destination(src_path, dst_path, options.overwrite)
     skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
+    dirs: list[SourceDir] = []
     if files is not None:
-        listing = list_files(src_path, Path(files), skipped)
+        listing = list_files(src_path, Path(files), skipped, dirs)
     else:
-        listing = walk_tree(src_path, skipped, exclude=dst_path)
+        listing = walk_tree(src_path, skipped, exclude=dst_path, dirs=dirs)
     tree = group_samples(listing, options.labels, src_path, options.group_by)
     tree.skipped = skipped or []
+    tree.dirs = dirs
     plan = plan_pack(tree, options.chunk_size)
     try:
         packer, content = _write_store(dst_path, plan, options, tree)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from tierfeed.errors import DuplicateKeyError, EmptySourceError, PackError, UnreadableFileError
 from tierfeed.format.names import label_dir, split_for
 
 __all__ = [
+    "SourceDir",
     "SourceFile",
     "SourceSample",
     "SourceTree",
@@ -20,6 +25,7 @@ __all__ = [
     "group_samples",
     "list_files",
     "read_source_file",
+    "tree_content",
     "unreadable_error",
     "walk_tree",
 ]
@@ -32,8 +38,18 @@ class SourceFile:
     rel: bytes
     abs: bytes
     size: int
-    mtime: int
-    mode: int
+    mtime: int  # seconds (the tar header's)
+    mode: int  # permission bits (S_IMODE)
+    mtime_ns: int = 0  # the index's
+
+
+@dataclass(frozen=True)
+class SourceDir:
+    """One directory of the packed tree (the root's path is empty): its path, mode and mtime."""
+
+    rel: bytes
+    mode: int  # permission bits (S_IMODE)
+    mtime_ns: int
 
 
 @dataclass
@@ -52,6 +68,7 @@ class SourceTree:
     samples: list[SourceSample]
     classes: list[str]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    dirs: list[SourceDir] | None = None  # sorted by path; None when not recorded
 
 
 def unreadable_error(path: bytes | str, reason: str) -> UnreadableFileError:
@@ -88,7 +105,8 @@ def _stat_file(rel: bytes, path: bytes, skipped: list[tuple[str, str]] | None) -
         reason = "broken symlink" if os.path.islink(path) else (exc.strerror or str(exc))
     else:
         if stat.S_ISREG(st.st_mode):
-            return SourceFile(rel, path, st.st_size, int(st.st_mtime), stat.S_IMODE(st.st_mode))
+            mode = stat.S_IMODE(st.st_mode)
+            return SourceFile(rel, path, st.st_size, int(st.st_mtime), mode, st.st_mtime_ns)
         via = ", through a symlink" if os.path.islink(path) else ""
         reason = f"not a regular file ({file_kind(st.st_mode)}{via}); only regular files are packed"
     if skipped is None:
@@ -98,7 +116,10 @@ def _stat_file(rel: bytes, path: bytes, skipped: list[tuple[str, str]] | None) -
 
 
 def walk_tree(
-    root: Path, skipped: list[tuple[str, str]] | None = None, exclude: Path | None = None
+    root: Path,
+    skipped: list[tuple[str, str]] | None = None,
+    exclude: Path | None = None,
+    dirs: list[SourceDir] | None = None,
 ) -> list[SourceFile]:
     """Every regular file under ``root`` (symlinks followed, loops refused), sorted by path.
 
@@ -108,6 +129,8 @@ def walk_tree(
             here instead of raising.
         exclude: a directory to leave out (the destination, should a symlink in the source
             lead to it: a destination inside the source itself is refused earlier).
+        dirs: collect every directory walked here, sorted by path: the root (path ``b""``)
+            and every other, empty ones included (skipped and excluded ones left out).
 
     Raises:
         UnreadableFileError: a file or directory cannot be read, is not a regular file or a
@@ -140,6 +163,8 @@ def walk_tree(
             continue
         if excluded is not None and ident == (excluded.st_dev, excluded.st_ino):
             continue
+        if dirs is not None:
+            dirs.append(SourceDir(rel_dir, stat.S_IMODE(st.st_mode), st.st_mtime_ns))
         for entry in reversed(entries):
             rel = rel_dir + b"/" + entry.name if rel_dir else entry.name
             try:
@@ -153,7 +178,30 @@ def walk_tree(
                 if info is not None:
                     found.append(info)
     found.sort(key=lambda f: f.rel)
+    if dirs is not None:
+        dirs.sort(key=lambda d: d.rel)
     return found
+
+
+def tree_content(
+    files: Sequence[SourceFile], kept: npt.NDArray[np.bool_], dirs: list[SourceDir] | None
+) -> dict[str, Any]:
+    """The tree fields of `IndexContent` (all None when ``dirs`` was not recorded): the modes
+    and mtimes of the ``kept`` files, the directories but the root, and the root's."""
+    if dirs is None:
+        return {}
+    n = len(files)
+    modes = np.fromiter((f.mode for f in files), dtype=np.uint16, count=n)
+    mtimes = np.fromiter((f.mtime_ns for f in files), dtype=np.int64, count=n)
+    inner = [d for d in dirs if d.rel]
+    return {
+        "member_mode": modes[kept],
+        "member_mtime": mtimes[kept],
+        "dir_paths": [d.rel for d in inner],
+        "dir_mode": np.array([d.mode for d in inner], dtype=np.uint16),
+        "dir_mtime": np.array([d.mtime_ns for d in inner], dtype=np.int64),
+        "root": next(((d.mode, d.mtime_ns) for d in dirs if not d.rel), None),
+    }
 
 
 def read_source_file(f: SourceFile) -> bytes:
@@ -195,9 +243,15 @@ def read_source_file(f: SourceFile) -> bytes:
 
 
 def list_files(
-    root: Path, listing: Path, skipped: list[tuple[str, str]] | None
+    root: Path,
+    listing: Path,
+    skipped: list[tuple[str, str]] | None,
+    dirs: list[SourceDir] | None = None,
 ) -> list[SourceFile]:
     """The files named in ``listing`` (one path relative to ``root`` per line), sorted.
+
+    ``dirs`` collects the directories the listed files lie in (each with every parent, the
+    root's path ``b""`` included), sorted by path, and no others.
 
     Raises:
         PackError: the listing itself cannot be read.
@@ -224,7 +278,27 @@ def list_files(
         if info is not None:
             found.append(info)
     found.sort(key=lambda f: f.rel)
+    if dirs is not None:
+        dirs.extend(_parent_dirs(base, [f.rel for f in found]))
     return found
+
+
+def _parent_dirs(base: bytes, rels: list[bytes]) -> list[SourceDir]:
+    """The directories holding ``rels`` and all their parents (the root: ``b""``), stat'ed."""
+    wanted: set[bytes] = {b""}
+    for rel in rels:
+        parent = rel.rpartition(b"/")[0]
+        while parent and parent not in wanted:
+            wanted.add(parent)
+            parent = parent.rpartition(b"/")[0]
+    out: list[SourceDir] = []
+    for rel in sorted(wanted):
+        try:
+            st = os.stat(os.path.join(base, rel) if rel else base)
+        except OSError as exc:
+            raise unreadable_error(os.path.join(base, rel), exc.strerror or str(exc)) from None
+        out.append(SourceDir(rel, stat.S_IMODE(st.st_mode), st.st_mtime_ns))
+    return out
 
 
 def group_samples(

@@ -24,7 +24,7 @@ from typing import Any
 import mfusepy
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, TierfeedError
-from tierfeed.format.store import Store
+from tierfeed.format.store import PathStat, Store
 from tierfeed.telemetry.histogram import LatencyHistogram
 
 __all__ = [
@@ -176,9 +176,16 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         with self._mutex:
             self._counts[name] += n
 
-    def _attrs(self, is_dir: bool, size: int) -> dict[str, int]:
-        mode = (stat.S_IFDIR | 0o555) if is_dir else (stat.S_IFREG | 0o444)
-        t = self._time_ns
+    def _attrs(
+        self, is_dir: bool, size: int, perm: int | None = None, t: int | None = None
+    ) -> dict[str, int]:
+        """Attributes of an entry: the packed tree's mode and mtime where the index holds
+        them (shown as stored: the mount is read-only whatever they say), else 0o555/0o444
+        and the index file's mtime."""
+        if perm is None:
+            perm = 0o555 if is_dir else 0o444
+        mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | perm
+        t = self._time_ns if t is None else t
         return {
             "st_mode": mode,
             "st_nlink": 2 if is_dir else 1,
@@ -213,13 +220,12 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
     def _rel(path: str) -> str:
         return path.lstrip("/")
 
-    def _lookup(self, path: str) -> tuple[bool, int, int]:
-        """(is_dir, size, member) of a path of the tree; ENOENT if absent."""
+    def _lookup(self, path: str) -> PathStat:
+        """What the index knows of a path of the tree; ENOENT if absent."""
         try:
-            found = self.store.stat(self._rel(path))
+            return self.store.stat(self._rel(path))
         except NotFoundError:
             raise mfusepy.FuseOSError(errno.ENOENT) from None
-        return found.is_dir, found.size, found.member
 
     # --- metadata: answered from the index ---------------------------------------------
 
@@ -230,8 +236,11 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
             return self._attrs(True, 0)
         if rel == f"{STATS_DIR}/{STATS_FILE}":
             return self._attrs(False, len(self._stats_bytes()))
-        is_dir, size, _ = self._lookup(path)
-        return self._attrs(is_dir, size)
+        found = self._lookup(path)
+        attrs = self._attrs(found.is_dir, found.size, found.mode, found.mtime_ns)
+        if found.is_dir:
+            attrs["st_nlink"] = 2 + (self.store.subdirs(rel) or 0)
+        return attrs
 
     def readdir(self, path: str, fh: int) -> list[str]:
         self._count("readdirs")
@@ -256,9 +265,10 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
             self._snapshot(int(fi.fh))
             fi.direct_io = 1  # live content: never from the page cache
             return 0
-        is_dir, _, member = self._lookup(path)
-        if is_dir:
+        found = self._lookup(path)
+        if found.is_dir:
             raise mfusepy.FuseOSError(errno.EISDIR)
+        member = found.member
         self._count("opens")
         if self._on_open is not None:
             self._on_open(int(self.store.index.member_chunk[member]))

@@ -55,6 +55,10 @@ def has_file_allowed_extension(filename: str, extensions: str | Sequence[str]) -
 def find_classes(store: Store) -> tuple[list[str], dict[str, int]]:
     """The classes of a store's tree: its top-level directories, sorted, and their indices.
 
+    A store packed from a tree records its empty directories too, so an empty class folder
+    is a class, as torchvision lists it (and `make_dataset` then refuses it unless
+    ``allow_empty``); a store without the tree knows only the directories holding files.
+
     Raises:
         NotFoundError: the tree has no top-level directory (torchvision's FileNotFoundError).
     """

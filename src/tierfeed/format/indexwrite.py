@@ -1,0 +1,182 @@
+"""Writing the metadata snapshot: `IndexContent` (plain arrays) to an index file, atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.errors import IndexFormatError
+from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
+from tierfeed.format.indexcheck import header_checksum
+from tierfeed.format.layout import MAGIC, SECTIONS, TREE_SECTIONS, VERSION, aligned
+
+__all__ = ["PREFIX", "IndexContent", "write_index"]
+
+PREFIX = struct.Struct("<8sII")
+
+
+@dataclass
+class IndexContent:
+    """Everything an index holds, as plain arrays: what `write_index` takes.
+
+    Samples are in store order; the members of a sample are contiguous and sorted by
+    extension; every member of a sample lies in the sample's chunk.
+    """
+
+    keys: list[bytes]
+    labels: npt.NDArray[np.int32]
+    member_start: npt.NDArray[np.uint64]  # samples + 1
+    member_chunk: npt.NDArray[np.uint32]
+    member_offset: npt.NDArray[np.uint64]
+    member_length: npt.NDArray[np.uint64]
+    member_checksum: npt.NDArray[np.uint64]
+    member_ext: npt.NDArray[np.uint16]
+    exts: list[bytes]
+    chunk_names: list[str]
+    chunk_size: npt.NDArray[np.uint64]
+    chunk_checksum: npt.NDArray[np.uint64]
+    classes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    # The packed tree (all given, or none): per member, then per directory (root excluded,
+    # sorted bytewise by path, every parent listed).
+    member_mode: npt.NDArray[np.uint16] | None = None
+    member_mtime: npt.NDArray[np.int64] | None = None  # nanoseconds
+    dir_paths: list[bytes] | None = None
+    dir_mode: npt.NDArray[np.uint16] | None = None
+    dir_mtime: npt.NDArray[np.int64] | None = None  # nanoseconds
+    root: tuple[int, int] | None = None  # (mode, mtime ns) of the tree's root
+
+
+def _tree_arrays(content: IndexContent) -> dict[str, npt.NDArray[Any] | bytes]:
+    """The tree sections of ``content``, or none when it carries no tree."""
+    tree = (
+        content.member_mode,
+        content.member_mtime,
+        content.dir_paths,
+        content.dir_mode,
+        content.dir_mtime,
+        content.root,
+    )
+    if all(part is None for part in tree):
+        return {}
+    if any(part is None for part in tree):
+        raise IndexFormatError("internal error: an index's tree is given in part")
+    dir_offset, dir_paths = _blob(content.dir_paths or [])
+    return {
+        "member_mode": content.member_mode,  # type: ignore[dict-item]
+        "member_mtime": content.member_mtime,  # type: ignore[dict-item]
+        "dir_path_offset": dir_offset,
+        "dir_paths": dir_paths,
+        "dir_mode": content.dir_mode,  # type: ignore[dict-item]
+        "dir_mtime": content.dir_mtime,  # type: ignore[dict-item]
+    }
+
+
+def _blob(parts: Sequence[bytes]) -> tuple[npt.NDArray[np.uint64], bytes]:
+    lengths = np.fromiter((len(p) for p in parts), dtype=np.uint64, count=len(parts))
+    offsets = np.zeros(len(parts) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets, b"".join(parts)
+
+
+def _path_order(content: IndexContent) -> npt.NDArray[np.generic]:
+    start = content.member_start
+    owner = np.repeat(np.arange(len(content.keys)), np.diff(start).astype(np.int64))
+    paths = [
+        content.keys[s] + content.exts[e] for s, e in zip(owner, content.member_ext, strict=True)
+    ]
+    order = sorted(range(len(paths)), key=paths.__getitem__)
+    dtype = "<u4" if len(paths) < 2**32 else "<u8"
+    return np.asarray(order, dtype=dtype)
+
+
+def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
+    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename)."""
+    if len(content.exts) > 2**16:
+        raise IndexFormatError(
+            f"{path}: {len(content.exts)} distinct file extensions; the index holds at most "
+            f"{2**16} (are sample keys split as intended?)"
+        )
+    key_offset, keys = _blob(content.keys)
+    name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
+    arrays: dict[str, npt.NDArray[Any] | bytes] = {
+        "sample_member_start": content.member_start,
+        "sample_key_offset": key_offset,
+        "sample_label": content.labels,
+        "sample_chunk": content.member_chunk[content.member_start[:-1].astype(np.int64)]
+        if len(content.keys)
+        else np.zeros(0, np.uint32),
+        "member_chunk": content.member_chunk,
+        "member_offset": content.member_offset,
+        "member_length": content.member_length,
+        "member_checksum": content.member_checksum,
+        "member_ext": content.member_ext,
+        "path_order": _path_order(content),
+        "keys": keys,
+        "chunk_name_offset": name_offset,
+        "chunk_names": names,
+        "chunk_size": content.chunk_size,
+        "chunk_checksum": content.chunk_checksum,
+    }
+    arrays |= _tree_arrays(content)
+    payloads: list[tuple[str, bytes]] = []
+    for name, (dtype, _) in (
+        SECTIONS | TREE_SECTIONS if len(arrays) > len(SECTIONS) else SECTIONS
+    ).items():
+        value = arrays[name]
+        if isinstance(value, bytes):
+            payloads.append((name, value))
+        else:
+            spec = value.dtype.newbyteorder("<").str if name == "path_order" else dtype
+            payloads.append((name, np.ascontiguousarray(value, dtype=spec).tobytes()))
+    hasher = new_hasher()
+    for _, data in payloads:
+        hasher.update(data)
+    header: dict[str, Any] = {
+        "samples": len(content.keys),
+        "members": len(content.member_offset),
+        "chunks": len(content.chunk_names),
+        "classes": content.classes,
+        "exts": [os.fsdecode(e) for e in content.exts],
+        "checksum_algo": CHECKSUM_ALGO,
+        "sections_checksum": hasher.intdigest(),
+        "path_order_dtype": arrays["path_order"].dtype.str,  # type: ignore[union-attr]
+        "extra": content.extra,
+    }
+    if content.dir_paths is not None and content.root is not None:
+        header["dirs"] = len(content.dir_paths)
+        header["root"] = list(content.root)
+    header_slack = 64  # room for the header checksum added once the offsets are known
+    # Section offsets depend on the header length, which depends on the offsets: lay out with
+    # a header padded to a fixed aligned size.
+    sections: dict[str, list[int]] = {name: [0, len(data)] for name, data in payloads}
+    header["sections"] = sections
+    header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + header_slack + PREFIX.size)
+    offset = end = header_len
+    for name, data in payloads:
+        sections[name] = [offset, len(data)]
+        end = offset + len(data)
+        offset = aligned(end)
+    header["header_checksum"] = header_checksum(header)
+    blob = json.dumps(header).encode()
+    head = PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
+    if len(head) > header_len:
+        raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
+    tmp = Path(f"{os.fspath(path)}.partial")
+    with open(tmp, "wb") as f:
+        f.write(head.ljust(header_len, b"\0"))
+        for name, data in payloads:
+            f.seek(sections[name][0])
+            f.write(data)
+        f.truncate(end)  # no padding after the last section: truncation is always seen
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,117 @@
+"""Validation of an index's optional tree sections as it is opened: modes, mtimes and the
+directory table (see `tierfeed.format.layout.TREE_SECTIONS`).
+
+The directory table is small next to the members (a directory holds many files), so its
+paths are checked one by one (O(directory bytes)); the members' parents are checked
+vectorised, in blocks, against the sorted table. Each check raises IndexFormatError naming
+the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tierfeed.format.indexcheck import MAX_MODE, damaged
+
+__all__ = ["check_tree"]
+
+_SLASH = ord("/")
+_BLOCK_BYTES = 32 * 2**20  # padded path bytes built at a time for the members' parents
+
+
+def check_tree(a: Mapping[str, npt.NDArray[Any]], where: Path) -> list[bytes]:
+    """Check the tree sections (lengths already match the header's counts); return the
+    directory paths, sorted bytewise."""
+    if np.any(a["member_mode"] > MAX_MODE) or np.any(a["dir_mode"] > MAX_MODE):
+        raise damaged(where, f"a file or directory mode has bits above {MAX_MODE:#o}")
+    offsets, blob = a["dir_path_offset"], a["dir_paths"]
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(blob):
+        raise damaged(where, f"directory path offsets are not monotone from 0 to {len(blob)}")
+    if np.any(offsets[1:] < offsets[:-1]):
+        raise damaged(where, f"directory path offsets are not monotone from 0 to {len(blob)}")
+    if np.any(blob == 0):
+        raise damaged(where, "a directory path holds a NUL byte")
+    raw = blob.tobytes()
+    bounds = offsets.tolist()
+    dirs = [raw[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+    known: set[bytes] = set()
+    previous = b""
+    for path in dirs:
+        if any(part in (b"", b".", b"..") for part in path.split(b"/")):
+            shown = path.decode(errors="replace")
+            raise damaged(where, f"directory path {shown!r} has an empty, '.' or '..' component")
+        if previous and path <= previous:
+            shown = path.decode(errors="replace")
+            raise damaged(where, f"directory paths are not strictly increasing at {shown!r}")
+        parent = path.rpartition(b"/")[0]
+        if parent and parent not in known:
+            shown = path.decode(errors="replace")
+            raise damaged(where, f"the parent of directory {shown!r} is not in the table")
+        known.add(path)
+        previous = path
+    _check_member_parents(a, dirs, where)
+    return dirs
+
+
+def _padded(
+    windows: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bytes_]:
+    """The byte strings ``blob[start:start+length]`` as one fixed-width bytes array, from the
+    blob's sliding windows (no NUL inside them, so the zero padding compares as bytewise
+    order does)."""
+    width = windows.shape[1]
+    matrix = windows[starts]  # one gather of whole rows
+    matrix[np.arange(width) >= lengths[:, None]] = 0
+    return matrix.view(f"S{width}").ravel()
+
+
+def _check_member_parents(
+    a: Mapping[str, npt.NDArray[Any]], dirs: list[bytes], where: Path
+) -> None:
+    """Every member's directory (its key's, as an extension holds no slash) is in the table.
+
+    Vectorised in blocks; within a block only the parents that differ from the sample before
+    are looked up (a packed store lists a directory's samples together).
+    """
+    keys, key_offset = a["keys"], a["sample_key_offset"].astype(np.int64)
+    slashes = np.flatnonzero(keys == _SLASH)
+    last = np.searchsorted(slashes, key_offset[1:]) - 1  # the last slash before each key ends
+    starts = key_offset[:-1]
+    nested = last >= 0
+    nested[nested] = slashes[last[nested]] >= starts[nested]
+    samples = np.flatnonzero(nested)
+    if len(samples) == 0:
+        return
+    lengths = slashes[last[samples]] - starts[samples]
+    longest = max(map(len, dirs), default=0)
+    if not dirs or int(lengths.max()) > longest:
+        bad = int(samples[0] if not dirs else samples[np.argmax(lengths > longest)])
+        raise _missing_parent(a, bad, where)
+    width = max(longest, 1)
+    table = np.array(dirs, dtype=f"S{width}")
+    windows = sliding_window_view(np.concatenate([keys, np.zeros(width, np.uint8)]), width)
+    step = max(1, _BLOCK_BYTES // width)
+    for lo in range(0, len(samples), step):
+        block = samples[lo : lo + step]
+        parents = _padded(windows, starts[block], lengths[lo : lo + step])
+        change = np.ones(len(parents), dtype=bool)
+        change[1:] = parents[1:] != parents[:-1]
+        distinct = parents[change]
+        at = np.minimum(np.searchsorted(table, distinct), len(table) - 1)
+        missing = np.flatnonzero(table[at] != distinct)
+        if len(missing):
+            raise _missing_parent(a, int(block[np.flatnonzero(change)[missing[0]]]), where)
+
+
+def _missing_parent(a: Mapping[str, npt.NDArray[Any]], sample: int, where: Path) -> Exception:
+    ko = a["sample_key_offset"]
+    key = a["keys"][int(ko[sample]) : int(ko[sample + 1])].tobytes()
+    shown = key.decode(errors="replace")
+    return damaged(where, f"the directory of sample {shown!r} is not in the directory table")
