@@ -15,7 +15,7 @@ from tierfeed import Writer
 from tierfeed.errors import NotFoundError
 from tierfeed.format.index import Index, IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME, TREE_SECTIONS
-from tierfeed.format.pack import pack
+from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Store, open_store
 
 pytestmark = pytest.mark.timeout(60)
@@ -174,3 +174,20 @@ def test_a_writer_store_has_no_tree(tmp_path: Path) -> None:
     with open_store(tmp_path / "st") as store:
         assert not store.index.has_tree and store.index.root is None
         assert store.listdir("") == ["cat"] and store.stat("cat").mode == 0o555
+
+
+def test_an_empty_top_level_directory_is_a_class_as_for_torchvision(tmp_path: Path) -> None:
+    """Labels number every top-level directory, empty ones included, so that the Dataset's
+    labels and ImageFolder's (torchvision's) agree."""
+    from tierfeed.torch import ImageFolder
+
+    write_tree(tmp_path / "src", {b"b_cat/x.jpg": b"1", b"d_dog/y.jpg": b"2"})
+    (tmp_path / "src" / "a_empty").mkdir()
+    (tmp_path / "src" / "c_empty").mkdir()
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(progress=False))
+    folder = ImageFolder(tmp_path / "store", allow_empty=True)
+    with open_store(tmp_path / "store") as store:
+        assert store.classes == folder.classes == ["a_empty", "b_cat", "c_empty", "d_dog"]
+        labels = {store.read_sample(i).key: store.read_sample(i).label for i in range(len(store))}
+    assert labels == {"b_cat/x": 1, "d_dog/y": 3}
+    assert folder.samples == [("b_cat/x.jpg", 1), ("d_dog/y.jpg", 3)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tierfeed.errors import ConfigError, NotFoundError
+from tierfeed.errors import ConfigError, DecodeError, NotFoundError
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample, open_store
 from tierfeed.synth import SynthSpec, make_imagefolder
@@ -93,3 +93,18 @@ def test_pickled_for_workers_without_descriptors(store: Path) -> None:
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._store is None and copy.samples == ds.samples
     assert np.array_equal(np.asarray(copy[3][0]), np.asarray(ds[3][0]))
+
+
+def test_a_corrupt_image_names_its_path_and_chunk(tmp_path: Path) -> None:
+    """PIL says `cannot identify image file <_io.BytesIO ...>`; torchvision names the path."""
+    from tests.format.conftest import write_tree
+
+    write_tree(tmp_path / "src", {b"cat/bad.jpg": b"not a jpeg at all", b"dog/x.txt": b"-"})
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(progress=False))
+    ds = ImageFolder(tmp_path / "store", allow_empty=True)
+    with pytest.raises(DecodeError) as caught:
+        ds[0]
+    message = str(caught.value)
+    assert "cat/bad.jpg" in message and "chunks/000000.tar" in message
+    assert isinstance(caught.value, OSError)  # what code written around PIL catches
+    assert caught.value.__cause__ is not None

@@ -53,8 +53,8 @@ def _run_pack(args: argparse.Namespace) -> int:
     )
     if report.unlabelled:
         print(
-            f"{report.unlabelled} samples lie outside the {report.classes} class directories "
-            "(at the top level): they have label -1",
+            f"{report.unlabelled} sample{'s lie' if report.unlabelled > 1 else ' lies'} outside "
+            f"the {report.classes} class directories (at the top level): label -1",
             file=sys.stderr,
         )
     return 0

@@ -368,7 +368,7 @@ def pack(
         listing = list_files(src_path, Path(files), skipped, dirs)
     else:
         listing = walk_tree(src_path, skipped, exclude=dst_path, dirs=dirs)
-    tree = group_samples(listing, options.labels, src_path, options.group_by)
+    tree = group_samples(listing, options.labels, src_path, options.group_by, dirs)
     tree.skipped = skipped or []
     tree.dirs = dirs
     plan = plan_pack(tree, options.chunk_size)

@@ -302,7 +302,11 @@ def _parent_dirs(base: bytes, rels: list[bytes]) -> list[SourceDir]:
 
 
 def group_samples(
-    files: Iterable[SourceFile], labels: str, source: Path, grouping: str = "file"
+    files: Iterable[SourceFile],
+    labels: str,
+    source: Path,
+    grouping: str = "file",
+    dirs: Iterable[SourceDir] = (),
 ) -> SourceTree:
     """Group files into samples by key; derive ImageFolder labels when asked.
 
@@ -314,6 +318,8 @@ def group_samples(
         grouping: ``"file"``: a sample is a file (its key is its path without its extension;
             files that differ only in their extension, a sidecar ``x.json`` beside ``x.jpg``,
             are one sample); ``"key"``: WebDataset's rule (the path up to the first dot).
+        dirs: the tree's directories: a top-level one is a class even with no file in it,
+            as for torchvision (which numbers classes over every top-level directory).
     """
     split = split_for(grouping)
     by_key: dict[bytes, SourceSample] = {}
@@ -331,13 +337,16 @@ def group_samples(
     samples = [by_key[k] for k in sorted(by_key)]
     for s in samples:
         s.files.sort(key=lambda item: item[0])
-    labels_of, classes = assign_labels([s.key for s in samples], labels, source)
+    top = [d.rel for d in dirs if d.rel and b"/" not in d.rel]
+    labels_of, classes = assign_labels([s.key for s in samples], labels, source, top)
     for s, label in zip(samples, labels_of, strict=True):
         s.label = label
     return SourceTree(samples, classes)
 
 
-def assign_labels(keys: list[bytes], mode: str, source: Path) -> tuple[list[int], list[str]]:
+def assign_labels(
+    keys: list[bytes], mode: str, source: Path, top_dirs: Iterable[bytes] = ()
+) -> tuple[list[int], list[str]]:
     """ImageFolder labels of sample keys, as torchvision's ``find_classes`` gives them: the
     classes are the top-level directories, sorted; a sample's class is its first directory.
 
@@ -349,6 +358,7 @@ def assign_labels(keys: list[bytes], mode: str, source: Path) -> tuple[list[int]
         mode: ``auto`` (as above), ``folder`` (as above, and a top-level sample is an error)
             or ``none`` (all -1, no classes).
         source: the source, for error messages.
+        top_dirs: top-level directories of the tree, classes even when they hold no sample.
 
     Returns:
         (label per key, sorted class names).
@@ -363,6 +373,6 @@ def assign_labels(keys: list[bytes], mode: str, source: Path) -> tuple[list[int]
             f"{os.fsdecode(top)!r} is at the top level; move it, or use --labels auto (it "
             "then has label -1)"
         )
-    names = sorted({d for d in dirs if d is not None})
+    names = sorted({d for d in dirs if d is not None} | set(top_dirs))
     number = {n: i for i, n in enumerate(names)}
     return [-1 if d is None else number[d] for d in dirs], [os.fsdecode(n) for n in names]

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
-from tierfeed.errors import ConfigError, NotFoundError
+from tierfeed.errors import ConfigError, DecodeError, NotFoundError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.store import Store, open_store
@@ -300,7 +300,20 @@ class ImageFolder(Dataset[tuple[Any, int]]):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         store = self._open()
-        image = self.loader(store.read_member(int(self._members[index])))
+        member = int(self._members[index])
+        data = store.read_member(member)
+        try:
+            image = self.loader(data)
+        except Exception as exc:  # PIL names a BytesIO; the user needs the file
+            path, _ = self.samples[index]
+            chunk = store.root / store.chunks[int(store.index.member_chunk[member])].name
+            raise DecodeError(
+                f"{path!r} (chunk {chunk}): the loader failed with {type(exc).__name__}: {exc} "
+                "(its bytes match the checksum taken when it was packed, so the file itself is "
+                "not what the loader expects); fix or remove it and re-pack",
+                key=path,
+                chunk=str(chunk),
+            ) from exc
         target: Any = self.targets[index]
         if self.transform is not None:
             image = self.transform(image)
