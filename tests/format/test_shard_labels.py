@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,13 @@ def test_cli_classes_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert labels_of(tmp_path) == ([3, 0, -1], ["a", "b", "c", "d"])
     assert main(["inspect", str(tmp_path)]) == 0
     assert "classes   4 (a, b, c, d)" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_as_classes_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    from tierfeed.format.labels import load_classes
+
+    fifo = tmp_path / "classes.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(PackError, match="not a regular file"):
+        load_classes(fifo)

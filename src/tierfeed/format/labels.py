@@ -10,6 +10,7 @@ given, else class ``i`` is named ``"i"``.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,6 +63,8 @@ def load_classes(classes: str | os.PathLike[str] | Sequence[str]) -> list[str]:
     if isinstance(classes, str | os.PathLike):
         path = Path(classes)
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+                raise PackError(f"{path}: the classes file is not a regular file")
             with open(path, "rb") as fh:
                 raw = fh.read(_MAX_CLASSES_FILE + 1)
         except OSError as exc:
