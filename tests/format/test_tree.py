@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from tests.format.conftest import MESSY, QUIET, write_messy_tree, write_tree
+from tests.hostile.indexedit import content_of
 from tierfeed import Writer
 from tierfeed.errors import NotFoundError
-from tierfeed.format.index import Index, IndexContent, write_index
+from tierfeed.format.index import Index, write_index
 from tierfeed.format.layout import INDEX_NAME, TREE_SECTIONS
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Store, open_store
@@ -103,20 +104,14 @@ def test_flat_tree_has_an_empty_table(tmp_path: Path) -> None:
 def without_tree(index_path: Path) -> None:
     """Re-write an index with everything but its tree (as `tierfeed index` and Writer do)."""
     with Index(index_path) as ix:
-        content = IndexContent(
-            keys=[ix.key_bytes(s) for s in range(ix.num_samples)],
-            labels=ix.sample_label.copy(),
-            member_start=ix.sample_member_start.copy(),
-            member_chunk=ix.member_chunk.copy(),
-            member_offset=ix.member_offset.copy(),
-            member_length=ix.member_length.copy(),
-            member_checksum=ix.member_checksum.copy(),
-            member_ext=ix.member_ext.copy(),
-            exts=list(ix.exts),
-            chunk_names=[c.name for c in ix.chunks()],
-            chunk_size=ix.chunk_size.copy(),
-            chunk_checksum=ix.chunk_checksum.copy(),
-            classes=list(ix.classes),
+        content = dataclasses.replace(
+            content_of(ix),
+            member_mode=None,
+            member_mtime=None,
+            dir_paths=None,
+            dir_mode=None,
+            dir_mtime=None,
+            root=None,
         )
     write_index(index_path, content)
 

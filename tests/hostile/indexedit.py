@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.index import Index, IndexContent
 from tierfeed.format.indexcheck import header_checksum
-from tierfeed.format.layout import present_sections
+from tierfeed.format.layout import INDEX_NAME, present_sections
 
 PREFIX = struct.Struct("<8sII")
 
@@ -114,3 +115,13 @@ def content_of(index: Index) -> IndexContent:
         dir_mtime=None if ix.dir_mtime is None else ix.dir_mtime.copy(),
         root=ix.root,
     )
+
+
+def store_with_index(store: Path, chunks_of: Path, raw: bytes) -> Path:
+    """A store directory ``store`` holding index bytes ``raw`` and, by a symlink, the chunks of
+    the store ``chunks_of``: a damaged index over good chunks, without copying them."""
+    store.mkdir(exist_ok=True)
+    if not (store / "chunks").exists():
+        (store / "chunks").symlink_to(chunks_of / "chunks")
+    (store / INDEX_NAME).write_bytes(raw)
+    return store

@@ -48,12 +48,7 @@ def store_with(tmp_path: Path, pristine: tuple[Path, bytes]) -> Callable[[bytes]
     """Write index bytes into a fresh store directory sharing the pristine chunks."""
 
     def make(raw: bytes) -> Path:
-        store = tmp_path / "store"
-        store.mkdir(exist_ok=True)
-        if not (store / "chunks").exists():
-            (store / "chunks").symlink_to(pristine[0] / "chunks")
-        (store / INDEX_NAME).write_bytes(raw)
-        return store
+        return ie.store_with_index(tmp_path / "store", pristine[0], raw)
 
     return make
 
