@@ -22,7 +22,7 @@ from tests.format.conftest import QUIET, write_tree
 from tests.hostile.edits import flip
 from tierfeed.format.index import Index
 from tierfeed.format.pack import pack
-from tierfeed.mount.lifecycle import FuseProcess, fuse_mount_type, is_mounted, unmount
+from tierfeed.fuse.process import FuseProcess, fuse_mount_type, is_mounted, unmount
 from tierfeed.slowfs import SlowFS
 from tierfeed.storage.tiers import cache_key
 

@@ -19,7 +19,7 @@ from tests.format.conftest import QUIET, read_tree, write_tree
 from tierfeed.cli import main
 from tierfeed.format.pack import pack
 from tierfeed.format.synthindex import synthetic_index
-from tierfeed.mount.lifecycle import FuseProcess, is_mounted, unmount
+from tierfeed.fuse.process import FuseProcess, is_mounted, unmount
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(90)]
 

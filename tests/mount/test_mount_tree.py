@@ -18,7 +18,7 @@ import pytest
 
 from tests.format.conftest import QUIET, write_messy_tree
 from tierfeed.format.pack import pack
-from tierfeed.mount.lifecycle import FuseProcess, is_mounted
+from tierfeed.fuse.process import FuseProcess, is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(90)]
 

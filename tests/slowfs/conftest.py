@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tierfeed.mount.lifecycle import is_mounted, unmount
+from tierfeed.fuse.process import is_mounted, unmount
 from tierfeed.slowfs import SlowFS, cleanup_stale_mount
 
 # name -> size; sizes straddle the kernel's read request size and include an empty file.

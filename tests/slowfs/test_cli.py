@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tierfeed.mount.lifecycle import is_mounted
+from tierfeed.fuse.process import is_mounted
 from tierfeed.slowfs import FuseProcess, SlowFSStats
 
 pytestmark = pytest.mark.timeout(60)

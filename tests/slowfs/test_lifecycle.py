@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tierfeed.errors import StorageError
-from tierfeed.mount.lifecycle import fuse_mount_type, is_mounted
+from tierfeed.fuse.process import fuse_mount_type, is_mounted
 from tierfeed.slowfs import SlowFS, cleanup_stale_mount, is_stale_mount
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(60)]

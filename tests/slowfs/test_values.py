@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tierfeed.errors import ConfigError
-from tierfeed.mount.lifecycle import _unescape, is_mounted, is_stale_mount
+from tierfeed.fuse.process import _unescape, is_mounted, is_stale_mount
 from tierfeed.slowfs import SlowFS, SlowFSOptions, SlowFSStats, latency_spec
 from tierfeed.storage.latency import LatencyModel
 

@@ -29,7 +29,7 @@ _FSNAME_PREFIX = "tierfeed:"
 
 def is_tierfeed_mount(mountpoint: str | os.PathLike[str]) -> bool:
     """True when the topmost mount at ``mountpoint`` is a ``tierfeed mount`` (live or stale)."""
-    from tierfeed.mount.lifecycle import mount_entry
+    from tierfeed.fuse.process import mount_entry
 
     entry = mount_entry(mountpoint)
     if entry is None:
@@ -50,7 +50,7 @@ def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
         ConfigError: the target is mounted, missing, not a directory, or not empty (unless
             ``nonempty``); the message says what to do.
     """
-    from tierfeed.mount.lifecycle import is_stale_mount, mount_entry
+    from tierfeed.fuse.process import is_stale_mount, mount_entry
 
     entry = mount_entry(mountpoint)
     if entry is not None:
@@ -175,7 +175,7 @@ def serve(
 
 
 def _unmount_quietly(mountpoint: str) -> None:
-    from tierfeed.mount.lifecycle import unmount
+    from tierfeed.fuse.process import unmount
 
     try:
         unmount(mountpoint)
@@ -189,7 +189,7 @@ def _run_mount(args: argparse.Namespace) -> int:
         serve(args.store, check_mountpoint(args.mountpoint, args.nonempty), args.allow_other, tiers)
         return 0
     from tierfeed.format.index import Index
-    from tierfeed.mount.lifecycle import FuseProcess
+    from tierfeed.fuse.process import FuseProcess
 
     Index(args.store).close()  # a bad store fails here, with its own message
     mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
@@ -232,7 +232,7 @@ def register_mount(sub: Any) -> None:
 
 
 def _run_umount(args: argparse.Namespace) -> int:
-    from tierfeed.mount.lifecycle import mount_entry, unmount
+    from tierfeed.fuse.process import mount_entry, unmount
 
     entry = mount_entry(args.mountpoint)
     if entry is None:

@@ -47,7 +47,7 @@ A server killed with SIGKILL leaves a stale mount; ``cleanup_stale_mount`` (call
 
 from __future__ import annotations
 
-from tierfeed.mount.lifecycle import FuseProcess, cleanup_stale_mount, is_stale_mount, unmount
+from tierfeed.fuse.process import FuseProcess, cleanup_stale_mount, is_stale_mount, unmount
 from tierfeed.slowfs.mounted import SlowFS, latency_spec
 from tierfeed.slowfs.options import SlowFSOptions
 from tierfeed.slowfs.stats import SlowFSStats

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tierfeed.errors import StorageError
-from tierfeed.mount.lifecycle import FuseProcess
+from tierfeed.fuse.process import FuseProcess
 from tierfeed.slowfs.options import SlowFSOptions
 from tierfeed.slowfs.stats import STATS_PATH, SlowFSStats
 from tierfeed.storage.latency import LatencyModel

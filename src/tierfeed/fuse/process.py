@@ -1,6 +1,7 @@
 """Run a FUSE server as a child process: spawn, wait until mounted, unmount, clean up stale mounts.
 
-Generic over the server: slowfs uses it, and so can any other tierfeed FUSE view.
+Generic over the server: `tierfeed mount` and slowfs both use it; what is particular to
+one of them (which mounts are tierfeed's own, target checks) stays in that package.
 """
 
 from __future__ import annotations
