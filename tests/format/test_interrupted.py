@@ -15,6 +15,7 @@ from tests.format.conftest import read_tree, write_tree
 from tierfeed import open_store, verify_store
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.pack import JOURNAL, PackOptions, pack
+from tierfeed.publish import is_temporary
 
 # A child that packs slowly (each file read is delayed) so the test can kill it mid-pack.
 CHILD = """
@@ -57,7 +58,7 @@ def test_kill_9_mid_pack_then_resume(tmp_path: Path) -> None:
     assert report.resumed_chunks >= 3
     assert verify_store(dst, progress=False) == []
     assert not (dst / JOURNAL).exists()
-    assert not list((dst / "chunks").glob("*.partial"))
+    assert not [p for p in (dst / "chunks").iterdir() if is_temporary(p.name)]
     # Identical to an uninterrupted pack of the same tree.
     pack(src, tmp_path / "fresh", options)
     assert read_tree(dst) == read_tree(tmp_path / "fresh")

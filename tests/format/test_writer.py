@@ -20,6 +20,7 @@ from tierfeed.errors import (
 )
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.tarchunk import member_header
+from tierfeed.publish import is_temporary
 
 
 def make_sample(i: int) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def test_interrupted_write_is_refused_without_overwrite(tmp_path: Path) -> None:
         w.write(make_sample(i))
     w._release()  # as if the process died: chunks on disk, no index, the lock gone
     assert not (dst / INDEX_NAME).exists()
-    assert any(p.suffix == ".partial" for p in (dst / "chunks").iterdir())
+    assert any(is_temporary(p.name) for p in (dst / "chunks").iterdir())
     with pytest.raises(PackError, match=r"interrupted.*cannot resume.*overwrite=True"):
         Writer(dst)
     with Writer(dst, overwrite=True) as again:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.format.conftest import write_tree
 from tests.hostile.conftest import NOBODY
+from tierfeed.publish import is_temporary
 
 FILES = {b"cat/a.jpg": b"a" * 5000, b"dog/b.jpg": b"b" * 7000, b"dog/c.jpg": b"c" * 300}
 ROOT = Path(__file__).parents[2]
@@ -123,7 +124,7 @@ def test_pack_disk_full(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
     done = tierfeed("pack", tmp_path / "big", full / "store", "-q", "--chunk-size", "64KiB")
     line = assert_user_error(done, "pack", full / "store")
     assert "No space left on device" in line
-    assert not list(full.rglob("*.partial"))
+    assert not [p for p in full.rglob("*") if is_temporary(p.name)]
 
 
 def test_pack_file_list_naming_a_missing_file(tmp_path: Path, src: Path) -> None:

@@ -23,6 +23,7 @@ from tierfeed import open_store, verify_store
 from tierfeed.errors import PackError, TierfeedError, UnreadableFileError
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.pack import PackOptions, pack
+from tierfeed.publish import is_temporary
 
 FILES = {b"a/x.jpg": b"x" * 3000, b"a/y.jpg": b"y" * 2000, b"b/z.jpg": b"z" * 1000}
 SKIP = PackOptions(chunk_size=64 * 1024, workers=2, skip_unreadable=True, progress=False)
@@ -376,7 +377,7 @@ def test_disk_full_names_the_chunk_and_leaves_no_partial(
     with pytest.raises(PackError, match=r"chunks/\d{6}\.tar.*No space left.*free") as info:
         pack(tmp_path / "src", full / "store", QUIET)
     assert "Traceback" not in str(info.value)
-    assert not list((full / "store").rglob("*.partial"))
+    assert not [p for p in (full / "store").rglob("*") if is_temporary(p.name)]
     assert not (full / "store" / INDEX_NAME).exists()
 
 

@@ -20,25 +20,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.publish import publish
+
 __all__ = ["Inbox", "InboxView", "punch_holes"]
 
 IntArray = npt.NDArray[np.int64]
 _FAILED = "FAILED"
 _IDX = ".idx.npy"
-
-
-def _publish(target: Path, write: object) -> None:
-    tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")  # matches no glob of ours
-    try:
-        with tmp.open("wb") as f:
-            if isinstance(write, (bytes, bytearray, memoryview)):
-                f.write(write)
-            else:
-                np.save(f, np.asarray(write))
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 class Inbox:
@@ -66,8 +54,9 @@ class Inbox:
         """Publish a segment of ``members`` whose bytes lie back to back in ``data``."""
         offsets = np.zeros(len(members), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        _publish(self.root / f"{name}.bin", data)
-        _publish(self.root / f"{name}{_IDX}", np.stack([members, offsets]).astype(np.int64))
+        table = np.stack([members, offsets]).astype(np.int64)
+        publish(self.root / f"{name}.bin", data, fsync=False)
+        publish(self.root / f"{name}{_IDX}", lambda out: np.save(out, table), fsync=False)
         self._live[name] = len(members)
         self.view.refresh()
 
@@ -103,7 +92,7 @@ class Inbox:
 
     def fail(self, message: str) -> None:
         """Leave a note that makes every reader of this inbox fail with ``message``."""
-        _publish(self.root / _FAILED, message.encode())
+        publish(self.root / _FAILED, message.encode(), fsync=False)
 
     def close(self) -> None:
         """Close the view's files."""
@@ -230,4 +219,3 @@ def punch_holes(path: Path, ranges: list[tuple[int, int]]) -> int:
     finally:
         os.close(fd)
     return freed
-

@@ -10,7 +10,6 @@ skipped, which makes stage-in resumable. The index is copied once per node (it i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
@@ -28,6 +27,7 @@ from tierfeed.format.chunkref import ChunkInfo, checksum_file, new_hasher
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.plan import PlanSpec
+from tierfeed.publish import publishing
 from tierfeed.storage import PosixDriver
 from tierfeed.torch.dataset import plan_for
 from tierfeed.world import World
@@ -99,26 +99,18 @@ def _verified(path: Path, info: ChunkInfo) -> bool:
 def _copy_chunk(origin: PosixDriver, info: ChunkInfo, target: Path, bar: tqdm[Any]) -> None:
     """Stream one chunk from the origin to ``target``: hash, check, then rename into place."""
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
     hasher = new_hasher()
-    try:
-        with tmp.open("wb") as out:
-            for offset in range(0, info.size, _BLOCK):
-                block = origin.read_range(info.name, offset, min(_BLOCK, info.size - offset))
-                hasher.update(block)
-                out.write(block)
-                bar.update(len(block))
-            out.flush()
-            os.fsync(out.fileno())
-        if tmp.stat().st_size != info.size or hasher.intdigest() != info.checksum:
+    with publishing(target) as out:  # renamed only when the block ends without an error
+        for offset in range(0, info.size, _BLOCK):
+            block = origin.read_range(info.name, offset, min(_BLOCK, info.size - offset))
+            hasher.update(block)
+            out.write(block)
+            bar.update(len(block))
+        if out.size() != info.size or hasher.intdigest() != info.checksum:
             raise ChunkCorruptError(
                 f"chunk {origin.root / info.name} at the origin does not match the index "
                 "(size or checksum); run `tierfeed verify` on the store and re-pack it"
             )
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _copy_index(origin_index: Path, local: Path) -> None:
@@ -126,9 +118,8 @@ def _copy_index(origin_index: Path, local: Path) -> None:
     if target.exists() and target.stat().st_size == origin_index.stat().st_size:
         return
     local.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = local / f".tmp.{os.getpid()}.{INDEX_NAME}"
-    shutil.copyfile(origin_index, tmp)
-    os.replace(tmp, target)
+    with origin_index.open("rb") as source, publishing(target, fsync=False) as out:
+        shutil.copyfileobj(source, out)
 
 
 def stage(

@@ -7,7 +7,6 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
 from tierfeed.format.indexcheck import header_checksum
 from tierfeed.format.layout import MAGIC, SECTIONS, TREE_SECTIONS, VERSION, aligned
+from tierfeed.publish import publishing
 
 __all__ = ["PREFIX", "IndexContent", "write_index"]
 
@@ -170,13 +170,9 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
     head = PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
     if len(head) > header_len:
         raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
-    tmp = Path(f"{os.fspath(path)}.partial")
-    with open(tmp, "wb") as f:
-        f.write(head.ljust(header_len, b"\0"))
+    with publishing(path) as out:
+        written = out.write(head.ljust(header_len, b"\0"))
         for name, data in payloads:
-            f.seek(sections[name][0])
-            f.write(data)
-        f.truncate(end)  # no padding after the last section: truncation is always seen
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            gap = sections[name][0] - written  # zeros up to the section's aligned offset
+            written += out.write(b"\0" * gap, data)
+        # No padding after the last section, so a truncated index is always seen.

@@ -3,10 +3,11 @@ LitData's ``optimize``.
 
 Worker ``w`` takes the ``w``-th contiguous slice of the inputs, fed through its own bounded
 queue, calls ``fn`` on each input in order and writes its own chunks into the destination
-(``chunks/wWWW-NNNNNN.tar``, each as ``.partial`` first). It sends the record of every finished
-chunk to the parent over a bounded queue. The parent renames the chunks to ``NNNNNN.tar`` in
-worker order and writes ONE index last, so the store holds the samples in input order whatever
-the number of workers or their speed, and an interrupted run leaves no store that opens.
+(``chunks/wWWW-NNNNNN.tar``, each under a temporary name first). It sends the record of every
+finished chunk to the parent over a bounded queue. The parent renames the chunks to
+``NNNNNN.tar`` in worker order and writes ONE index last, so the store holds the samples in
+input order whatever the number of workers or their speed, and an interrupted run leaves no
+store that opens.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tierfeed.format.writer import (
     claim_destination,
     finish_store,
 )
+from tierfeed.publish import is_temporary
 
 __all__ = ["optimize"]
 
@@ -269,7 +271,7 @@ def optimize(
         content = finish_store(root, records, labels, names, chunk_size, check_unique=True)
     except BaseException:
         for path in (root / "chunks").iterdir():  # claimed empty: every chunk there is ours
-            if path.name.endswith((".tar", ".tar.partial")):
+            if path.name.endswith(".tar") or is_temporary(path.name):
                 path.unlink()
         raise
     finally:

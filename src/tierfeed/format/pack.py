@@ -45,6 +45,7 @@ from tierfeed.format.source import (
     walk_tree,
 )
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
+from tierfeed.publish import is_temporary
 
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
@@ -294,11 +295,12 @@ def _prepare(dst: Path, options: PackOptions) -> None:
 
 
 def _cleanup(dst: Path, num_chunks: int) -> None:
-    """Remove partial chunks and chunks beyond this pack's count (from an earlier pack)."""
+    """Remove partial chunks (temporaries: under the lock no one else writes here) and chunks
+    beyond this pack's count (from an earlier pack)."""
     for path in (dst / "chunks").iterdir():
         stem = path.name.split(".", 1)[0]
-        stale = path.name.endswith(".partial") or (stem.isdigit() and int(stem) >= num_chunks)
-        if stale and path.name.endswith((".tar", ".partial")):
+        beyond = path.name.endswith(".tar") and stem.isdigit() and int(stem) >= num_chunks
+        if beyond or is_temporary(path.name):
             path.unlink()
 
 

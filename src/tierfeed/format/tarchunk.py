@@ -7,7 +7,6 @@ chunk checksum is computed while writing, without a second pass.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import tarfile
@@ -16,6 +15,7 @@ from pathlib import Path
 from tierfeed.errors import PackError
 from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.tarscan import TarMember, scan_tar  # re-exported: the strict scanner
+from tierfeed.publish import publishing
 
 __all__ = [
     "BLOCK",
@@ -120,26 +120,19 @@ class ChunkWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._tmp = path.with_name(path.name + ".partial")
         try:
-            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            # No fsync at commit: the pack syncs every chunk once before it publishes the
+            # index (see `sync_files`), which lets the kernel write back while the next
+            # chunk is filled.
+            self._file = publishing(path, mode=0o644, fsync=False)
         except OSError as exc:
             raise cannot_write(path, exc) from None
         self._hasher = new_hasher()
         self.size = 0
 
     def _write_all(self, parts: list[bytes | memoryview]) -> None:
-        """Write every byte of ``parts``: writev may write less than asked (signals, >2 GiB)."""
-        views = [m for m in (memoryview(p).cast("B") for p in parts) if m.nbytes]
         try:
-            while views:
-                done = os.writev(self._fd, views)
-                if done <= 0:  # nothing written and no error: treat as a full disk
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                while views and done >= views[0].nbytes:
-                    done -= views.pop(0).nbytes
-                if done:
-                    views[0] = views[0][done:]
+            self._file.write(*parts)
         except OSError as exc:
             self.abort()
             raise cannot_write(self.path, exc) from None
@@ -156,28 +149,16 @@ class ChunkWriter:
         return offset
 
     def commit(self) -> tuple[int, int]:
-        """Finish the archive and rename it to the final name; returns (size, checksum).
-
-        No fsync here: the pack syncs every chunk once before it publishes the index (see
-        `sync_files`), which lets the kernel write back while the next chunk is filled.
-        """
+        """Finish the archive and rename it to the final name; returns (size, checksum)."""
         self._hasher.update(_END)
         self._write_all([_END])
         self.size += len(_END)
         try:
-            os.close(self._fd)
-            self._fd = -1
-            os.replace(self._tmp, self.path)
+            self._file.commit()  # removes the temporary file when it fails
         except OSError as exc:
-            self.abort()
             raise cannot_write(self.path, exc) from None
         return self.size, self._hasher.intdigest()
 
     def abort(self) -> None:
         """Drop the partial chunk (idempotent)."""
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
-        with contextlib.suppress(OSError):
-            self._tmp.unlink()
+        self._file.abort()

@@ -1,9 +1,10 @@
 """`tierfeed.Writer`: write a store from Python, one sample dict at a time.
 
-The same crash safety as `tierfeed pack`: each chunk is written as ``NNNNNN.tar.partial`` and
-renamed when whole, and the index is written last (fsynced, atomic rename), so an interrupted
-write leaves no store that opens. A Writer cannot resume (it does not own its input): a
-destination holding chunks but no index is refused unless ``overwrite=True``.
+The same crash safety as `tierfeed pack`: each chunk is written under a temporary name
+(``.tmp.<pid>.NNNNNN.tar``, see `tierfeed.publish`) and renamed when whole, and the index is
+written last (fsynced, atomic rename), so an interrupted write leaves no store that opens. A
+Writer cannot resume (it does not own its input): a destination holding chunks but no index is
+refused unless ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tierfeed.format.labels import LABEL_MODES, load_classes, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.pack import JOURNAL, LOCK, chunk_file_name
 from tierfeed.format.tarchunk import cannot_write, sync_files
+from tierfeed.publish import is_temporary
 
 __all__ = ["WriteReport", "Writer", "claim_destination", "finish_store"]
 
@@ -60,11 +62,16 @@ def check_options(chunk_size: int, labels: str) -> None:
         raise ConfigError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
 
 
+def _is_chunk_file(name: str) -> bool:
+    """A chunk, whole or still under its temporary name."""
+    return name.endswith(".tar") or is_temporary(name)
+
+
 def _remove_chunks(chunks: Path) -> None:
     """Remove the chunk files (whole or partial) in ``chunks``; nothing else is touched."""
     with contextlib.suppress(FileNotFoundError):
         for path in chunks.iterdir():
-            if path.name.endswith((".tar", ".tar.partial")) and path.is_file():
+            if _is_chunk_file(path.name) and path.is_file():
                 path.unlink()
 
 
@@ -89,7 +96,7 @@ def claim_destination(dst: Path, overwrite: bool) -> int:
         if (dst / INDEX_NAME).exists() and not overwrite:
             raise PackError(f"{dst}: already holds a store; pass overwrite=True to replace it")
         names = sorted(p.name for p in (dst / "chunks").iterdir())
-        left = [f"chunks/{n}" for n in names if n.endswith((".tar", ".tar.partial"))]
+        left = [f"chunks/{n}" for n in names if _is_chunk_file(n)]
         left += [JOURNAL] if (dst / JOURNAL).exists() else []
         if left and not overwrite:
             raise PackError(
@@ -196,11 +203,11 @@ class Writer:
     ``classes`` names the classes of ``cls`` labels (a list, or a file with one name per line);
     without it class ``i`` is named ``"i"``.
 
-    Crash safety: chunks are written as ``.partial`` and renamed when whole; the index is written
-    by `close` only, after every chunk is synced, so an interrupted write leaves no store that
-    opens. When the ``with`` block ends with an exception, no index is written, this Writer's
-    chunks are removed and the exception says so. A Writer cannot resume: a destination holding
-    a store, or chunks from an interrupted write, is refused unless ``overwrite=True``.
+    Crash safety: chunks are written under a temporary name and renamed when whole; the index
+    is written by `close` only, after every chunk is synced, so an interrupted write leaves no
+    store that opens. When the ``with`` block ends with an exception, no index is written, this
+    Writer's chunks are removed and the exception says so. A Writer cannot resume: a destination
+    holding a store, or chunks from an interrupted write, is refused unless ``overwrite=True``.
 
     Args:
         dst: the store directory (created if missing).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -11,6 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from tierfeed.errors import NotFoundError, StorageError
 from tierfeed.format.chunkfiles import FdCache
+from tierfeed.publish import is_temporary, publish, sweep_stale
 from tierfeed.storage.driver import Driver
 
 __all__ = ["PosixDriver"]
@@ -102,29 +102,18 @@ class PosixDriver(Driver):
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in names:
                 p = name if rel == "." else f"{rel}/{name}"
-                if p.startswith(prefix) and ".tmp." not in name:
+                if p.startswith(prefix) and not is_temporary(name):
                     out.append(p)
         return sorted(out)
 
     def _write(self, path: str, data: bytes) -> None:
         target = self._path(path)
         target.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-        tmp = target.with_name(f".tmp.{os.getpid()}.{target.name}")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, self._file_mode)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, target)
-            self._fds.forget(os.fspath(target))
+            publish(target, data, mode=self._file_mode)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise self._fail(path, exc) from None
+        self._fds.forget(os.fspath(target))
 
     def _delete(self, path: str) -> None:
         target = self._path(path)
@@ -143,21 +132,4 @@ class PosixDriver(Driver):
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left by processes that died mid-write; returns how many."""
-        removed = 0
-        for tmp in self.root.rglob(".tmp.*"):
-            pid = tmp.name.split(".")[2]
-            if pid.isdigit() and not _alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                    removed += 1
-        return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return sweep_stale(self.root, recursive=True)

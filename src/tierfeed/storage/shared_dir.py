@@ -21,6 +21,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from tierfeed.publish import publish
+
 __all__ = ["copy_claim", "mark", "marked", "placement_lock", "unmark"]
 
 _LOCK = ".tier.lock"
@@ -96,9 +98,7 @@ def mark(root: Path, key: str) -> None:
     marks = root / _MARKS
     with contextlib.suppress(OSError):
         marks.mkdir(mode=0o700, exist_ok=True)
-        tmp = marks / f".tmp.{os.getpid()}.{key}"
-        tmp.write_text(fingerprint)
-        os.replace(tmp, marks / key)
+        publish(marks / key, fingerprint.encode(), fsync=False)  # a lost mark costs a re-check
 
 
 def unmark(root: Path, key: str) -> None:
