@@ -80,9 +80,7 @@ class Scheduler:
         self.epoch, self.step = epoch, 0
         plan, world = self.namespace.plan, self.namespace.world
         self.order = plan.order(epoch, world.rank, world.world_size)
-        begin = getattr(self.store.source, "begin_epoch", None)
-        if callable(begin):
-            begin()
+        self.store.source.begin_epoch()
         self.namespace.exchanger.begin_epoch(epoch)
         return self.order
 

@@ -129,7 +129,6 @@ def serve(
         raise StorageError(f"mount needs libfuse3 ({exc}); install fuse3 (make sysdeps)") from None
 
     from tierfeed.mount.view import StoreView
-    from tierfeed.storage import TierStack
 
     logging.basicConfig(format="tierfeed mount: %(message)s", level=logging.WARNING)
     try:
@@ -141,18 +140,15 @@ def serve(
         raise StorageError(f"{name}: cannot open the store ({exc.strerror or exc})") from None
     try:
         source = store.source
-        if isinstance(source, TierStack):
-            last = len(store.chunks) - 1
+        last = len(store.chunks) - 1
 
-            def readahead(chunk: int) -> None:
-                # A sequential reader walks the tree in path order, which is chunk order:
-                # its next chunk is this one's successor.
-                source.schedule(chunk)
-                source.schedule(min(chunk + 1, last))
+        def readahead(chunk: int) -> None:
+            # A sequential reader walks the tree in path order, which is chunk order: its
+            # next chunk is this one's successor (a source without a cache queues nothing).
+            source.schedule(chunk)
+            source.schedule(min(chunk + 1, last))
 
-            view = StoreView(store, extra_stats=source.stats, on_open=readahead)
-        else:
-            view = StoreView(store)
+        view = StoreView(store, extra_stats=source.stats, on_open=readahead)
         # SIGTERM unmounts cleanly: libfuse leaves its loop when the mount goes away.
         signal.signal(signal.SIGTERM, lambda *_: _unmount_quietly(mountpoint))
         options: dict[str, Any] = {

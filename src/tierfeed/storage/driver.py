@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tierfeed.errors import NotFoundError, ReadOnlyError
 
@@ -108,6 +110,23 @@ class Driver(ABC):
             raise ReadOnlyError(f"{self}: read-only; refusing to delete {path}")
         self._delete(path)
         self.counters.add(deletes=1)
+
+    # --- optional abilities (harmless defaults; a driver that has one overrides it) --------
+
+    @property
+    def directory(self) -> Path | None:
+        """The local directory holding the objects as files, or None (RAM, object stores)."""
+        return None
+
+    def open_ahead(self, paths: Sequence[str]) -> None:
+        """Hint: these objects are read next, in this order; open them in the background.
+        The default opens nothing."""
+        return None
+
+    def remove_stale_temporaries(self) -> int:
+        """Delete temporaries left by processes that died mid-write; returns how many. The
+        default keeps no temporaries."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - most drivers hold nothing to release
         """Release files and connections; idempotent."""

@@ -123,6 +123,11 @@ class PosixDriver(Driver):
             raise self._fail(path, exc) from None
         self._fds.forget(os.fspath(target))
 
+    @property
+    def directory(self) -> Path:
+        """The root: the objects are files under it."""
+        return self.root
+
     def open_ahead(self, paths: Sequence[str]) -> None:
         """Open these files in the background, in this order (see FdCache.open_ahead)."""
         self._fds.open_ahead([os.fspath(self._path(p)) for p in paths])

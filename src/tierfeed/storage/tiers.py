@@ -90,12 +90,12 @@ class Tier:
     @property
     def directory(self) -> Path | None:
         """The directory of a disk tier (None for RAM)."""
-        return self.driver.root if isinstance(self.driver, PosixDriver) else None
+        return self.driver.directory
 
     @property
     def shared(self) -> bool:
         """True for a directory other processes may fill too (needs locks and rescans)."""
-        return isinstance(self.driver, PosixDriver)
+        return self.driver.directory is not None
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,8 @@ class TierStack(ChunkSource):
         options: background thread settings.
     """
 
+    uses_future = True  # clairvoyant tiers place and prefetch by the plan's future
+
     def __init__(
         self,
         chunks: Sequence[ChunkInfo],
@@ -155,8 +157,7 @@ class TierStack(ChunkSource):
         self._queue: queue.Queue[int | None] = queue.Queue(self.options.queue)
         self._closed = False
         for tier in self.tiers:
-            if isinstance(tier.driver, PosixDriver):
-                tier.driver.remove_stale_temporaries()  # left by a process killed mid-copy
+            tier.driver.remove_stale_temporaries()  # left by a process killed mid-copy
             self._scan(tier)
         self._threads = [
             threading.Thread(target=self._worker, name=f"tierfeed-copy-{i}", daemon=True)
@@ -446,9 +447,9 @@ class TierStack(ChunkSource):
         return queued
 
     def open_ahead(self, chunks: Sequence[int]) -> None:
-        """Open these chunks at the origin in the background, in this order (POSIX origins)."""
-        if isinstance(self.origin, PosixDriver):
-            self.origin.open_ahead([self.chunks[c].name for c in chunks])
+        """Open these chunks at the origin in the background, in this order (origins that
+        can, e.g. POSIX)."""
+        self.origin.open_ahead([self.chunks[c].name for c in chunks])
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until queued copies are done (tests, benchmarks, stage-in)."""

@@ -260,7 +260,7 @@ class Dataset(IterableDataset[Batch]):
             if following is not None:
                 following.close()
         source = self.store().source
-        if not self.read_across_epochs and info is not None and isinstance(source, TierStack):
+        if not self.read_across_epochs and info is not None:
             # The worker process ends with its epoch: let its copies reach the disk tier.
             with contextlib.suppress(StorageError):
                 source.drain(timeout=_DRAIN_S)
@@ -275,16 +275,13 @@ class Dataset(IterableDataset[Batch]):
         readers = self._process_readers()
         hedge = readers.hedge_reader(lambda: self._hedge_reader(store))
         source = store.source
-        begin = getattr(source, "begin_epoch", None)
-        if callable(begin):
-            begin()  # e.g. a namespace source loads the samples peers moved here
-        if isinstance(source, (DirectoryChunks, TierStack)):
-            # The chunks this worker will read, in order of first use: open them ahead so a
-            # stalled lookup or open is paid off the read path.
-            chunk_of = np.asarray(store.index.sample_chunk)[order]
-            _, first = np.unique(chunk_of, return_index=True)
-            source.open_ahead(chunk_of[np.sort(first)].tolist())
-        if isinstance(source, TierStack):
+        source.begin_epoch()  # e.g. a namespace source loads the samples peers moved here
+        # The chunks this worker will read, in order of first use: open them ahead so a
+        # stalled lookup or open is paid off the read path.
+        chunk_of = np.asarray(store.index.sample_chunk)[order]
+        _, first = np.unique(chunk_of, return_index=True)
+        source.open_ahead(chunk_of[np.sort(first)].tolist())
+        if source.uses_future:
             # Clairvoyant tiers learn this worker's reads for this epoch and the next ones:
             # a copy made now also serves later epochs.
             chunk_of = np.asarray(store.index.sample_chunk)
@@ -383,7 +380,7 @@ class Dataset(IterableDataset[Batch]):
             "assemble_s": time.perf_counter() - started,
         }
         source = self.store().source
-        tiers = source.stats() if isinstance(source, TierStack) else None
+        tiers = source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
         return Batch(self.collate(items), worker, epoch, state, counters, tiers, last)
 

@@ -1,0 +1,181 @@
+"""Every ChunkSource answers every optional ability; a minimal third-party source just works."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.format.conftest import write_tree
+from tierfeed.dist.namespace import NamespaceSource
+from tierfeed.format.chunkfiles import DirectoryChunks
+from tierfeed.format.chunkref import ChunkSource
+from tierfeed.format.index import Index
+from tierfeed.format.pack import PackOptions, pack
+from tierfeed.format.store import Sample, Store
+from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack, disk_tier
+from tierfeed.torch import Dataset, Loader
+
+N = 40  # samples: c{i % 2}/s{i:04d}.txt holding the number i
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("caps")
+    write_tree(root / "src", {f"c{i % 2}/s{i:04d}.txt".encode(): b"%d" % i for i in range(N)})
+    pack(root / "src", root / "store", PackOptions(chunk_size=4096, progress=False))
+    return root / "store"
+
+
+def number(index: Index, sample: int) -> int:
+    """The number sample ``sample`` holds: the one in its key."""
+    return int(index.key(sample).split("s")[-1])
+
+
+def directory(index: Index, tmp: Path) -> ChunkSource:
+    return DirectoryChunks(index.path.parent, index.chunks(), index.path)
+
+
+def bare_stack(index: Index, tmp: Path) -> ChunkSource:
+    return TierStack(index.chunks(), PosixDriver(index.path.parent, read_only=True))
+
+
+def tiered_stack(index: Index, tmp: Path) -> ChunkSource:
+    tiers = [Tier(MemoryDriver(), 2**20, name="ram"), disk_tier(tmp / "disk", 2**20)]
+    origin = PosixDriver(index.path.parent, read_only=True)
+    return TierStack(index.chunks(), origin, tiers, "clairvoyant")
+
+
+def namespace(index: Index, tmp: Path) -> ChunkSource:
+    local = np.ones(len(index.chunks()), dtype=bool)  # every chunk staged on this node
+    return NamespaceSource(index, local, tmp / "inbox", timeout_s=1.0)
+
+
+class MinimalSource(ChunkSource):
+    """A third-party source: only the two required methods, over the chunk files."""
+
+    def __init__(self, index: Index) -> None:
+        self.paths = [index.path.parent / c.name for c in index.chunks()]
+        self.closed = False
+
+    def read_range(self, chunk: int, offset: int, length: int) -> bytes:
+        with open(self.paths[chunk], "rb") as fh:
+            fh.seek(offset)
+            return fh.read(length)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def minimal(index: Index, tmp: Path) -> ChunkSource:
+    return MinimalSource(index)
+
+
+SOURCES: dict[str, Callable[[Index, Path], ChunkSource]] = {
+    "directory": directory,
+    "stack-no-tiers": bare_stack,
+    "stack-tiers": tiered_stack,
+    "namespace": namespace,
+    "minimal": minimal,
+}
+
+
+@pytest.fixture(params=sorted(SOURCES))
+def source(
+    request: pytest.FixtureRequest, store_dir: Path, tmp_path: Path
+) -> Iterator[tuple[str, Index, ChunkSource]]:
+    index = Index(store_dir)
+    made = SOURCES[request.param](index, tmp_path)
+    try:
+        yield request.param, index, made
+    finally:
+        made.close()
+        made.close()  # idempotent
+        index.close()
+
+
+@pytest.mark.timeout(60)
+def test_every_capability_answers(source: tuple[str, Index, ChunkSource]) -> None:
+    kind, index, src = source
+    chunks = list(range(len(index.chunks())))
+    src.begin_epoch()
+    src.open_ahead(chunks)
+    src.set_future(np.asarray(chunks * 2, dtype=np.int64), read_bytes=100.0)
+    assert src.prefetch() >= 0
+    assert isinstance(src.schedule(0), bool)
+    # Reads still serve the right bytes after every hint.
+    store = Store(index, src)
+    assert int(store.read_sample(3).fields["txt"]) == number(index, 3)
+    src.drain(timeout=10)
+    dropped = src.discard(0)  # a cache drops its copy and names it; others hold none
+    assert dropped is None or isinstance(dropped, str)
+    stats = src.stats()
+    assert isinstance(stats, dict)
+    if kind.startswith("stack"):
+        assert "origin" in stats  # a tier stack always reports: its record has `tiers`
+    else:
+        assert stats == {}  # nothing to report: callers treat it as "no tiers"
+    assert src.uses_future is kind.startswith("stack")
+
+
+def test_the_base_defaults_are_no_ops(store_dir: Path) -> None:
+    with Index(store_dir) as index:
+        src = MinimalSource(index)
+        src.open_ahead([0])
+        src.set_future([0, 0])
+        assert src.prefetch() == 0
+        assert src.schedule(0) is False
+        src.begin_epoch()
+        assert src.stats() == {}
+        src.drain(0.0)
+        assert src.discard(0) is None
+
+
+def test_a_source_must_implement_the_primitives() -> None:
+    class NoClose(ChunkSource):
+        def read_range(self, chunk: int, offset: int, length: int) -> bytes:
+            return b""
+
+    with pytest.raises(TypeError):
+        NoClose()  # type: ignore[abstract]
+
+
+def test_a_minimal_source_reads_samples(store_dir: Path) -> None:
+    index = Index(store_dir)
+    store = Store(index, MinimalSource(index))
+    try:
+        for i in (0, 7, N - 1):
+            sample = store.read_sample(i)
+            assert int(sample.fields["txt"]) == number(index, i)
+    finally:
+        store.close()
+
+
+def _decode(sample: Sample) -> tuple[torch.Tensor, int]:
+    return torch.tensor(int(sample.fields["txt"])), sample.label
+
+
+class _Perm:
+    def order(self, epoch: int, rank: int, world_size: int) -> np.ndarray:
+        return np.random.default_rng(epoch).permutation(N)[rank::world_size]
+
+
+@pytest.mark.timeout(60)
+def test_a_minimal_source_feeds_a_loader(store_dir: Path) -> None:
+    def opener() -> Store:
+        index = Index(store_dir)
+        return Store(index, MinimalSource(index))
+
+    ds = Dataset(opener, _Perm(), batch_size=8, decode=_decode)
+    loader = Loader(ds, num_workers=0)
+    try:
+        loader.set_epoch(0)
+        values = sorted(int(v) for x, _ in loader for v in x)
+        assert values == list(range(N))
+        assert loader.last_epoch is not None
+        assert loader.last_epoch["tiers"] == {}  # no tiers reported, none summed
+    finally:
+        loader.close()
