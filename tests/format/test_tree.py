@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.format.conftest import MESSY, QUIET, write_messy_tree, write_tree
-from tests.hostile.indexedit import content_of
+from tests.hostile.indexedit import content_without_tree
 from tierfeed import Writer
 from tierfeed.errors import NotFoundError
 from tierfeed.format.index import Index, write_index
@@ -104,15 +104,7 @@ def test_flat_tree_has_an_empty_table(tmp_path: Path) -> None:
 def without_tree(index_path: Path) -> None:
     """Re-write an index with everything but its tree (as `tierfeed index` and Writer do)."""
     with Index(index_path) as ix:
-        content = dataclasses.replace(
-            content_of(ix),
-            member_mode=None,
-            member_mtime=None,
-            dir_paths=None,
-            dir_mode=None,
-            dir_mtime=None,
-            root=None,
-        )
+        content = content_without_tree(ix)
     write_index(index_path, content)
 
 

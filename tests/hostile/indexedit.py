@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -125,3 +126,17 @@ def store_with_index(store: Path, chunks_of: Path, raw: bytes) -> Path:
         (store / "chunks").symlink_to(chunks_of / "chunks")
     (store / INDEX_NAME).write_bytes(raw)
     return store
+
+
+def content_without_tree(index: Index) -> IndexContent:
+    """`content_of` less the tree: what an index written before the tree existed (or by
+    `tierfeed index` and Writer) holds."""
+    return dataclasses.replace(
+        content_of(index),
+        member_mode=None,
+        member_mtime=None,
+        dir_paths=None,
+        dir_mode=None,
+        dir_mtime=None,
+        root=None,
+    )

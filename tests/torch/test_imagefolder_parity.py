@@ -10,7 +10,6 @@ selection equal to a literal walk.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.format.conftest import write_tree
-from tests.hostile.indexedit import content_of
+from tests.hostile.indexedit import content_without_tree
 from tierfeed.errors import ConfigError, NotFoundError
 from tierfeed.format.index import Index, IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
@@ -242,15 +241,7 @@ def test_a_store_without_the_tree_behaves_as_before(messy: Path, tmp_path: Path)
     only the directories that hold files: no empty class."""
     (tmp_path / "chunks").symlink_to(messy / "store" / "chunks")
     with Index(messy / "store") as ix:
-        content = dataclasses.replace(
-            content_of(ix),
-            member_mode=None,
-            member_mtime=None,
-            dir_paths=None,
-            dir_mode=None,
-            dir_mtime=None,
-            root=None,
-        )
+        content = content_without_tree(ix)
     write_index(tmp_path / INDEX_NAME, content)
     full = ImageFolder(messy / "store", allow_empty=True)
     old = ImageFolder(tmp_path, allow_empty=True)

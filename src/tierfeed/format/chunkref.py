@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ __all__ = [
     "ChunkSource",
     "checksum_bytes",
     "checksum_file",
+    "checksum_range",
     "new_hasher",
 ]
 
@@ -33,20 +35,37 @@ def checksum_bytes(data: bytes | memoryview) -> int:
     return int(xxhash.xxh3_64_intdigest(data))
 
 
+_BLOCK = 8 * 2**20  # bytes hashed at a time: memory stays bounded whatever the size
+
+
+def checksum_range(
+    fd: int, offset: int, size: int, on_block: Callable[[int], object] | None = None
+) -> tuple[int, int]:
+    """(bytes read, checksum) of ``size`` bytes of ``fd`` at ``offset``, read in 8 MiB blocks;
+    fewer bytes where the file ends first. ``on_block(n)`` after each block (a progress bar's
+    ``update``). Raises OSError."""
+    hasher = new_hasher()
+    done = 0
+    while done < size:
+        block = os.pread(fd, min(_BLOCK, size - done), offset + done)
+        if not block:
+            break
+        hasher.update(block)
+        done += len(block)
+        if on_block is not None:
+            on_block(len(block))
+    return done, hasher.intdigest()
+
+
 def checksum_file(
     path: str | os.PathLike[str], on_block: Callable[[int], object] | None = None
 ) -> tuple[int, int]:
-    """(size, checksum) of a file, read in 8 MiB blocks; ``on_block(n)`` after each block
-    (a progress bar's ``update``). Raises OSError."""
-    hasher = new_hasher()
-    size = 0
-    with open(path, "rb") as fh:
-        while block := fh.read(8 * 2**20):
-            hasher.update(block)
-            size += len(block)
-            if on_block is not None:
-                on_block(len(block))
-    return size, hasher.intdigest()
+    """(size, checksum) of a whole file, read to its end in 8 MiB blocks. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return checksum_range(fd, 0, sys.maxsize, on_block)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from tierfeed.errors import (
     FormatError,
     PackError,
 )
-from tierfeed.format.chunkref import new_hasher
+from tierfeed.format.chunkref import checksum_range
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
@@ -34,8 +34,6 @@ from tierfeed.format.names import normalize_member_name, split_key
 from tierfeed.format.tarscan import TarMember, open_shard, scan_tar_fd
 
 __all__ = ["IndexReport", "index_shards"]
-
-_READ = 8 * 2**20  # bytes per read while checksumming: memory stays bounded by this
 
 
 @dataclass
@@ -121,23 +119,16 @@ def _checksum_range(
     fd: int, offset: int, size: int, where: str, on_block: Callable[[int], object] | None = None
 ) -> int:
     """xxh3 of ``size`` bytes at ``offset``, read in bounded blocks (never ``size`` at once)."""
-    hasher = new_hasher()
-    done = 0
-    while done < size:
-        try:
-            block = os.pread(fd, min(_READ, size - done), offset + done)
-        except OSError as exc:
-            raise FormatError(f"{where}: cannot read: {exc.strerror or exc}") from None
-        if not block:
-            raise ChunkCorruptError(
-                f"{where}: ended at byte {offset + done} while being read (it shrank); index "
-                "it once it is complete"
-            )
-        hasher.update(block)
-        done += len(block)
-        if on_block is not None:
-            on_block(len(block))
-    return hasher.intdigest()
+    try:
+        done, checksum = checksum_range(fd, offset, size, on_block)
+    except OSError as exc:
+        raise FormatError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    if done < size:
+        raise ChunkCorruptError(
+            f"{where}: ended at byte {offset + done} while being read (it shrank); index "
+            "it once it is complete"
+        )
+    return checksum
 
 
 def _add_shard(

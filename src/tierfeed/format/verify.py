@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from tierfeed.errors import FormatError, IndexFormatError, TierfeedError
 from tierfeed.format.chunkfiles import safe_chunk_path
-from tierfeed.format.chunkref import checksum_file, new_hasher
+from tierfeed.format.chunkref import checksum_file, checksum_range
 from tierfeed.format.index import Index
 from tierfeed.format.names import normalize_member_name
 from tierfeed.format.tarchunk import scan_tar
@@ -76,7 +76,6 @@ def _check_chunk(ix: Index, root: Path, chunk: int, bar: tqdm[Any]) -> list[str]
 
 
 _NAMED = 10  # damaged members (or byte ranges) named in one problem
-_HASH_BLOCK = 8 * 2**20  # bytes hashed at a time: a huge member is never held whole
 
 
 def _checksum_mismatch(ix: Index, path: Path, chunk: int, size: int) -> str:
@@ -129,15 +128,8 @@ def _failing_members(
             if hashed > size:
                 break
             checked += 1
-            hasher = new_hasher()
-            done = 0
-            while done < length:
-                block = os.pread(fd, min(_HASH_BLOCK, length - done), offset + done)
-                if not block:
-                    break  # shorter than the index says: the hash below fails
-                hasher.update(block)
-                done += len(block)
-            if hasher.intdigest() != int(ix.member_checksum[m]):
+            # Shorter than the index says: the hash of what is there fails.
+            if checksum_range(fd, offset, length)[1] != int(ix.member_checksum[m]):
                 bad.append(int(m))
     finally:
         os.close(fd)
