@@ -267,17 +267,31 @@ class _Packer:
         )
 
 
-@contextlib.contextmanager
-def _exclusive(dst: Path) -> Iterator[None]:
-    """One pack at a time per destination; the kernel drops the lock if the process dies."""
+def lock_destination(dst: Path) -> int:
+    """Hold the destination's lock file: one pack or Writer at a time per destination (the
+    kernel drops the lock if the process dies). Returns the descriptor; closing it unlocks.
+
+    Raises:
+        PackError: another pack or Writer holds it.
+        OSError: the lock file cannot be created.
+    """
     fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PackError(
-                f"{dst}: another `tierfeed pack` is writing here; wait for it"
-            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PackError(
+            f"{dst}: another tierfeed writer (a `tierfeed pack` or a Writer) is writing here; "
+            "wait for it"
+        ) from None
+    return fd
+
+
+@contextlib.contextmanager
+def _exclusive(dst: Path) -> Iterator[None]:
+    """The destination's lock for the duration of the block."""
+    fd = lock_destination(dst)
+    try:
         yield
     finally:
         os.close(fd)

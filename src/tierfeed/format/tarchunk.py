@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tierfeed.errors import PackError
 from tierfeed.format.chunkref import new_hasher
-from tierfeed.format.tarscan import TarMember, scan_tar  # re-exported: the strict scanner
+from tierfeed.format.tarscan import BLOCK, TarMember, scan_tar  # the strict scanner, re-exported
 from tierfeed.publish import publishing
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "sync_files",
 ]
 
-BLOCK = 512
 _END = b"\0" * (2 * BLOCK)  # end-of-archive marker: two zero blocks
 
 

@@ -10,7 +10,6 @@ refused unless ``overwrite=True``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from tierfeed.format.encode import KEY_FIELD, encode_sample
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import LABEL_MODES, load_classes, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.pack import JOURNAL, LOCK, chunk_file_name
+from tierfeed.format.pack import JOURNAL, chunk_file_name, lock_destination
 from tierfeed.format.tarchunk import cannot_write, sync_files
 from tierfeed.publish import is_temporary
 
@@ -85,14 +84,10 @@ def claim_destination(dst: Path, overwrite: bool) -> int:
         raise PackError(f"{dst}: not a directory; choose another destination")
     try:
         (dst / "chunks").mkdir(parents=True, exist_ok=True)
-        fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = lock_destination(dst)
     except OSError as exc:
         raise cannot_write(dst, exc) from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PackError(f"{dst}: another tierfeed writer or pack is writing here") from None
         if (dst / INDEX_NAME).exists() and not overwrite:
             raise PackError(f"{dst}: already holds a store; pass overwrite=True to replace it")
         names = sorted(p.name for p in (dst / "chunks").iterdir())
