@@ -54,6 +54,12 @@ LOCK = ".tierfeed-pack.lock"
 _READ_AHEAD_BYTES = 256 * 2**20
 
 
+def check_chunk_size(chunk_size: int) -> None:
+    """ConfigError for a chunk size tierfeed cannot use (pack and Writer alike)."""
+    if chunk_size < 4096:
+        raise ConfigError(f"chunk size {chunk_size} is too small (at least 4 KiB)")
+
+
 @dataclass(frozen=True)
 class PackOptions:
     """How to pack.
@@ -81,8 +87,7 @@ class PackOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 4096:
-            raise ConfigError(f"chunk size {self.chunk_size} is too small (at least 4 KiB)")
+        check_chunk_size(self.chunk_size)
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
         if self.group_by not in GROUPINGS:

@@ -32,7 +32,7 @@ from tierfeed.format.encode import KEY_FIELD, encode_sample
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import LABEL_MODES, load_classes, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.pack import JOURNAL, chunk_file_name, lock_destination
+from tierfeed.format.pack import JOURNAL, check_chunk_size, chunk_file_name, lock_destination
 from tierfeed.format.tarchunk import cannot_write, sync_files
 from tierfeed.publish import is_temporary
 
@@ -55,8 +55,7 @@ class WriteReport:
 
 def check_options(chunk_size: int, labels: str) -> None:
     """ConfigError for a chunk size or label mode tierfeed cannot use."""
-    if chunk_size < 4096:
-        raise ConfigError(f"chunk size {chunk_size} is too small (at least 4 KiB)")
+    check_chunk_size(chunk_size)
     if labels not in LABEL_MODES:
         raise ConfigError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
 
