@@ -60,7 +60,7 @@ def rank_main(
     import torch
     import torch.distributed as dist
 
-    from tierfeed.dist import Comm, Namespace, stage
+    from tierfeed.distributed import Comm, Namespace, stage
     from tierfeed.torch import Dataset, Loader
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",

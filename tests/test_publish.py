@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tierfeed import Writer
-from tierfeed.dist.inbox import Inbox
+from tierfeed.distributed.inbox import Inbox
 from tierfeed.errors import PackError
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.tarchunk import ChunkWriter, member_header

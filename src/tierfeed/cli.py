@@ -66,7 +66,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mount a directory read-only through FUSE with a seeded latency model",
     ),
     "stage": (
-        "tierfeed.dist.command:register",
+        "tierfeed.distributed.command:register",
         "copy a store's chunks to node-local storage (every rank a disjoint share)",
     ),
     "simulate": (

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.format.conftest import write_tree
-from tierfeed.dist.namespace import NamespaceSource
+from tierfeed.distributed.namespace import NamespaceSource
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index

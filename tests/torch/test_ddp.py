@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from tests.dist.ranks import free_port
+from tests.distributed.ranks import free_port
 from tests.format.conftest import write_tree
 from tierfeed.format.pack import PackOptions, pack
 

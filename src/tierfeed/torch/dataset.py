@@ -51,7 +51,7 @@ class OrderPlan(Protocol):
 
 
 class EpochExchange(Protocol):
-    """What paces a sample exchange between ranks (`tierfeed.dist.Exchanger` does): the
+    """What paces a sample exchange between ranks (`tierfeed.distributed.Exchanger` does): the
     Loader reports how far the epoch has been read."""
 
     def begin_epoch(self, epoch: int, start: int = 0, margin: int = 0) -> None:
@@ -144,7 +144,7 @@ class Dataset(IterableDataset[Batch]):
         hedge_source: a second ChunkSource to hedge late reads against (e.g. the origin);
             when hedging is on and none is given, late reads are re-issued on the store's
             own chunk files with O_DIRECT (bypassing the pages the first read holds).
-        exchange: the rank's sample exchange, paced by the Loader (`tierfeed.dist`).
+        exchange: the rank's sample exchange, paced by the Loader (`tierfeed.distributed`).
     """
 
     def __init__(

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.dist.comm import Comm
-from tierfeed.dist.exchanger import ExchangeOptions
-from tierfeed.dist.job import Namespace
+from tierfeed.distributed.comm import Comm
+from tierfeed.distributed.exchanger import ExchangeOptions
+from tierfeed.distributed.job import Namespace
 from tierfeed.errors import ConfigError
 from tierfeed.format.store import Store
 from tierfeed.plan import PlanSpec

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.dist.holders import Holdings
+from tierfeed.distributed.holders import Holdings
 from tierfeed.plan import Plan
 
 __all__ = ["Transfers", "fetch_transfers", "move_transfers", "num_windows"]

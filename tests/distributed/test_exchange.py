@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.dist import workers
-from tests.dist.ranks import make_store, run_ranks
+from tests.distributed import workers
+from tests.distributed.ranks import make_store, run_ranks
 from tierfeed.format.index import Index
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]

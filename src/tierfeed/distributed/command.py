@@ -22,8 +22,8 @@ def _run(args: argparse.Namespace) -> int:
         ) from None
 
     from tierfeed.config import world_from_env
-    from tierfeed.dist.comm import Comm
-    from tierfeed.dist.stage import stage
+    from tierfeed.distributed.comm import Comm
+    from tierfeed.distributed.stage import stage
 
     world = world_from_env()
     comm: Comm | None = None

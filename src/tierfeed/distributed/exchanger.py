@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.dist.comm import Comm
-from tierfeed.dist.holders import Holdings
-from tierfeed.dist.inbox import Inbox, punch_holes
-from tierfeed.dist.namespace import inbox_dir
-from tierfeed.dist.schedule import Transfers, fetch_transfers, move_transfers, num_windows
+from tierfeed.distributed.comm import Comm
+from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.inbox import Inbox, punch_holes
+from tierfeed.distributed.namespace import inbox_dir
+from tierfeed.distributed.schedule import Transfers, fetch_transfers, move_transfers, num_windows
 from tierfeed.errors import ChunkCorruptError, ConfigError, ExchangeError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import checksum_bytes

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tierfeed.dist import Comm, ExchangeOptions, Namespace, stage
+from tierfeed.distributed import Comm, ExchangeOptions, Namespace, stage
 from tierfeed.format.store import Sample
 from tierfeed.loader import PrefetchOptions
 
@@ -78,7 +78,7 @@ def die_midway(rank: int, world: int, store: str, to: str, plan: str) -> dict[st
 
 def pls_loop(rank: int, world: int, store: str, to: str, q: float) -> dict[str, Any]:
     """A training loop written against the PLS scheduler's calls."""
-    from tierfeed.dist.pls import Scheduler
+    from tierfeed.distributed.pls import Scheduler
 
     comm = Comm(timeout_s=30)
     report = stage(store, to, f"partial:{q}", comm=comm, progress=False)

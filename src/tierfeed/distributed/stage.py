@@ -1,6 +1,6 @@
 """Stage-in: the ranks of a job copy disjoint chunk sets from the origin to node-local storage.
 
-Each chunk is copied by exactly one rank (its holder, see `tierfeed.dist.holders`), into the
+Each chunk is copied by exactly one rank (its holder, see `tierfeed.distributed.holders`), into the
 directory of that rank's node, which every rank of the node shares. A copy is streamed in
 blocks, hashed on the way, checked against the index and only then renamed into place, so a
 staged chunk is whole and verified or absent; a chunk already present and verified is
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from tierfeed.dist.comm import Comm
-from tierfeed.dist.holders import Holdings
+from tierfeed.distributed.comm import Comm
+from tierfeed.distributed.holders import Holdings
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_file, new_hasher
 from tierfeed.format.index import Index

@@ -81,7 +81,9 @@ class Comm:
         """This group's rank and size as a World (ranks per node from torchrun's variables)."""
         return world_for(self.rank, self.world_size)
 
-    def _reduce(self, values: Sequence[float], op: dist.ReduceOp.RedOpType, what: str) -> list[float]:
+    def _reduce(
+        self, values: Sequence[float], op: dist.ReduceOp.RedOpType, what: str
+    ) -> list[float]:
         t = torch.tensor(list(values), dtype=torch.float64)
         try:
             dist.all_reduce(t, op=op, group=self.group)

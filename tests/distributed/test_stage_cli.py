@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.dist.ranks import make_store
+from tests.distributed.ranks import make_store
 from tierfeed.cli import main
 from tierfeed.format.index import Index
 from tierfeed.format.verify import verify_store

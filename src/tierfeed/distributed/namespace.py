@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.dist.inbox import InboxView
+from tierfeed.distributed.inbox import InboxView
 from tierfeed.errors import ExchangeError, StorageError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource, checksum_bytes

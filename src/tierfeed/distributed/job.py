@@ -1,8 +1,8 @@
 """`Namespace`: after stage-in, the job reads one dataset spread over its nodes' local storage.
 
-    comm = tierfeed.dist.Comm()
-    report = tierfeed.dist.stage(origin, "/local/ssd/ds", plan="partial:0.3", comm=comm)
-    ns = tierfeed.dist.Namespace(comm, report.local_dir, plan="partial:0.3")
+    comm = tierfeed.distributed.Comm()
+    report = tierfeed.distributed.stage(origin, "/local/ssd/ds", plan="partial:0.3", comm=comm)
+    ns = tierfeed.distributed.Namespace(comm, report.local_dir, plan="partial:0.3")
     loader = tierfeed.torch.Loader(ns.dataset(batch_size=64, decode=...), num_workers=4)
 
 Every process of the rank (the DataLoader workers too) reads through a `NamespaceSource`; the
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.dist.comm import Comm
-from tierfeed.dist.exchanger import ExchangeOptions, Exchanger
-from tierfeed.dist.holders import Holdings
-from tierfeed.dist.namespace import NamespaceSource, inbox_dir
+from tierfeed.distributed.comm import Comm
+from tierfeed.distributed.exchanger import ExchangeOptions, Exchanger
+from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.namespace import NamespaceSource, inbox_dir
 from tierfeed.format.index import Index
 from tierfeed.format.store import Store
 from tierfeed.plan import Plan, PlanSpec
