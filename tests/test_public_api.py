@@ -17,7 +17,7 @@ def test_all_is_honest() -> None:
 
 
 def test_every_lazy_name_is_public_and_the_same_object() -> None:
-    from tierfeed.format.store import open_store
+    from tierfeed.loader.compose import open_store
 
     assert set(tierfeed._LAZY) | {"TierfeedError", "__version__"} == set(tierfeed.__all__)
     assert tierfeed.open_store is open_store

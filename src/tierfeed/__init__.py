@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from tierfeed.format.optimize import optimize
     from tierfeed.format.pack import PackOptions, PackReport, pack
     from tierfeed.format.shards import index_shards
-    from tierfeed.format.store import PathStat, Sample, Store, open_store
+    from tierfeed.format.store import PathStat, Sample, Store
     from tierfeed.format.verify import verify_store
     from tierfeed.format.writer import Writer, WriteReport
+    from tierfeed.loader.compose import open_store
     from tierfeed.world import World
 
 __version__ = "0.1.0"
@@ -58,7 +59,7 @@ _LAZY = {
     "PathStat": "tierfeed.format.store",
     "Sample": "tierfeed.format.store",
     "Store": "tierfeed.format.store",
-    "open_store": "tierfeed.format.store",
+    "open_store": "tierfeed.loader.compose",
     "verify_store": "tierfeed.format.verify",
     "WriteReport": "tierfeed.format.writer",
     "Writer": "tierfeed.format.writer",

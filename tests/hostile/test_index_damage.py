@@ -19,8 +19,8 @@ from tierfeed.errors import IndexFormatError, TierfeedError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME, SECTIONS
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import open_store
 from tierfeed.format.verify import summarize, verify_store
+from tierfeed.loader.compose import open_store
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,8 @@ from tests.format.conftest import write_tree
 from tierfeed.errors import ChunkCorruptError
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Store, open_store
+from tierfeed.format.store import Store
+from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
 from tierfeed.storage.shared_dir import copy_claim
 from tierfeed.storage.tiers import cache_key, disk_tier
@@ -157,7 +158,7 @@ def test_disk_tier_persists_across_processes_and_is_private(
 import sys; sys.path.insert(0, {str(Path.cwd())!r})
 from tests.storage.test_tiers import stack
 from tierfeed.storage.tiers import disk_tier
-from tierfeed.format.store import open_store
+from tierfeed.loader.compose import open_store
 from pathlib import Path
 with stack(Path({str(store_dir)!r}), [disk_tier({str(cache)!r}, 10**9)]) as t:
     s = open_store({str(store_dir)!r}, source=t)

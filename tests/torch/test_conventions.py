@@ -20,9 +20,10 @@ from tests.torch.conftest import N
 from tests.torch.test_loader import PermPlan, decode, slow_store, values, values_of
 from tierfeed.errors import ChunkCorruptError, ConfigError, TierfeedError
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample, Store, open_store
+from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, DecodeError, PrefetchOptions, decode_sample
 from tierfeed.loader.batching import batch_count, read_prefix, worker_positions
+from tierfeed.loader.compose import open_store
 from tierfeed.torch import Dataset, Loader
 from tierfeed.torch.readers import Readers
 

@@ -25,8 +25,9 @@ from tierfeed.distributed.holders import Holdings
 from tierfeed.distributed.namespace import NamespaceSource, inbox_dir
 from tierfeed.format.index import Index
 from tierfeed.format.store import Store
+from tierfeed.loader.compose import plan_for
 from tierfeed.plan import Plan, PlanSpec
-from tierfeed.torch.dataset import Dataset, plan_for
+from tierfeed.torch.dataset import Dataset
 from tierfeed.world import World
 
 __all__ = ["Namespace"]

@@ -26,10 +26,10 @@ from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_file, new_hasher
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
+from tierfeed.loader.compose import plan_for
 from tierfeed.plan import PlanSpec
 from tierfeed.publish import publishing
 from tierfeed.storage import PosixDriver
-from tierfeed.torch.dataset import plan_for
 from tierfeed.world import World
 
 __all__ = ["StageReport", "local_dir_for", "stage"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from dataclasses import dataclass
-from pathlib import Path
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
 from tierfeed.format.chunkfiles import DirectoryChunks
@@ -13,7 +12,7 @@ from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.format.names import field_name
 
-__all__ = ["PathStat", "Sample", "Store", "open_store"]
+__all__ = ["PathStat", "Sample", "Store"]
 
 _MAX_COPIES = 8  # cached copies a read may drop before it blames the origin (tiers are few)
 
@@ -247,12 +246,3 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_store(path: str | os.PathLike[str], source: ChunkSource | None = None) -> Store:
-    """Open the store at ``path`` (its directory or its index file).
-
-    Raises:
-        IndexFormatError: no index, another format version, or a damaged index.
-    """
-    return Store(Index(Path(path)), source)

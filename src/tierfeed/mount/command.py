@@ -92,18 +92,11 @@ def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
 
 def _tiered_store(store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str) -> Any:
     """The store read through RAM and local-disk tiers, or directly when none is asked."""
-    from tierfeed.format.index import Index
-    from tierfeed.format.store import Store, open_store
-    from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack, disk_tier
+    from tierfeed.loader.compose import TierConfig, open_store
 
     if ram <= 0 and disk is None:
         return open_store(store_path)
-    index = Index(store_path)
-    tiers = [Tier(MemoryDriver(ram), ram, name="ram")] if ram > 0 else []
-    if disk is not None:
-        tiers.append(disk_tier(disk, disk_bytes))
-    origin = PosixDriver(index.path.parent, read_only=True)
-    return Store(index, TierStack(index.chunks(), origin, tiers, policy))
+    return open_store(store_path, TierConfig(max(ram, 0), disk, disk_bytes, policy, threads=4))
 
 
 def serve(

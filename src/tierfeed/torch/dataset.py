@@ -29,13 +29,12 @@ from tierfeed.config import world_for, world_from_env
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
-from tierfeed.format.index import Index
-from tierfeed.format.store import Sample, Store, open_store
+from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions, StreamState
 from tierfeed.loader.batching import batch_count, worker_slice
+from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for
 from tierfeed.loader.decode import decode_sample, describe_sample
-from tierfeed.plan import DatasetShape, Plan, PlanSpec
-from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
+from tierfeed.plan import PlanSpec
 from tierfeed.torch.readers import Readers
 from tierfeed.world import World
 
@@ -79,37 +78,6 @@ class Batch:
     counters: dict[str, float]
     tiers: dict[str, dict[str, Any]] | None = None
     last: bool = False  # the worker's last batch of the epoch
-
-
-@dataclass(frozen=True)
-class TierConfig:
-    """Cache tiers between the store and the readers, built in each process.
-
-    Attributes:
-        ram_bytes: a RAM tier of this many bytes per process (0: none).
-        disk_dir: a local-disk tier here, shared by every process of the host (None: none).
-        disk_bytes: quota of the disk tier.
-        policy: ``fill-top``, ``lru`` or ``clairvoyant`` (fed the plan's reads).
-        threads: background copy threads per process.
-    """
-
-    ram_bytes: int = 0
-    disk_dir: str | None = None
-    disk_bytes: int = 0
-    policy: str = "clairvoyant"
-    threads: int = 2
-
-    def build(self, store_path: Path) -> Store:
-        """The store at ``store_path`` read through these tiers (origin read-only)."""
-        index = Index(store_path)
-        tiers = []
-        if self.ram_bytes > 0:
-            tiers.append(Tier(MemoryDriver(self.ram_bytes), self.ram_bytes, name="ram"))
-        if self.disk_dir is not None and self.disk_bytes > 0:
-            tiers.append(disk_tier(self.disk_dir, self.disk_bytes))
-        origin = PosixDriver(index.path.parent, read_only=True)
-        stack = TierStack(index.chunks(), origin, tiers, self.policy, TierOptions(self.threads))
-        return Store(index, stack)
 
 
 _EPOCHS_AHEAD = 2  # epochs of future reads given to clairvoyant tiers
@@ -165,13 +133,13 @@ class Dataset(IterableDataset[Batch]):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self._opener: Callable[[], Store] = (
-            store if callable(store) else _Opener(Path(store).absolute(), tiers)
+            store if callable(store) else StoreOpener(Path(store).absolute(), tiers)
         )
         self.batch_size, self.decode, self.collate = batch_size, decode, collate
         self._store: Store | None = None
         self._pid = -1
         self.plan: OrderPlan = (
-            plan_for(self.store().index, plan) if isinstance(plan, (str, PlanSpec)) else plan
+            plan_for(self._plan_index(), plan) if isinstance(plan, (str, PlanSpec)) else plan
         )
         self.drop_last = drop_last
         self.prefetch = prefetch or PrefetchOptions()
@@ -201,6 +169,13 @@ class Dataset(IterableDataset[Batch]):
             self._store = self._opener()
             self._pid = os.getpid()
         return self._store
+
+    def _plan_index(self) -> Any:
+        """The index to plan from: by path, the index alone (no tier stack, no copy threads
+        in a process that forks workers next); otherwise this process's store's."""
+        if isinstance(self._opener, StoreOpener):
+            return self._opener.index()
+        return self.store().index
 
     def rank_order(self, epoch: int | None = None) -> npt.NDArray[np.int64]:
         """The rank's sample order for ``epoch`` (the current one by default)."""
@@ -383,28 +358,6 @@ class Dataset(IterableDataset[Batch]):
         tiers = source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
         return Batch(self.collate(items), worker, epoch, state, counters, tiers, last)
-
-
-def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
-    """The plan of a store's samples under ``spec``."""
-    if isinstance(spec, str):
-        spec = PlanSpec.parse(spec)
-    labels = np.asarray(index.sample_label, dtype=np.int64)
-    shape = DatasetShape(
-        np.asarray(index.sample_chunk, dtype=np.int64), index.sample_bytes(), labels
-    )
-    return Plan(shape, spec)
-
-
-@dataclass(frozen=True)
-class _Opener:
-    """Opens a store by path (through tiers if configured); picklable for spawned workers."""
-
-    path: Path
-    tiers: TierConfig | None = None
-
-    def __call__(self) -> Store:
-        return open_store(self.path) if self.tiers is None else self.tiers.build(self.path)
 
 
 def _world() -> World:

@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 from tierfeed.errors import ConfigError, DecodeError, NotFoundError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.store import Store, open_store
+from tierfeed.format.store import Store
+from tierfeed.loader.compose import open_store
 
 __all__ = [
     "IMG_EXTENSIONS",

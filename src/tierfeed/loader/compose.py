@@ -1,0 +1,115 @@
+"""Opening a store with its tiers, and the plan of its samples: what every face composes.
+
+`torch.Dataset`, `torch.ImageFolder`, `tierfeed mount`, stage-in and the distributed
+namespace open stores here, so a store is read the same way (origin read-only, tiers in
+front, members checked) whichever face reads it. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tierfeed.format.chunkfiles import DirectoryChunks
+from tierfeed.format.chunkref import ChunkSource
+from tierfeed.format.index import Index
+from tierfeed.format.store import Store
+from tierfeed.plan import DatasetShape, Plan, PlanSpec
+from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
+
+__all__ = ["StoreOpener", "TierConfig", "open_store", "plan_for", "tier_stack"]
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Cache tiers between the store and the readers, built in each process.
+
+    Attributes:
+        ram_bytes: a RAM tier of this many bytes per process (0: none).
+        disk_dir: a local-disk tier here, shared by every process of the host (None: none).
+        disk_bytes: quota of the disk tier.
+        policy: ``fill-top``, ``lru`` or ``clairvoyant`` (fed the plan's reads).
+        threads: background copy threads per process.
+    """
+
+    ram_bytes: int = 0
+    disk_dir: str | None = None
+    disk_bytes: int = 0
+    policy: str = "clairvoyant"
+    threads: int = 2
+
+    def tiers(self) -> list[Tier]:
+        """The configured tiers, fastest first (made anew: each process has its own)."""
+        tiers = []
+        if self.ram_bytes > 0:
+            tiers.append(Tier(MemoryDriver(self.ram_bytes), self.ram_bytes, name="ram"))
+        if self.disk_dir is not None and self.disk_bytes > 0:
+            tiers.append(disk_tier(self.disk_dir, self.disk_bytes))
+        return tiers
+
+    def build(self, store_path: str | os.PathLike[str]) -> Store:
+        """The store at ``store_path`` read through these tiers (origin read-only)."""
+        index = Index(Path(store_path))
+        return Store(index, tier_stack(index, self))
+
+
+def tier_stack(index: Index, tiers: TierConfig) -> TierStack:
+    """A tier stack over the chunk files beside ``index`` (opened read-only)."""
+    origin = PosixDriver(index.path.parent, read_only=True)
+    return TierStack(
+        index.chunks(), origin, tiers.tiers(), tiers.policy, TierOptions(tiers.threads)
+    )
+
+
+def open_store(
+    path: str | os.PathLike[str],
+    tiers: TierConfig | None = None,
+    source: ChunkSource | None = None,
+) -> Store:
+    """Open the store at ``path`` (its directory or its index file).
+
+    Args:
+        path: the store.
+        tiers: read it through these cache tiers (RAM, local disk); none by default.
+        source: read chunk bytes from here instead (e.g. a job's namespace).
+
+    Raises:
+        IndexFormatError: no index, another format version, or a damaged index.
+    """
+    index = Index(Path(path))
+    if source is None:
+        if tiers is not None:
+            source = tier_stack(index, tiers)
+        else:
+            source = DirectoryChunks(index.path.parent, index.chunks(), index.path)
+    return Store(index, source)
+
+
+@dataclass(frozen=True)
+class StoreOpener:
+    """Opens a store by path (through tiers if configured); picklable, so each process
+    (DataLoader workers included) opens its own."""
+
+    path: Path
+    tiers: TierConfig | None = None
+
+    def __call__(self) -> Store:
+        return open_store(self.path, self.tiers)
+
+    def index(self) -> Index:
+        """The store's index alone: enough to plan, with no tier stack or copy threads."""
+        return Index(self.path)
+
+
+def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
+    """The plan of a store's samples under ``spec``."""
+    if isinstance(spec, str):
+        spec = PlanSpec.parse(spec)
+    labels = np.asarray(index.sample_label, dtype=np.int64)
+    shape = DatasetShape(
+        np.asarray(index.sample_chunk, dtype=np.int64), index.sample_bytes(), labels
+    )
+    return Plan(shape, spec)
