@@ -98,13 +98,8 @@ def _path_order(content: IndexContent) -> npt.NDArray[np.generic]:
     return np.asarray(order, dtype=dtype)
 
 
-def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
-    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename)."""
-    if len(content.exts) > 2**16:
-        raise IndexFormatError(
-            f"{path}: {len(content.exts)} distinct file extensions; the index holds at most "
-            f"{2**16} (are sample keys split as intended?)"
-        )
+def _section_arrays(content: IndexContent) -> dict[str, npt.NDArray[Any] | bytes]:
+    """Every section of the index for ``content``, by name, before encoding."""
     key_offset, keys = _blob(content.keys)
     name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
     arrays: dict[str, npt.NDArray[Any] | bytes] = {
@@ -127,6 +122,11 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
         "chunk_checksum": content.chunk_checksum,
     }
     arrays |= _tree_arrays(content)
+    return arrays
+
+
+def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, bytes]]:
+    """The sections' bytes in file order, each in its on-disk dtype."""
     payloads: list[tuple[str, bytes]] = []
     for name, (dtype, _) in (
         SECTIONS | TREE_SECTIONS if len(arrays) > len(SECTIONS) else SECTIONS
@@ -137,6 +137,15 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
         else:
             spec = value.dtype.newbyteorder("<").str if name == "path_order" else dtype
             payloads.append((name, np.ascontiguousarray(value, dtype=spec).tobytes()))
+    return payloads
+
+
+def _header(
+    content: IndexContent,
+    arrays: dict[str, npt.NDArray[Any] | bytes],
+    payloads: list[tuple[str, bytes]],
+) -> dict[str, Any]:
+    """The JSON header's fields, except the section offsets and its own checksum."""
     hasher = new_hasher()
     for _, data in payloads:
         hasher.update(data)
@@ -154,6 +163,12 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
     if content.dir_paths is not None and content.root is not None:
         header["dirs"] = len(content.dir_paths)
         header["root"] = list(content.root)
+    return header
+
+
+def _lay_out(header: dict[str, Any], payloads: list[tuple[str, bytes]]) -> int:
+    """Place every section after the header; set ``header["sections"]``; return the
+    header's slot length (where the first section starts)."""
     header_slack = 64  # room for the header checksum added once the offsets are known
     # Section offsets depend on the header length, which depends on the offsets: lay out with
     # a header padded to a fixed aligned size.
@@ -165,6 +180,21 @@ def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
         sections[name] = [offset, len(data)]
         end = offset + len(data)
         offset = aligned(end)
+    return header_len
+
+
+def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
+    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename)."""
+    if len(content.exts) > 2**16:
+        raise IndexFormatError(
+            f"{path}: {len(content.exts)} distinct file extensions; the index holds at most "
+            f"{2**16} (are sample keys split as intended?)"
+        )
+    arrays = _section_arrays(content)
+    payloads = _payloads(arrays)
+    header = _header(content, arrays, payloads)
+    header_len = _lay_out(header, payloads)
+    sections: dict[str, list[int]] = header["sections"]
     header["header_checksum"] = header_checksum(header)
     blob = json.dumps(header).encode()
     head = PREFIX.pack(MAGIC, VERSION, len(blob)) + blob

@@ -197,6 +197,59 @@ class _Run:
             q.cancel_join_thread()
 
 
+def _check_arguments(
+    fn: Fn, inputs: Sequence[Any], workers: int, chunk_size: int, labels: str, start_method: str
+) -> None:
+    """ConfigError for arguments `optimize` cannot run with, before anything is written."""
+    check_options(chunk_size, labels)
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    if start_method not in mp.get_all_start_methods():
+        raise ConfigError(
+            f"start_method {start_method!r} is not available here; use one of "
+            f"{', '.join(mp.get_all_start_methods())}"
+        )
+    if not isinstance(inputs, Sequence):
+        raise ConfigError(f"inputs must be a sequence (a list), not {type(inputs).__name__}")
+    if start_method != "fork":
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:
+            raise ConfigError(
+                f"optimize: fn {fn!r} cannot be sent to {start_method} workers ({exc}); use a "
+                "module-level function, or start_method='fork'"
+            ) from None
+
+
+def _run_workers(
+    run: _Run, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, labels: str
+) -> list[ChunkRecord]:
+    """Run the workers to the end; the records of their chunks, in worker order."""
+    failed = True
+    try:
+        run.start(ctx, fn, root, chunk_size, labels in ("auto", "cls"))
+        run.collect()
+        failed = False
+    finally:
+        run.close(failed)
+    return [r for per_worker in run.records for r in per_worker]
+
+
+def _number_chunks(root: Path, records: list[ChunkRecord]) -> None:
+    """Rename the workers' chunks to the store's chunk names, in order."""
+    for number, record in enumerate(records):
+        final = chunk_file_name(number)
+        os.replace(root / record.name, root / final)
+        record.name = final
+
+
+def _remove_chunks(root: Path) -> None:
+    """Remove every chunk of a failed run (claimed empty: every chunk there is ours)."""
+    for path in (root / "chunks").iterdir():
+        if path.name.endswith(".tar") or is_temporary(path.name):
+            path.unlink()
+
+
 def optimize(
     fn: Fn,
     inputs: Sequence[Any],
@@ -231,24 +284,7 @@ def optimize(
             died; no index is written and the chunks are removed.
         DuplicateKeyError: a key is written twice.
     """
-    check_options(chunk_size, labels)
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
-    if start_method not in mp.get_all_start_methods():
-        raise ConfigError(
-            f"start_method {start_method!r} is not available here; use one of "
-            f"{', '.join(mp.get_all_start_methods())}"
-        )
-    if not isinstance(inputs, Sequence):
-        raise ConfigError(f"inputs must be a sequence (a list), not {type(inputs).__name__}")
-    if start_method != "fork":
-        try:
-            pickle.dumps(fn)
-        except Exception as exc:
-            raise ConfigError(
-                f"optimize: fn {fn!r} cannot be sent to {start_method} workers ({exc}); use a "
-                "module-level function, or start_method='fork'"
-            ) from None
+    _check_arguments(fn, inputs, workers, chunk_size, labels, start_method)
     names = None if classes is None else load_classes(classes)
     root = Path(dst)
     started = time.perf_counter()
@@ -256,23 +292,11 @@ def optimize(
     ctx = mp.get_context(start_method)
     run = _Run(ctx, workers, inputs)
     try:
-        failed = True
-        try:
-            run.start(ctx, fn, root, chunk_size, labels in ("auto", "cls"))
-            run.collect()
-            failed = False
-        finally:
-            run.close(failed)
-        records = [r for per_worker in run.records for r in per_worker]
-        for number, record in enumerate(records):
-            final = chunk_file_name(number)
-            os.replace(root / record.name, root / final)
-            record.name = final
+        records = _run_workers(run, ctx, fn, root, chunk_size, labels)
+        _number_chunks(root, records)
         content = finish_store(root, records, labels, names, chunk_size, check_unique=True)
     except BaseException:
-        for path in (root / "chunks").iterdir():  # claimed empty: every chunk there is ours
-            if path.name.endswith(".tar") or is_temporary(path.name):
-                path.unlink()
+        _remove_chunks(root)
         raise
     finally:
         os.close(lock)

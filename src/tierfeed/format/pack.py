@@ -8,8 +8,6 @@ store that opens; running it again keeps the finished chunks whose source is unc
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
 import time
 from collections import deque
@@ -25,7 +23,6 @@ from tqdm import tqdm
 from tierfeed.errors import (
     ConfigError,
     EmptySourceError,
-    PackError,
     TierfeedError,
     UnreadableFileError,
 )
@@ -35,6 +32,16 @@ from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import GROUPINGS
 from tierfeed.format.packplan import PackPlan, plan_pack
+from tierfeed.format.packstate import (
+    JOURNAL,
+    append_journal,
+    clear_replaced_store,
+    exclusive,
+    read_journal,
+    remove_leftovers,
+)
+from tierfeed.format.packstate import LOCK as LOCK  # re-exported: it lived here
+from tierfeed.format.packstate import lock_destination as lock_destination  # re-exported
 from tierfeed.format.source import (
     SourceDir,
     SourceTree,
@@ -45,12 +52,9 @@ from tierfeed.format.source import (
     walk_tree,
 )
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
-from tierfeed.publish import is_temporary
 
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
-JOURNAL = ".tierfeed-pack.journal"
-LOCK = ".tierfeed-pack.lock"
 _READ_AHEAD_BYTES = 256 * 2**20
 
 
@@ -128,20 +132,9 @@ class _Packer:
         self.member_sum = np.zeros(len(plan.files), dtype=np.uint64)
         self.chunk_size = np.zeros(n, dtype=np.uint64)
         self.chunk_checksum = np.zeros(n, dtype=np.uint64)
-        self.journal = self._load_journal()
+        self.journal = read_journal(dst)
         self.resumed = 0
         self.files_done = 0
-
-    def _load_journal(self) -> dict[int, dict[str, Any]]:
-        entries: dict[int, dict[str, Any]] = {}
-        with contextlib.suppress(FileNotFoundError):
-            for line in (self.dst / JOURNAL).read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                    entries[int(entry["chunk"])] = entry
-                except (ValueError, KeyError, TypeError):
-                    continue  # a torn last line from an interrupted run
-        return entries
 
     def _reuse(self, chunk: int) -> bool:
         """Keep a chunk finished by an earlier run if its source is unchanged and it verifies."""
@@ -237,10 +230,7 @@ class _Packer:
             "checksum": checksum,
             "skipped": skipped,
         }
-        with open(self.dst / JOURNAL, "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_journal(self.dst, entry)
 
     def content(self) -> IndexContent:
         """The index of what was written (skipped members and emptied samples left out)."""
@@ -272,64 +262,13 @@ class _Packer:
         )
 
 
-def lock_destination(dst: Path) -> int:
-    """Hold the destination's lock file: one pack or Writer at a time per destination (the
-    kernel drops the lock if the process dies). Returns the descriptor; closing it unlocks.
-
-    Raises:
-        PackError: another pack or Writer holds it.
-        OSError: the lock file cannot be created.
-    """
-    fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise PackError(
-            f"{dst}: another tierfeed writer (a `tierfeed pack` or a Writer) is writing here; "
-            "wait for it"
-        ) from None
-    return fd
-
-
-@contextlib.contextmanager
-def _exclusive(dst: Path) -> Iterator[None]:
-    """The destination's lock for the duration of the block."""
-    fd = lock_destination(dst)
-    try:
-        yield
-    finally:
-        os.close(fd)
-
-
-def _prepare(dst: Path, options: PackOptions) -> None:
-    """Under the lock: drop the store an --overwrite replaces."""
-    index = dst / INDEX_NAME
-    if index.exists():
-        if not options.overwrite:
-            raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
-        index.unlink()  # first, so that an interrupted re-pack leaves no store that opens
-        with contextlib.suppress(FileNotFoundError):
-            (dst / JOURNAL).unlink()
-
-
-def _cleanup(dst: Path, num_chunks: int) -> None:
-    """Remove partial chunks (temporaries: under the lock no one else writes here) and chunks
-    beyond this pack's count (from an earlier pack)."""
-    for path in (dst / "chunks").iterdir():
-        stem = path.name.split(".", 1)[0]
-        beyond = path.name.endswith(".tar") and stem.isdigit() and int(stem) >= num_chunks
-        if beyond or is_temporary(path.name):
-            path.unlink()
-
-
 def _write_store(
     dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree
 ) -> tuple[_Packer, IndexContent]:
     """Write the chunks, the index last; keep what an interrupted earlier run finished."""
     (dst / "chunks").mkdir(parents=True, exist_ok=True)
-    with _exclusive(dst):
-        _prepare(dst, options)
+    with exclusive(dst):
+        clear_replaced_store(dst, options.overwrite)
         packer = _Packer(dst, plan, options, tree)
         total = sum(f.size for f in plan.files)
         with tqdm(
@@ -347,7 +286,7 @@ def _write_store(
                 bar.leave = False  # an error is one line on stderr, without a stale bar above
                 raise
         content = packer.content()
-        _cleanup(dst, plan.num_chunks)
+        remove_leftovers(dst, plan.num_chunks)
         sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
         write_index(dst / INDEX_NAME, content)
         with contextlib.suppress(FileNotFoundError):

@@ -206,6 +206,54 @@ def _read_cls(fd: int, member: TarMember, where: str) -> int:
     return parse_cls(text, where)
 
 
+def _scan_shards(
+    got: _Collected,
+    paths: list[Path],
+    total: int,
+    skip_bad: bool,
+    skipped: list[tuple[str, str]],
+    progress: bool,
+) -> tuple[list[int], list[int]]:
+    """Collect the members of every shard in order; each shard's (size, checksum) lists."""
+    sizes, sums = [], []
+    with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
+        for chunk, shard in enumerate(paths):
+            size, checksum = _add_shard(got, chunk, shard, skip_bad, skipped, bar.update)
+            sizes.append(size)
+            sums.append(checksum)
+    return sizes, sums
+
+
+def _content(
+    got: _Collected,
+    label_of: Sequence[int],
+    class_names: list[str],
+    names: list[str],
+    sizes: list[int],
+    sums: list[int],
+    skipped: int,
+) -> IndexContent:
+    """The index of the collected members, the shards as its chunks."""
+    exts = sorted(set(got.ext))
+    ext_id = {e: i for i, e in enumerate(exts)}
+    return IndexContent(
+        keys=got.keys,
+        labels=np.asarray(label_of, dtype=np.int32),
+        member_start=np.asarray([*got.starts, len(got.offset)], dtype=np.uint64),
+        member_chunk=np.asarray(got.chunk, dtype=np.uint32),
+        member_offset=np.asarray(got.offset, dtype=np.uint64),
+        member_length=np.asarray(got.length, dtype=np.uint64),
+        member_checksum=np.asarray(got.checksum, dtype=np.uint64),
+        member_ext=np.asarray([ext_id[e] for e in got.ext], dtype=np.uint16),
+        exts=exts,
+        chunk_names=names,
+        chunk_size=np.asarray(sizes, dtype=np.uint64),
+        chunk_checksum=np.asarray(sums, dtype=np.uint64),
+        classes=class_names,
+        extra={"skipped": skipped, "indexed_in_place": True},
+    )
+
+
 def index_shards(
     shards: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -241,35 +289,13 @@ def index_shards(
     names_of_cls = None if classes is None else load_classes(classes)
     got = _Collected(want_cls=labels in ("auto", "cls"))
     skipped: list[tuple[str, str]] = []
-    sizes, sums = [], []
-    with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
-        for chunk, shard in enumerate(paths):
-            size, checksum = _add_shard(got, chunk, shard, skip_bad_names, skipped, bar.update)
-            sizes.append(size)
-            sums.append(checksum)
+    sizes, sums = _scan_shards(got, paths, total, skip_bad_names, skipped, progress)
     if not got.keys:
         raise EmptySourceError(f"{', '.join(map(str, paths))}: no regular file in the shards")
     label_of, class_names = resolve_labels(
         got.keys, got.labels_of_cls(), labels, names_of_cls, root
     )
-    exts = sorted(set(got.ext))
-    ext_id = {e: i for i, e in enumerate(exts)}
-    content = IndexContent(
-        keys=got.keys,
-        labels=np.asarray(label_of, dtype=np.int32),
-        member_start=np.asarray([*got.starts, len(got.offset)], dtype=np.uint64),
-        member_chunk=np.asarray(got.chunk, dtype=np.uint32),
-        member_offset=np.asarray(got.offset, dtype=np.uint64),
-        member_length=np.asarray(got.length, dtype=np.uint64),
-        member_checksum=np.asarray(got.checksum, dtype=np.uint64),
-        member_ext=np.asarray([ext_id[e] for e in got.ext], dtype=np.uint16),
-        exts=exts,
-        chunk_names=names,
-        chunk_size=np.asarray(sizes, dtype=np.uint64),
-        chunk_checksum=np.asarray(sums, dtype=np.uint64),
-        classes=class_names,
-        extra={"skipped": len(skipped), "indexed_in_place": True},
-    )
+    content = _content(got, label_of, class_names, names, sizes, sums, len(skipped))
     try:
         write_index(index_path, content)
     except OSError as exc:

@@ -115,6 +115,21 @@ def _stat_file(rel: bytes, path: bytes, skipped: list[tuple[str, str]] | None) -
     return None
 
 
+def _list_dir(
+    path: bytes, ancestors: tuple[tuple[int, int], ...]
+) -> tuple[os.stat_result, list[os.DirEntry[bytes]]] | str:
+    """A directory's stat and its entries sorted by name, or why it cannot be walked."""
+    try:
+        st = os.stat(path)
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        return f"cannot list directory ({exc.strerror or exc})"
+    if (st.st_dev, st.st_ino) in ancestors:
+        return "symlink loop (it leads back to one of its parents)"
+    return st, entries
+
+
 def walk_tree(
     root: Path,
     skipped: list[tuple[str, str]] | None = None,
@@ -145,22 +160,14 @@ def walk_tree(
     while stack:
         rel_dir, ancestors = stack.pop()
         path = os.path.join(base, rel_dir) if rel_dir else base
-        try:
-            st = os.stat(path)
-            with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            problem = f"cannot list directory ({exc.strerror or exc})"
-        else:
-            ident = (st.st_dev, st.st_ino)
-            problem = "symlink loop (it leads back to one of its parents)"
-            if ident not in ancestors:
-                problem = ""
-        if problem:
+        listing = _list_dir(path, ancestors)
+        if isinstance(listing, str):
             if skipped is None or not rel_dir:  # the source itself cannot be skipped
-                raise unreadable_error(path, problem)
-            skipped.append((os.fsdecode(rel_dir), problem))
+                raise unreadable_error(path, listing)
+            skipped.append((os.fsdecode(rel_dir), listing))
             continue
+        st, entries = listing
+        ident = (st.st_dev, st.st_ino)
         if excluded is not None and ident == (excluded.st_dev, excluded.st_ino):
             continue
         if dirs is not None:

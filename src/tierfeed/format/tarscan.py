@@ -19,13 +19,22 @@ only after its size was checked against the file and the cap.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tierfeed.errors import ChunkCorruptError, FormatError
+from tierfeed.format.tarheader import (
+    DAMAGED,
+    PendingHeaders,
+    check_header,
+    header_size,
+    member_name,
+    member_size,
+    nul_terminated,
+    pax_records,
+)
 
 __all__ = ["MAX_EXTENDED", "TarMember", "open_shard", "scan_tar", "scan_tar_fd"]
 
@@ -33,7 +42,6 @@ BLOCK = 512
 MAX_EXTENDED = 2**20  # bytes of pax / GNU long-name records read for one member (and globals)
 _WINDOW = 2**20  # headers are read through a window of this many bytes
 _ZERO = bytes(BLOCK)
-_OCTAL = re.compile(rb" *([0-7]+)[ \0]*")
 _KINDS = {
     b"0": "file",
     b"\0": "file",
@@ -48,7 +56,6 @@ _KINDS = {
 }
 _EXTENDED = frozenset({b"x", b"g", b"L", b"K"})  # records about the next member (or all)
 _NO_DATA = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})  # their size field is not data
-_DAMAGED = "the shard is damaged or crafted; re-create or copy it again"
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
@@ -151,86 +158,7 @@ class _Window:
         return got
 
 
-def _number(field: bytes) -> int | None:
-    """A numeric header field: octal digits, or GNU base-256 (positive only); None if neither."""
-    if field[0] == 0x80:
-        return int.from_bytes(field[1:], "big")
-    match = _OCTAL.fullmatch(field)
-    return int(match[1], 8) if match else None
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
-
-
-def _nts(field: bytes) -> bytes:
-    nul = field.find(b"\0")
-    return field if nul < 0 else field[:nul]
-
-
-def _check_header(block: bytes, pos: int, where: str) -> None:
-    """Checksum (unsigned or historic signed) and magic of one header block."""
-    stored = _number(block[148:156]) if block[148] != 0x80 else None
-    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
-    if stored is None or (
-        stored != unsigned
-        and stored != unsigned - 256 * sum(b >= 128 for b in block[:148] + block[156:])
-    ):
-        raise ChunkCorruptError(
-            f"{where}: the block at byte {pos} is not a tar header (header checksum mismatch)"
-            f": the previous member's size is wrong or {_DAMAGED}; tierfeed indexes "
-            "plain uncompressed .tar shards only"
-        )
-    magic = block[257:265]
-    if not (magic[:6] == b"ustar\0" or magic == b"ustar  \0" or magic == bytes(8)):
-        raise ChunkCorruptError(
-            f"{where}: the header at byte {pos} has an unknown magic {magic!r}; {_DAMAGED}"
-        )
-
-
-def _pax_records(data: bytes, at: int, header: int, where: str) -> dict[bytes, bytes]:
-    """Parse ``"<len> <key>=<value>\\n"`` records that must tile ``data`` exactly."""
-    out: dict[bytes, bytes] = {}
-    i = 0
-    while i < len(data):
-        space = data.find(b" ", i, i + 21)
-        digits = data[i:space]
-        length = int(digits) if space > i and digits.isdigit() else -1
-        end = i + length
-        eq = data.find(b"=", space + 1, end)
-        if length < 5 or end > len(data) or data[end - 1] != 0x0A or eq <= space + 1:
-            raise ChunkCorruptError(
-                f"{where}: malformed pax record at byte {at + i} (the extended header at byte "
-                f"{header} holds {len(data)} bytes of records); {_DAMAGED}"
-            )
-        out[data[space + 1 : eq]] = data[eq + 1 : end - 1]
-        i = end
-    return out
-
-
-class _Pending:
-    """Extended header state that applies to the next member (and pax globals)."""
-
-    def __init__(self) -> None:
-        self.globals: dict[bytes, bytes] = {}
-        self.global_bytes = 0
-        self.reset()
-
-    def reset(self) -> None:
-        self.pax: dict[bytes, bytes] = {}
-        self.long_name: bytes | None = None
-        self.first = -1  # offset of the first extended header (pax globals too) before it
-        self.dangling = -1  # offset of an extended header that still waits for its member
-        self.seen: set[bytes] = set()  # x/L/K kinds already read for the next member
-        self.bytes = 0
-
-    def value(self, key: bytes) -> bytes | None:
-        # An empty 'x' value deletes the header field too (POSIX): an empty path is no name,
-        # an empty size is not a number. (Empty 'g' values were deleted when read.)
-        return self.pax[key] if key in self.pax else self.globals.get(key)
-
-
-def _extended(reader: _Window, block: bytes, pos: int, size: int, state: _Pending) -> None:
+def _extended(reader: _Window, block: bytes, pos: int, size: int, state: PendingHeaders) -> None:
     """Read one ``x``/``g``/``L``/``K`` header's data into ``state`` (size already in file)."""
     where = reader.where
     kind = block[156:157]
@@ -241,13 +169,13 @@ def _extended(reader: _Window, block: bytes, pos: int, size: int, state: _Pendin
         raise ChunkCorruptError(
             f"{where}: the extended header at byte {pos} brings its records to {total} bytes; "
             f"tierfeed reads at most {MAX_EXTENDED // 2**20} MiB of pax/GNU name records per "
-            f"member: {_DAMAGED}"
+            f"member: {DAMAGED}"
         )
     data = reader.read(pos + BLOCK, size)
     _check_padding(reader, pos, pos + BLOCK + size)
     if kind == b"g":
         state.global_bytes = total
-        for key, value in _pax_records(data, pos + BLOCK, pos, where).items():
+        for key, value in pax_records(data, pos + BLOCK, pos, where).items():
             if value:
                 state.globals[key] = value
             else:
@@ -259,13 +187,13 @@ def _extended(reader: _Window, block: bytes, pos: int, size: int, state: _Pendin
         # pax): an archive that gives a member two names is refused, not guessed at.
         raise ChunkCorruptError(
             f"{where}: the extended header at byte {pos} is the second {kind.decode()!r} or "
-            f"name header for one member (the first is at byte {state.dangling}); {_DAMAGED}"
+            f"name header for one member (the first is at byte {state.dangling}); {DAMAGED}"
         )
     state.seen.add(kind)
     if kind == b"x":
-        state.pax.update(_pax_records(data, pos + BLOCK, pos, where))
+        state.pax.update(pax_records(data, pos + BLOCK, pos, where))
     elif kind == b"L":
-        state.long_name = _nts(data)
+        state.long_name = nul_terminated(data)
 
 
 def _check_padding(reader: _Window, pos: int, end: int) -> None:
@@ -275,31 +203,8 @@ def _check_padding(reader: _Window, pos: int, end: int) -> None:
     if pad and reader.read(end, pad).count(0) != pad:
         raise ChunkCorruptError(
             f"{reader.where}: non-zero padding at bytes {end}+{pad} after the data of the header "
-            f"at byte {pos}: its size field understates the data, or {_DAMAGED}"
+            f"at byte {pos}: its size field understates the data, or {DAMAGED}"
         )
-
-
-def _header_size(block: bytes, pos: int, where: str) -> int:
-    size = _number(block[124:136])
-    if size is None:
-        raise ChunkCorruptError(
-            f"{where}: the header at byte {pos} has a size field that is not a number "
-            f"({block[124:136]!r}); {_DAMAGED}"
-        )
-    return size
-
-
-def _member_size(block: bytes, pos: int, state: _Pending, where: str) -> int:
-    """The header's size, or the pax ``size`` record that replaces it."""
-    override = state.value(b"size")
-    if override is None:
-        return _header_size(block, pos, where)
-    if override.isdigit() and len(override) <= 20:
-        return int(override)
-    raise ChunkCorruptError(
-        f"{where}: the pax size record of the member at byte {pos} is not a number "
-        f"({override[:40]!r}); {_DAMAGED}"
-    )
 
 
 def _past_end(where: str, pos: int, what: str, size: int, file_size: int) -> ChunkCorruptError:
@@ -308,17 +213,6 @@ def _past_end(where: str, pos: int, what: str, size: int, file_size: int) -> Chu
         f"file ({file_size} bytes): the shard is truncated or its header is damaged; copy it "
         "again"
     )
-
-
-def _name(block: bytes, state: _Pending) -> str:
-    if state.long_name is not None:
-        return _text(state.long_name)
-    path = state.value(b"path")
-    if path is not None:
-        return _text(path)
-    name = _nts(block[0:100])
-    prefix = _nts(block[345:500]) if block[257:263] == b"ustar\0" else b""
-    return _text(prefix + b"/" + name if prefix else name)
 
 
 def _check_end(reader: _Window, pos: int, file_size: int) -> None:
@@ -341,14 +235,11 @@ def _check_end(reader: _Window, pos: int, file_size: int) -> None:
         )
 
 
-def scan_tar_fd(fd: int, where: str) -> Iterator[TarMember]:
-    """Yield the members of the tar open on ``fd`` (a regular file); ``where`` names it."""
-    file_size = os.fstat(fd).st_size
-    reader = _Window(fd, where)
-    state = _Pending()
-    pos = 0
+def _check_start(reader: _Window, file_size: int) -> None:
+    """Refuse an empty file and a compressed one before reading any header."""
+    where = reader.where
     if file_size == 0:
-        raise ChunkCorruptError(f"{where}: is empty, not a tar; {_DAMAGED}")
+        raise ChunkCorruptError(f"{where}: is empty, not a tar; {DAMAGED}")
     head = reader.read(0, min(8, file_size))
     packed = next((k for m, k in _COMPRESSED.items() if head.startswith(m)), None)
     if packed:
@@ -356,44 +247,72 @@ def scan_tar_fd(fd: int, where: str) -> Iterator[TarMember]:
             f"{where}: is {packed}-compressed; tierfeed indexes plain uncompressed .tar shards "
             "in place: decompress it first"
         )
+
+
+def _no_header(where: str, pos: int, file_size: int) -> ChunkCorruptError:
+    """The error for a file that ends where a header block should start, at ``pos``."""
+    if pos < file_size:
+        return ChunkCorruptError(
+            f"{where}: truncated tar header at byte {pos} ({file_size - pos} of "
+            f"{BLOCK} bytes): the shard was cut short; copy it again"
+        )
+    return ChunkCorruptError(
+        f"{where}: ends at byte {pos} without the end-of-archive marker (two zero "
+        "blocks): the shard is truncated; copy it again"
+    )
+
+
+def _check_archive_end(reader: _Window, state: PendingHeaders, pos: int, file_size: int) -> None:
+    """At the first zero block, ``pos``: no extended header waits for a member, and the
+    end-of-archive marker is whole and followed by zeros only."""
+    if state.dangling >= 0:
+        raise ChunkCorruptError(
+            f"{reader.where}: the extended header at byte {state.dangling} is followed by the "
+            f"end of the archive, not by a member; {DAMAGED}"
+        )
+    _check_end(reader, pos, file_size)
+
+
+def _sparse_data_start(reader: _Window, block: bytes, pos: int, file_size: int) -> int:
+    """Where the data of the old GNU sparse member at ``pos`` starts: after its sparse map's
+    extension blocks."""
+    data = pos + BLOCK
+    more = block[482]
+    while more:
+        if data + BLOCK > file_size:
+            raise _past_end(reader.where, pos, "sparse map", data + BLOCK - pos, file_size)
+        more = reader.read(data, BLOCK)[504]
+        data += BLOCK
+    return data
+
+
+def scan_tar_fd(fd: int, where: str) -> Iterator[TarMember]:
+    """Yield the members of the tar open on ``fd`` (a regular file); ``where`` names it."""
+    file_size = os.fstat(fd).st_size
+    reader = _Window(fd, where)
+    state = PendingHeaders()
+    pos = 0
+    _check_start(reader, file_size)
     while True:
         if pos + BLOCK > file_size:
-            if pos < file_size:
-                raise ChunkCorruptError(
-                    f"{where}: truncated tar header at byte {pos} ({file_size - pos} of "
-                    f"{BLOCK} bytes): the shard was cut short; copy it again"
-                )
-            raise ChunkCorruptError(
-                f"{where}: ends at byte {pos} without the end-of-archive marker (two zero "
-                "blocks): the shard is truncated; copy it again"
-            )
+            raise _no_header(where, pos, file_size)
         block = reader.read(pos, BLOCK)
         if block == _ZERO:
-            if state.dangling >= 0:
-                raise ChunkCorruptError(
-                    f"{where}: the extended header at byte {state.dangling} is followed by the "
-                    f"end of the archive, not by a member; {_DAMAGED}"
-                )
-            _check_end(reader, pos, file_size)
+            _check_archive_end(reader, state, pos, file_size)
             return
-        _check_header(block, pos, where)
+        check_header(block, pos, where)
         flag = block[156:157]
         if flag in _EXTENDED:
-            size = _header_size(block, pos, where)
+            size = header_size(block, pos, where)
             if pos + BLOCK + size + (-size % BLOCK) > file_size:
                 raise _past_end(where, pos, "extended header", size, file_size)
             _extended(reader, block, pos, size, state)
             pos += BLOCK + size + (-size % BLOCK)
             continue
-        size = _member_size(block, pos, state, where)
+        size = member_size(block, pos, state, where)
         data = pos + BLOCK
         if flag == b"S":  # old GNU sparse: the map continues in extension blocks
-            more = block[482]
-            while more:
-                if data + BLOCK > file_size:
-                    raise _past_end(where, pos, "sparse map", data + BLOCK - pos, file_size)
-                more = reader.read(data, BLOCK)[504]
-                data += BLOCK
+            data = _sparse_data_start(reader, block, pos, file_size)
         kind = _KINDS.get(flag, "other")
         if flag in _NO_DATA:
             size = 0
@@ -402,7 +321,7 @@ def scan_tar_fd(fd: int, where: str) -> Iterator[TarMember]:
         if data + size + (-size % BLOCK) > file_size:
             raise _past_end(where, pos, "member", size, file_size)
         _check_padding(reader, pos, data + size)
-        name = _name(block, state)
+        name = member_name(block, state)
         if kind == "file" and flag == b"\0" and name.endswith("/"):
             kind = "dir"  # old V7 tar: a directory is a regular file with a trailing slash
         if kind == "dir":

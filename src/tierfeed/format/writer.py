@@ -32,7 +32,8 @@ from tierfeed.format.encode import KEY_FIELD, encode_sample
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import LABEL_MODES, load_classes, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.pack import JOURNAL, check_chunk_size, chunk_file_name, lock_destination
+from tierfeed.format.pack import check_chunk_size, chunk_file_name
+from tierfeed.format.packstate import JOURNAL, lock_destination
 from tierfeed.format.tarchunk import cannot_write, sync_files
 from tierfeed.publish import is_temporary
 
@@ -129,35 +130,30 @@ def _check_tree(keys: list[bytes], exts: list[bytes], counts: np.ndarray[Any, An
             )
 
 
-def finish_store(
-    dst: Path,
+def _refuse_duplicate(dst: Path, keys: list[bytes]) -> None:
+    """DuplicateKeyError naming the first key of ``keys`` that is written twice."""
+    seen: set[bytes] = set()
+    for k in keys:
+        if k in seen:
+            raise DuplicateKeyError(f"{dst}: sample key {os.fsdecode(k)!r} is written twice")
+        seen.add(k)
+
+
+def _content(
     records: list[ChunkRecord],
-    labels: str,
-    classes: list[str] | None,
+    keys: list[bytes],
+    ext: list[bytes],
+    counts: np.ndarray[Any, Any],
+    label_of: list[int],
+    names: list[str],
     chunk_size: int,
-    check_unique: bool,
 ) -> IndexContent:
-    """Write the index of ``records`` (in store order) last: sync every chunk, then publish."""
-    keys = [k for r in records for k in r.keys]
-    if not keys:
-        raise EmptySourceError(f"{dst}: no sample was written; no index written")
-    if check_unique and len(set(keys)) != len(keys):
-        seen: set[bytes] = set()
-        for k in keys:
-            if k in seen:
-                raise DuplicateKeyError(f"{dst}: sample key {os.fsdecode(k)!r} is written twice")
-            seen.add(k)
-    ext = [e for r in records for e in r.ext]
-    counts = np.concatenate([r.member_count for r in records])
-    _check_tree(keys, ext, counts)
-    label_of, names = resolve_labels(
-        keys, [c for r in records for c in r.cls], labels, classes, dst
-    )
+    """The index of the members of ``records``, one chunk per record."""
     exts = sorted(set(ext))
     ext_id = {e: i for i, e in enumerate(exts)}
     start = np.zeros(len(keys) + 1, dtype=np.uint64)
     np.cumsum(counts, out=start[1:])
-    content = IndexContent(
+    return IndexContent(
         keys=keys,
         labels=np.asarray(label_of, dtype=np.int32),
         member_start=start,
@@ -175,6 +171,29 @@ def finish_store(
         classes=names,
         extra={"writer": "tierfeed.Writer", "chunk_target_bytes": chunk_size},
     )
+
+
+def finish_store(
+    dst: Path,
+    records: list[ChunkRecord],
+    labels: str,
+    classes: list[str] | None,
+    chunk_size: int,
+    check_unique: bool,
+) -> IndexContent:
+    """Write the index of ``records`` (in store order) last: sync every chunk, then publish."""
+    keys = [k for r in records for k in r.keys]
+    if not keys:
+        raise EmptySourceError(f"{dst}: no sample was written; no index written")
+    if check_unique and len(set(keys)) != len(keys):
+        _refuse_duplicate(dst, keys)
+    ext = [e for r in records for e in r.ext]
+    counts = np.concatenate([r.member_count for r in records])
+    _check_tree(keys, ext, counts)
+    label_of, names = resolve_labels(
+        keys, [c for r in records for c in r.cls], labels, classes, dst
+    )
+    content = _content(records, keys, ext, counts, label_of, names, chunk_size)
     try:
         sync_files([dst / r.name for r in records])
         write_index(dst / INDEX_NAME, content)

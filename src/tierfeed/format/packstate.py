@@ -1,0 +1,102 @@
+"""What a pack keeps at its destination while it runs: the lock, and the journal of finished
+chunks that lets an interrupted pack resume; clearing what a pack replaces or leaves behind."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tierfeed.errors import PackError
+from tierfeed.format.layout import INDEX_NAME
+from tierfeed.publish import is_temporary
+
+__all__ = [
+    "JOURNAL",
+    "LOCK",
+    "append_journal",
+    "clear_replaced_store",
+    "exclusive",
+    "lock_destination",
+    "read_journal",
+    "remove_leftovers",
+]
+
+JOURNAL = ".tierfeed-pack.journal"
+LOCK = ".tierfeed-pack.lock"
+
+
+def lock_destination(dst: Path) -> int:
+    """Hold the destination's lock file: one pack or Writer at a time per destination (the
+    kernel drops the lock if the process dies). Returns the descriptor; closing it unlocks.
+
+    Raises:
+        PackError: another pack or Writer holds it.
+        OSError: the lock file cannot be created.
+    """
+    fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PackError(
+            f"{dst}: another tierfeed writer (a `tierfeed pack` or a Writer) is writing here; "
+            "wait for it"
+        ) from None
+    return fd
+
+
+@contextlib.contextmanager
+def exclusive(dst: Path) -> Iterator[None]:
+    """The destination's lock for the duration of the block."""
+    fd = lock_destination(dst)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def clear_replaced_store(dst: Path, overwrite: bool) -> None:
+    """Under the lock: drop the store an --overwrite replaces."""
+    index = dst / INDEX_NAME
+    if index.exists():
+        if not overwrite:
+            raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
+        index.unlink()  # first, so that an interrupted re-pack leaves no store that opens
+        with contextlib.suppress(FileNotFoundError):
+            (dst / JOURNAL).unlink()
+
+
+def remove_leftovers(dst: Path, num_chunks: int) -> None:
+    """Remove partial chunks (temporaries: under the lock no one else writes here) and chunks
+    beyond this pack's count (from an earlier pack)."""
+    for path in (dst / "chunks").iterdir():
+        stem = path.name.split(".", 1)[0]
+        beyond = path.name.endswith(".tar") and stem.isdigit() and int(stem) >= num_chunks
+        if beyond or is_temporary(path.name):
+            path.unlink()
+
+
+def read_journal(dst: Path) -> dict[int, dict[str, Any]]:
+    """The journal's entries by chunk number (none when there is no journal)."""
+    entries: dict[int, dict[str, Any]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for line in (dst / JOURNAL).read_text().splitlines():
+            try:
+                entry = json.loads(line)
+                entries[int(entry["chunk"])] = entry
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line from an interrupted run
+    return entries
+
+
+def append_journal(dst: Path, entry: dict[str, Any]) -> None:
+    """Record a finished chunk in the journal, durably, before the next one is written."""
+    with open(dst / JOURNAL, "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
