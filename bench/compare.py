@@ -32,8 +32,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.peers.common import origin_counters  # noqa: E402
+from tierfeed.latency import LatencyModel  # noqa: E402
 from tierfeed.slowfs import SlowFS  # noqa: E402
-from tierfeed.storage.latency import LatencyModel  # noqa: E402
 from tierfeed.synth import SynthSpec, make_imagefolder  # noqa: E402
 
 # system -> (runner, converted directory name; None: reads the raw tree)

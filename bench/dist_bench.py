@@ -32,9 +32,9 @@ import numpy as np
 import torch.multiprocessing as mp
 
 from tierfeed.format.pack import PackOptions, pack
+from tierfeed.latency import LatencyModel
 from tierfeed.slowfs import SlowFS
 from tierfeed.slowfs.stats import STATS_PATH, SlowFSStats
-from tierfeed.storage.latency import LatencyModel
 
 CONDITIONS = ["partial:0", "partial:0.1", "partial:0.3", "global", "global-from-origin"]
 RANKS = 4

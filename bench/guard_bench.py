@@ -22,9 +22,9 @@ import torch
 
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample
+from tierfeed.latency import LatencyModel
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.slowfs import SlowFS, SlowFSOptions
-from tierfeed.storage.latency import LatencyModel
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.torch import Dataset, Loader
 

@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader
 from tierfeed.demo import PerFileImageFolder
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.fuse.process import FuseProcess
+from tierfeed.latency import LatencyModel
 from tierfeed.slowfs import SlowFS
-from tierfeed.storage.latency import LatencyModel
 from tierfeed.synth import SynthSpec, make_imagefolder
 
 

@@ -27,9 +27,9 @@ from torch.utils.data import Dataset as TorchDataset
 
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample
+from tierfeed.latency import LatencyModel
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.slowfs import SlowFS
-from tierfeed.storage.latency import LatencyModel
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.telemetry import EpochMeter, RunRecorder
 from tierfeed.telemetry.report import draw_report
@@ -163,8 +163,7 @@ def _where_the_data_lies(work: Path) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo; returns the exit code."""
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="tierfeed demo: per-file loader vs tierfeed")
     parser.add_argument(
         "--workdir", default="demo-data", help="where the data goes (default demo-data)"
@@ -173,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2, help="epochs per loader (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="loader workers (default 2)")
     parser.add_argument("--latency", default="heavy-tail", help="slowfs latency model")
-    args = parser.parse_args(argv)
-    work = Path(args.workdir).absolute()
-    origin, raw, store = work / "origin", work / "origin" / "raw", work / "origin" / "store"
-    spec = SynthSpec(classes=20, per_class=max(1, args.images // 20), jpeg=True, seed=1)
+    return parser.parse_args(argv)
+
+
+def _make_store(raw: Path, store: Path, images: int) -> None:
+    """The JPEG tree (made once, kept between demos) and its store (packed anew)."""
+    spec = SynthSpec(classes=20, per_class=max(1, images // 20), jpeg=True, seed=1)
     if (
         not (raw / "class_000").exists()
         or len(list((raw / "class_000").iterdir())) != spec.per_class
@@ -187,6 +188,30 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(store, ignore_errors=True)
     report = pack(raw, store, PackOptions(chunk_size=32 * 2**20))
     print(f"packed {report.samples} images into {report.chunks} chunks in {report.seconds:.1f} s")
+
+
+def _tierfeed_loader(store: Path, cache: Path, workers: int) -> Loader:
+    """tierfeed over the slowed store: a RAM and a disk tier, hedged reads, many threads."""
+    shutil.rmtree(cache, ignore_errors=True)  # a cold start for every demo
+    ds = Dataset(
+        store,
+        "global",
+        batch_size=64,
+        decode=tierfeed_decode,
+        # Many threads: a read stuck behind a stalled open or lookup blocks its thread.
+        prefetch=PrefetchOptions(window=256, threads=64),
+        deadline=DeadlineOptions(hedge_after_ms=0),  # hedge a late read at its deadline
+        tiers=TierConfig(ram_bytes=256 * 2**20, disk_dir=str(cache), disk_bytes=2 * 2**30),
+    )
+    return Loader(ds, num_workers=workers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit code."""
+    args = _arguments(argv)
+    work = Path(args.workdir).absolute()
+    origin = work / "origin"
+    _make_store(origin / "raw", origin / "store", args.images)
     model = LatencyModel.parse(args.latency)
     mnt = work / "mnt"
     mnt.mkdir(exist_ok=True)
@@ -198,19 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         per_file = PerFileImageFolder(mnt / "raw")
         loader = DataLoader(per_file, batch_size=64, shuffle=True, num_workers=args.workers)
         rows += _timed_epochs("per-file", args.epochs, lambda e: loader, fs, rec)
-        cache = work / "cache"
-        shutil.rmtree(cache, ignore_errors=True)  # a cold start for every demo
-        ds = Dataset(
-            mnt / "store",
-            "global",
-            batch_size=64,
-            decode=tierfeed_decode,
-            # Many threads: a read stuck behind a stalled open or lookup blocks its thread.
-            prefetch=PrefetchOptions(window=256, threads=64),
-            deadline=DeadlineOptions(hedge_after_ms=0),  # hedge a late read at its deadline
-            tiers=TierConfig(ram_bytes=256 * 2**20, disk_dir=str(cache), disk_bytes=2 * 2**30),
-        )
-        tf = Loader(ds, num_workers=args.workers)
+        tf = _tierfeed_loader(mnt / "store", work / "cache", args.workers)
 
         def tierfeed_epoch(epoch: int) -> Loader:
             tf.set_epoch(epoch)

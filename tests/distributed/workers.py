@@ -139,3 +139,29 @@ def resume_after_crash(
     ns.close()
     comm.close()
     return {"rest": rest, "next": after, "recopied": report.chunks_copied}
+
+
+def train_with_ram(
+    rank: int, world: int, store: str, to: str, plan: str, epochs: int, workers: int
+) -> dict[str, Any]:
+    """Stage, then read ``epochs`` epochs over the namespace through a RAM tier."""
+    from tierfeed.loader import TierConfig
+    from tierfeed.torch import Loader
+
+    comm = Comm(timeout_s=30)
+    report = stage(store, to, plan, comm=comm, progress=False)
+    options = ExchangeOptions(window=16, ahead=2, timeout_s=30)
+    tiers = TierConfig(ram_bytes=2**24, policy="fill-top", threads=2)
+    seen, stats = [], []
+    with Namespace(comm, report.local_dir, plan, options=options, tiers=tiers) as ns:
+        loader = Loader(ns.dataset(batch_size=4, decode=decode), num_workers=workers)
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            seen.append([int(v) for batch in loader for v in batch])
+            assert loader.last_epoch is not None
+            stats.append(loader.last_epoch["tiers"])
+        loader.close()
+        planned = [ns.plan.order(e, rank, world).tolist() for e in range(epochs)]
+        local = int(ns.holdings.local_to(rank).sum())
+    comm.close()
+    return {"seen": seen, "tiers": stats, "planned": planned, "local_chunks": local}

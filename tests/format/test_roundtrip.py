@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from tests.format.conftest import QUIET, read_tree, write_tree
 from tierfeed import open_store
-from tierfeed.format.chunkfiles import FdCache
 from tierfeed.format.names import split_file
 from tierfeed.format.pack import PackOptions, pack
+from tierfeed.storage.files import FdCache
 
 # Name components: printable ASCII, non-ASCII UTF-8, and bytes that are not UTF-8 at all.
 _component = st.one_of(
@@ -220,7 +220,7 @@ def test_open_ahead_opens_chunks_before_reads(packed: Callable[..., Path]) -> No
         source = store.source
         chunks = list(range(len(store.chunks)))[::-1]
         source.open_ahead(chunks)  # type: ignore[attr-defined]
-        source._fds._ahead.join(timeout=10)  # type: ignore[attr-defined]
+        source._driver._fds._ahead.join(timeout=10)  # type: ignore[attr-defined]
         assert source.opens == len(chunks)  # type: ignore[attr-defined]
         for i in range(len(store)):
             store.read_sample(i)

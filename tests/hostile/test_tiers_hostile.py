@@ -19,7 +19,15 @@ from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions
 from tierfeed.format.store import Store
-from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
+from tierfeed.storage import (
+    DirectoryChunks,
+    MemoryDriver,
+    PosixDriver,
+    Tier,
+    TierOptions,
+    TierStack,
+    disk_tier,
+)
 from tierfeed.storage.tiers import cache_key
 
 FILES = {f"c{i % 3}/s{i:03d}.bin".encode(): bytes([i % 251]) * (700 + 37 * i) for i in range(90)}
@@ -95,7 +103,8 @@ def test_bad_origin_is_blamed_as_origin(store_dir: Path) -> None:
     info, offset, sample = first_member(store_dir, 1)
     flip(store_dir / info.name, offset)
     index = Index(store_dir)
-    with Store(index) as store, pytest.raises(ChunkCorruptError) as err:
+    origin = DirectoryChunks(store_dir, index.chunks(), index.path)
+    with Store(index, origin) as store, pytest.raises(ChunkCorruptError) as err:
         store.read_sample(sample)
     assert str(store_dir / info.name) in str(err.value)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tierfeed.latency import LatencyModel, LatencySampler
 from tierfeed.slowfs import SlowFS, SlowFSOptions
-from tierfeed.storage.latency import LatencyModel, LatencySampler
 
 from .conftest import TREE
 

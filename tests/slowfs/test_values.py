@@ -8,8 +8,8 @@ import pytest
 
 from tierfeed.errors import ConfigError
 from tierfeed.fuse.process import _unescape, is_mounted, is_stale_mount
+from tierfeed.latency import LatencyModel
 from tierfeed.slowfs import SlowFS, SlowFSOptions, SlowFSStats, latency_spec
-from tierfeed.storage.latency import LatencyModel
 
 
 def test_stats_json_round_trip_and_delta() -> None:

@@ -59,12 +59,14 @@ def make_s3(s3_endpoint: str, request: pytest.FixtureRequest) -> Callable[..., D
     return make
 
 
-@pytest.fixture(params=["posix", "memory", "slow", "fsspec-s3"])
+@pytest.fixture(params=["posix", "posix-direct", "memory", "slow", "fsspec-s3"])
 def make_driver(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Driver]:
     """A factory of one driver kind over one shared backing store."""
     kind = request.param
     if kind == "posix":
         return lambda read_only=False: PosixDriver(tmp_path / "root", read_only)
+    if kind == "posix-direct":  # O_DIRECT opens; unaligned reads fall back to the page cache
+        return lambda read_only=False: PosixDriver(tmp_path / "root", read_only, direct=True)
     if kind == "memory":
         backing = MemoryDriver()
 

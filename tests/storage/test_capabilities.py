@@ -10,13 +10,19 @@ import pytest
 import torch
 
 from tests.format.conftest import write_tree
-from tierfeed.distributed.namespace import NamespaceSource
-from tierfeed.format.chunkfiles import DirectoryChunks
+from tierfeed.distributed.namespace import NamespaceDriver
 from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample, Store
-from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack, disk_tier
+from tierfeed.storage import (
+    DirectoryChunks,
+    MemoryDriver,
+    PosixDriver,
+    Tier,
+    TierStack,
+    disk_tier,
+)
 from tierfeed.torch import Dataset, Loader
 
 N = 40  # samples: c{i % 2}/s{i:04d}.txt holding the number i
@@ -51,7 +57,8 @@ def tiered_stack(index: Index, tmp: Path) -> ChunkSource:
 
 def namespace(index: Index, tmp: Path) -> ChunkSource:
     local = np.ones(len(index.chunks()), dtype=bool)  # every chunk staged on this node
-    return NamespaceSource(index, local, tmp / "inbox", timeout_s=1.0)
+    origin = NamespaceDriver(index, local, tmp / "inbox", timeout_s=1.0)
+    return TierStack(index.chunks(), origin, [Tier(MemoryDriver(), 2**20, name="ram")])
 
 
 class MinimalSource(ChunkSource):
@@ -78,7 +85,7 @@ SOURCES: dict[str, Callable[[Index, Path], ChunkSource]] = {
     "directory": directory,
     "stack-no-tiers": bare_stack,
     "stack-tiers": tiered_stack,
-    "namespace": namespace,
+    "stack-namespace": namespace,
     "minimal": minimal,
 }
 

@@ -1,12 +1,22 @@
-"""One conformance suite that every driver passes."""
+"""One conformance suite that every driver passes, and one that every ChunkSource passes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
+from tests.storage.chunk_sources import SOURCES, build_store
+from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError, TierfeedError
+from tierfeed.format.chunkref import ChunkSource
+from tierfeed.format.index import Index
 from tierfeed.storage import Driver
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,3 +87,125 @@ def test_paths_cannot_escape(make_driver: Callable[..., Driver]) -> None:
         return  # keys in a dict: no file system to escape
     with pytest.raises(StorageError):
         d.write("../escape.tar", b"x")
+
+
+# --- ChunkSource conformance: every source in SOURCES serves the same bytes ---------------
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Index, list[bytes]]]:
+    """The packed store's index and every chunk file's bytes, read straight from disk."""
+    root = build_store(tmp_path_factory.mktemp("sources"))
+    with Index(root) as index:
+        chunks = [(root / info.name).read_bytes() for info in index.chunks()]
+        sizes = [info.size for info in index.chunks()]
+        assert len(chunks) >= 3 and [len(c) for c in chunks] == sizes
+        yield index, chunks
+
+
+@pytest.fixture(params=sorted(SOURCES))
+def source(
+    request: pytest.FixtureRequest, store: tuple[Index, list[bytes]], tmp_path: Path
+) -> Iterator[ChunkSource]:
+    made = SOURCES[request.param](store[0], tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_every_member_at_its_index_offset(
+    source: ChunkSource, store: tuple[Index, list[bytes]]
+) -> None:
+    index, chunks = store
+    for m in range(len(index.member_chunk)):
+        c, off = int(index.member_chunk[m]), int(index.member_offset[m])
+        length = int(index.member_length[m])
+        assert source.read_range(c, off, length) == chunks[c][off : off + length], m
+
+
+def edge_ranges(index: Index, chunk: int, size: int) -> list[tuple[int, int]]:
+    """Offset 0, length 0, the last byte, the whole chunk, and from the first member's data to
+    the last member's end (every tar header between them included)."""
+    members = np.flatnonzero(index.member_chunk == chunk)
+    first = int(index.member_offset[members[0]])
+    last = int(index.member_offset[members[-1]] + index.member_length[members[-1]])
+    return [(0, 0), (0, 1), (0, 512), (size - 1, 1), (size, 0), (0, size), (first, last - first)]
+
+
+def test_edge_ranges(source: ChunkSource, store: tuple[Index, list[bytes]]) -> None:
+    index, chunks = store
+    for c, data in enumerate(chunks):
+        for off, length in edge_ranges(index, c, len(data)):
+            assert source.read_range(c, off, length) == data[off : off + length], (c, off, length)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # one source, many reads
+)
+@given(data=st.data())
+def test_arbitrary_ranges(
+    source: ChunkSource, store: tuple[Index, list[bytes]], data: st.DataObject
+) -> None:
+    _, chunks = store
+    c = data.draw(st.integers(0, len(chunks) - 1), label="chunk")
+    size = len(chunks[c])
+    off = data.draw(st.integers(0, size), label="offset")
+    length = data.draw(st.integers(0, size - off), label="length")
+    assert source.read_range(c, off, length) == chunks[c][off : off + length]
+
+
+def test_a_range_past_the_end_raises(source: ChunkSource, store: tuple[Index, list[bytes]]) -> None:
+    _, chunks = store
+    for c, data in enumerate(chunks):
+        size = len(data)
+        for off, length in ((size - 1, 2), (size, 1), (0, size + 1), (size + 100, 10)):
+            with pytest.raises(TierfeedError):
+                source.read_range(c, off, length)  # never a short read
+    assert source.read_range(0, 0, 16) == chunks[0][:16]  # and the source still serves
+
+
+def test_eight_threads_read_the_right_bytes(
+    source: ChunkSource, store: tuple[Index, list[bytes]]
+) -> None:
+    _, chunks = store
+    start = threading.Barrier(8)
+
+    def reads(seed: int) -> int:
+        rng = random.Random(seed)
+        start.wait(timeout=10)
+        for _ in range(200):
+            c = rng.randrange(len(chunks))
+            off = rng.randrange(len(chunks[c]) + 1)
+            length = rng.randrange(len(chunks[c]) - off + 1)
+            if source.read_range(c, off, length) != chunks[c][off : off + length]:
+                return 1
+        return 0
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(reads, range(8))) == 0
+
+
+def test_close_is_idempotent(source: ChunkSource, store: tuple[Index, list[bytes]]) -> None:
+    source.read_range(0, 0, 1)
+    source.close()
+    source.close()
+
+
+def test_capability_defaults_answer(source: ChunkSource, store: tuple[Index, list[bytes]]) -> None:
+    index, chunks = store
+    every = list(range(len(chunks)))
+    assert isinstance(source.uses_future, bool)
+    source.begin_epoch()
+    source.open_ahead(every)
+    source.set_future(np.asarray(index.member_chunk, dtype=np.int64), read_bytes=1000.0)
+    assert isinstance(source.prefetch(), int)
+    assert isinstance(source.schedule(0), bool)
+    source.drain(timeout=30)
+    assert isinstance(source.stats(), dict)
+    dropped = source.discard(0)
+    assert dropped is None or isinstance(dropped, str)
+    for c in every:  # every chunk still served, whatever the hints did
+        assert source.read_range(c, 0, len(chunks[c])) == chunks[c]

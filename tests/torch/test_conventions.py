@@ -22,10 +22,11 @@ from tierfeed.errors import ChunkCorruptError, ConfigError, TierfeedError
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, DecodeError, PrefetchOptions, decode_sample
-from tierfeed.loader.batching import batch_count, read_prefix, worker_positions
+from tierfeed.loader.batching import batch_count, worker_positions
 from tierfeed.loader.compose import open_store
+from tierfeed.loader.readers import Readers
+from tierfeed.storage import DirectoryChunks
 from tierfeed.torch import Dataset, Loader
-from tierfeed.torch.readers import Readers
 
 # --- whole batches to workers (pure) ------------------------------------------------------
 
@@ -54,13 +55,6 @@ def test_workers_are_dealt_whole_batches(n: int, batch: int, workers: int, drop_
     assert max(counts) - min(counts) <= 1
     short = [len(c) for p in slices for c in np.split(p, range(batch, len(p), batch)) if len(c)]
     assert sum(1 for s in short if s < batch) <= (0 if drop_last else 1)
-
-
-def test_read_prefix_is_a_lower_bound() -> None:
-    # Two workers, batches of 4: both have read one whole batch -> batches 0 and 1 are done.
-    assert read_prefix([5, 4], 4, 2) == 8
-    assert read_prefix([3, 9], 4, 2) == 0  # worker 0 has not finished its first batch
-    assert read_prefix([], 4, 2) == 0
 
 
 # --- len(loader) and the one short batch ----------------------------------------------------
@@ -229,7 +223,10 @@ def test_hedged_reads_and_tierfeed_errors(image_store: Path) -> None:
         bad = next(i for i in range(len(store)) if store.index.key(i) == "good/004")
         readers = Readers(1, decode_image)
         try:
-            hedge = readers.hedge_reader(lambda: Store(store.index))
+            ix = store.index
+            hedge = readers.hedge_reader(
+                lambda: Store(ix, DirectoryChunks(ix.path.parent, ix.chunks(), ix.path))
+            )
             assert hedge is not None
             with pytest.raises(DecodeError, match="good/004"):
                 hedge(bad)

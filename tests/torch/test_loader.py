@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from tests.torch.conftest import N
-from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.index import Index
 from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
+from tierfeed.storage import DirectoryChunks
 from tierfeed.telemetry import read_records
 from tierfeed.torch import Dataset, Loader
 from tierfeed.torch.dataset import Batch

@@ -23,7 +23,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from tierfeed.config import world_from_env
     from tierfeed.distributed.comm import Comm
-    from tierfeed.distributed.stage import stage
+    from tierfeed.distributed.staging import stage
 
     world = world_from_env()
     comm: Comm | None = None

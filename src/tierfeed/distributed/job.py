@@ -5,16 +5,17 @@
     ns = tierfeed.distributed.Namespace(comm, report.local_dir, plan="partial:0.3")
     loader = tierfeed.torch.Loader(ns.dataset(batch_size=64, decode=...), num_workers=4)
 
-Every process of the rank (the DataLoader workers too) reads through a `NamespaceSource`; the
-rank's `Exchanger` (in the training process) moves what a rank lacks, paced by the Loader.
+Every process of the rank (the DataLoader workers too) reads through a `TierStack` whose origin
+is a `NamespaceDriver`, so a job has RAM and disk tiers like any other; the rank's `Exchanger`
+(in the training process) moves what a rank lacks, paced by the Loader.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,13 +23,15 @@ import numpy.typing as npt
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.exchanger import ExchangeOptions, Exchanger
 from tierfeed.distributed.holders import Holdings
-from tierfeed.distributed.namespace import NamespaceSource, inbox_dir
+from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir
 from tierfeed.format.index import Index
 from tierfeed.format.store import Store
-from tierfeed.loader.compose import plan_for
+from tierfeed.loader.compose import TierConfig, plan_for, tier_stack
 from tierfeed.plan import Plan, PlanSpec
-from tierfeed.torch.dataset import Dataset
 from tierfeed.world import World
+
+if TYPE_CHECKING:
+    from tierfeed.torch.dataset import Dataset
 
 __all__ = ["Namespace"]
 
@@ -42,11 +45,12 @@ class _Opener:
     inbox: Path
     timeout_s: float
     verify_local: bool = False
+    tiers: TierConfig = field(default_factory=TierConfig)
 
     def __call__(self) -> Store:
         index = Index(self.local_dir)
-        source = NamespaceSource(index, self.local, self.inbox, self.timeout_s, self.verify_local)
-        return Store(index, source)
+        origin = NamespaceDriver(index, self.local, self.inbox, self.timeout_s, self.verify_local)
+        return Store(index, tier_stack(index, self.tiers, origin))
 
 
 class Namespace:
@@ -59,6 +63,8 @@ class Namespace:
         plan: the plan the job reads with (the same on every rank, and the one staged with).
         world: ranks per node; by default from torchrun's environment.
         options: exchange window, look-ahead and timeout.
+        tiers: cache tiers in front of the namespace, built in each process (none by
+            default); only chunks this node holds whole are copied into them.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class Namespace:
         plan: PlanSpec | str = "global",
         world: World | None = None,
         options: ExchangeOptions | None = None,
+        tiers: TierConfig | None = None,
     ) -> None:
         self.local_dir = Path(local_dir).absolute()
         self.world = world or comm.world()
@@ -89,6 +96,7 @@ class Namespace:
             inbox_dir(self.local_dir, self.world.rank),
             self.options.timeout_s,
             verify_local=self.holdings.per_rank,
+            tiers=tiers or TierConfig(),
         )
 
     def dataset(self, batch_size: int = 32, **kwargs: Any) -> Dataset:
@@ -98,6 +106,8 @@ class Namespace:
         `tierfeed.torch.Loader`, which paces the exchange (or call the exchanger's
         begin_epoch / consumed / end_epoch around a loop of your own).
         """
+        from tierfeed.torch.dataset import Dataset  # the PyTorch face, beside this package
+
         self.exchanger.batch_size = batch_size
         return Dataset(
             self.opener,

@@ -1,10 +1,14 @@
-"""One namespace over node-local storage: a ChunkSource that reads what the node staged and
-what peers sent into the rank's inbox, never the origin.
+"""One namespace over node-local storage: a read-only origin `Driver`, keyed by chunk name,
+over what the node staged and what peers sent into the rank's inbox, never the real origin.
 
-A read of a member first looks in the inbox (a sample that moved here, possibly back into a
-chunk this rank staged but later sent away), then in the node's staged chunks. A member
-neither holds is on its way from a peer: the read waits for the exchange to publish it,
-failing at once if the exchange failed, or after ``timeout_s``.
+A `TierStack` sits on it like on any origin, so a distributed job has RAM and disk tiers.
+A chunk staged on this node serves any byte range, and a tier may copy it; under partition
+plans, whose ranks punch out the samples they send away, only a whole-chunk read is served,
+and only once it matches the chunk's checksum. A chunk held in part (samples moved here, or
+a punched staged chunk) serves ranges inside one member: from the inbox, from the staged
+file (checked), or, for a member on its way from a peer, once the exchange publishes it,
+failing at once if the exchange failed, or after ``timeout_s``. A range it cannot serve
+raises `NotFoundError`, never wrong bytes: that is what makes a tier skip copying the chunk.
 """
 
 from __future__ import annotations
@@ -12,18 +16,20 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from tierfeed.distributed.inbox import InboxView
-from tierfeed.errors import ExchangeError, StorageError
-from tierfeed.format.chunkfiles import DirectoryChunks
-from tierfeed.format.chunkref import ChunkSource, checksum_bytes
+from tierfeed.errors import ExchangeError, NotFoundError, ReadOnlyError, StorageError
+from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
+from tierfeed.storage import DirectoryChunks
+from tierfeed.storage.driver import Driver
 
-__all__ = ["NamespaceSource", "inbox_dir", "member_locator"]
+__all__ = ["NamespaceDriver", "inbox_dir", "member_locator"]
 
 _POLL_S = 0.002
 
@@ -43,17 +49,21 @@ def member_locator(index: Index) -> npt.NDArray[np.int64]:
     return key
 
 
-class NamespaceSource(ChunkSource):
-    """Chunk ranges for one rank: from its node's staged chunks, or from its inbox.
+class NamespaceDriver(Driver):
+    """Chunk bytes for one rank, by chunk name: from its node's staged chunks or its inbox.
 
     Args:
         index: the store's index (the node-local copy).
         local: per chunk, whether this rank may read it from the node's local directory.
         inbox: the rank's inbox directory.
         timeout_s: how long a read waits for a member a peer has not sent yet.
-        verify_local: check members read from staged chunks, and wait for the inbox when one
-            fails (partial plans: a sample can come back to a chunk it had left).
+        verify_local: staged chunks may have holes (partition plans punch out the samples a
+            rank sends away, and a sample can come back to a chunk it had left): serve a
+            staged chunk whole only by a whole-chunk read that matches its checksum, and check
+            members read from it by theirs.
     """
+
+    name = "namespace"
 
     def __init__(
         self,
@@ -63,39 +73,99 @@ class NamespaceSource(ChunkSource):
         timeout_s: float = 120.0,
         verify_local: bool = False,
     ) -> None:
+        super().__init__(read_only=True)
         self.index = index
         self.local = np.asarray(local, dtype=bool)
         self.timeout_s = timeout_s
-        self.chunks = DirectoryChunks(index.path.parent, index.chunks(), index.path)
-        self.view = InboxView(inbox)
-        self._key = member_locator(index)
-        self._checksum = index.member_checksum
         self.verify_local = verify_local
+        infos = index.chunks()
+        self.chunks = DirectoryChunks(index.path.parent, infos, index.path)
+        self.view = InboxView(inbox)
+        self._ids = {c.name: c.id for c in infos}
+        self._sizes = [c.size for c in infos]
+        self._key = member_locator(index)
+        self._offset = np.asarray(index.member_offset, dtype=np.int64)
+        self._length = np.asarray(index.member_length, dtype=np.int64)
+        self._checksum = index.member_checksum
+        self._checksums = [c.checksum for c in infos]
+        self._punched: set[int] = set()  # staged chunks seen with holes (they stay so)
         self._mutex = threading.Lock()
 
-    def begin_epoch(self) -> None:
-        """Load what arrived since the last look (samples moved here for this epoch)."""
+    def __repr__(self) -> str:
+        return f"NamespaceDriver({self.index.path.parent}, inbox {self.view.root})"
+
+    # --- what this node holds ---------------------------------------------------------------
+
+    def _chunk(self, path: str) -> int:
+        chunk = self._ids.get(path)
+        if chunk is None:
+            raise NotFoundError(f"{self!r}: no chunk {path!r} in the index")
+        return chunk
+
+    def holds_whole(self, path: str) -> bool:
+        """Whether chunk ``path`` lies whole on this node: tiers copy only such chunks."""
+        chunk = self._ids.get(path)
+        return chunk is not None and self._whole(chunk)
+
+    def _whole(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` lies whole on this node (any range of it can be served)."""
+        if not self.local[chunk]:
+            return False
         with self._mutex:
-            self.view.refresh()
+            return chunk not in self._punched
 
-    def _member(self, chunk: int, offset: int) -> int:
-        i = int(np.searchsorted(self._key, (chunk << 40) | offset))
-        if i >= len(self._key) or int(self._key[i]) != (chunk << 40) | offset:
-            raise StorageError(
-                f"{self.index.path}: no member starts at offset {offset} of chunk {chunk}"
-            )
-        return i
+    def _member_holding(self, chunk: int, offset: int, length: int) -> int | None:
+        """The member whose bytes contain the range, or None."""
+        i = int(np.searchsorted(self._key, (chunk << 40) | offset, side="right")) - 1
+        if i < 0 or int(self._key[i]) >> 40 != chunk:
+            return None
+        start = int(self._offset[i])
+        return i if offset + length <= start + int(self._length[i]) else None
 
-    def read_range(self, chunk: int, offset: int, length: int) -> bytes:
-        """``length`` bytes of a member: from the inbox, the node's chunks, or (waiting) a peer."""
-        member = self._member(chunk, offset)
+    # --- primitives -----------------------------------------------------------------------
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Bytes of chunk ``path``: any range of a chunk held whole; else a range inside one
+        member (waiting for one a peer is sending). Raises NotFoundError for any other."""
+        chunk = self._chunk(path)
+        length = max(0, min(length, self._sizes[chunk] - offset))
+        member = self._member_holding(chunk, offset, length)
+        if member is None or (not self.verify_local and self.local[chunk]):
+            data = self._read_whole(chunk, path, offset, length)
+        else:
+            start = offset - int(self._offset[member])
+            data = self._read_member(member, chunk)[start : start + length]
+        self.counters.add(reads=1, bytes_read=len(data))
+        return data
+
+    def _read_whole(self, chunk: int, path: str, offset: int, length: int) -> bytes:
+        """A range of a chunk held whole. Where samples may have been punched out, only the
+        whole chunk, checked: a punched range reads as zeros, never to be served."""
+        if self._whole(chunk):
+            if not self.verify_local:
+                return self.chunks.read_range(chunk, offset, length)
+            if offset == 0 and length == self._sizes[chunk]:
+                data = self.chunks.read_range(chunk, offset, length)
+                if checksum_bytes(data) == self._checksums[chunk]:
+                    return data
+                with self._mutex:
+                    self._punched.add(chunk)  # samples were sent away: it stays in part
+        raise NotFoundError(
+            f"{self!r}: bytes {offset}..{offset + length} of chunk {path} are not on this node "
+            "whole: it holds only some of the chunk's samples, so it serves only ranges inside "
+            "one sample member (a tier cannot copy this chunk; the origin copy is not read)"
+        )
+
+    def _read_member(self, member: int, chunk: int) -> bytes:
+        """A member's bytes: from the inbox, the node's chunk (checked), or (waiting) a peer."""
+        length = int(self._length[member])
         with self._mutex:
             data = self.view.read(member, length)
         if data is not None:
             return data
         if self.local[chunk]:
-            data = self.chunks.read_range(chunk, offset, length)
-            if not self.verify_local or checksum_bytes(data) == int(self._checksum[member]):
+            data = self.chunks.read_range(chunk, int(self._offset[member]), length)
+            if checksum_bytes(data) == int(self._checksum[member]):
                 return data
             # Sent away earlier (its range punched out) and on its way back from a peer.
         return self._wait(member, chunk, length)
@@ -120,7 +190,46 @@ class NamespaceSource(ChunkSource):
                 )
             time.sleep(_POLL_S)
 
+    def size(self, path: str) -> int:
+        """Size of a chunk held whole. Raises NotFoundError for one held in part or not at all
+        (a tier copies only chunks it can read whole)."""
+        chunk = self._chunk(path)
+        if not self._whole(chunk):
+            raise NotFoundError(f"{self!r}: chunk {path} is not held whole on this node")
+        return self._sizes[chunk]
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Names of the chunks held whole on this node under ``prefix``, sorted."""
+        return sorted(
+            name
+            for name, chunk in self._ids.items()
+            if name.startswith(prefix) and self._whole(chunk)
+        )
+
+    def _write(self, path: str, data: bytes) -> None:
+        raise ReadOnlyError(f"{self!r}: read-only; refusing to write {path}")
+
+    def _delete(self, path: str) -> None:
+        raise ReadOnlyError(f"{self!r}: read-only; refusing to delete {path}")
+
+    # --- optional abilities ---------------------------------------------------------------
+
+    def open_ahead(self, paths: Sequence[str]) -> None:
+        """Open the staged files of these chunks in the background (others are not files)."""
+        chunks = [self._ids[p] for p in paths if p in self._ids]
+        self.chunks.open_ahead([c for c in chunks if self.local[c]])
+
+    def begin_epoch(self) -> None:
+        """A new epoch: load the samples peers moved here for it."""
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Load what arrived in the inbox since the last look."""
+        with self._mutex:
+            self.view.refresh()
+
     def close(self) -> None:
-        """Close chunk and segment files."""
+        """Close chunk and segment files; idempotent."""
         self.chunks.close()
-        self.view.close()
+        with self._mutex:
+            self.view.close()

@@ -13,7 +13,7 @@ For users porting a training loop written against PLS's scheduler:
     sched.clean_local_storage()
 
 It is a thin layer: the plan is `partial(fraction)`, the moves are `Exchanger`'s, reads go
-through the rank's `NamespaceSource`.
+through a tier stack over the rank's `NamespaceDriver`.
 """
 
 from __future__ import annotations

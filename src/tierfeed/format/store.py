@@ -7,7 +7,6 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
-from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.format.names import field_name
@@ -53,18 +52,17 @@ class Store:
 
     Args:
         index: the opened index.
-        source: where chunk bytes come from (default: the chunk files beside the index).
+        source: where chunk bytes come from (e.g. `tierfeed.storage.DirectoryChunks` over
+            the chunk files beside the index, or a `TierStack`).
         verify_reads: check every member read against its xxh3 checksum (~GB/s per core).
     """
 
-    def __init__(
-        self, index: Index, source: ChunkSource | None = None, verify_reads: bool = True
-    ) -> None:
+    def __init__(self, index: Index, source: ChunkSource, verify_reads: bool = True) -> None:
         self.index = index
         self.verify_reads = verify_reads
         self.root = index.path.parent
         self.chunks: list[ChunkInfo] = index.chunks()
-        self.source: ChunkSource = source or DirectoryChunks(self.root, self.chunks, index.path)
+        self.source = source
         self._index_mtime_ns = os.stat(index.path).st_mtime_ns
 
     def __len__(self) -> int:

@@ -12,10 +12,10 @@ import numpy.typing as npt
 from tqdm import tqdm
 
 from tierfeed.errors import FormatError, IndexFormatError, TierfeedError
-from tierfeed.format.chunkfiles import safe_chunk_path
 from tierfeed.format.chunkref import checksum_file, checksum_range
 from tierfeed.format.index import Index
 from tierfeed.format.names import normalize_member_name
+from tierfeed.format.relpath import safe_chunk_path
 from tierfeed.format.tarchunk import scan_tar
 
 __all__ = ["StoreSummary", "summarize", "verify_store"]

@@ -13,7 +13,6 @@ batches as it was dealt, and the counts above hold exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
 
-__all__ = ["batch_count", "read_prefix", "worker_positions", "worker_slice"]
+__all__ = ["batch_count", "worker_positions", "worker_slice"]
 
 
 def _check(batch_size: int, worker: int = 0, num_workers: int = 1) -> None:
@@ -58,13 +57,3 @@ def worker_slice(
     """The samples of ``order`` that ``worker`` reads (see `worker_positions`)."""
     order = np.asarray(order, dtype=np.int64)
     return order[worker_positions(len(order), batch_size, worker, num_workers, drop_last)]
-
-
-def read_prefix(cursors: Iterable[int], batch_size: int, num_workers: int) -> int:
-    """A prefix of the rank's order every position of which was read, given each worker's
-    cursor in its slice (positions below a cursor were delivered): every worker has read at
-    least ``min(cursors) // B`` whole batches, so every batch below that many rounds of
-    ``num_workers`` batches is done."""
-    _check(batch_size, 0, max(1, num_workers))
-    least = min(cursors, default=0)
-    return (least // batch_size) * max(1, num_workers) * batch_size

@@ -13,12 +13,20 @@ from pathlib import Path
 
 import numpy as np
 
-from tierfeed.format.chunkfiles import DirectoryChunks
 from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.format.store import Store
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
-from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierOptions, TierStack, disk_tier
+from tierfeed.storage import (
+    DirectoryChunks,
+    Driver,
+    MemoryDriver,
+    PosixDriver,
+    Tier,
+    TierOptions,
+    TierStack,
+    disk_tier,
+)
 
 __all__ = ["StoreOpener", "TierConfig", "open_store", "plan_for", "tier_stack"]
 
@@ -56,9 +64,11 @@ class TierConfig:
         return Store(index, tier_stack(index, self))
 
 
-def tier_stack(index: Index, tiers: TierConfig) -> TierStack:
-    """A tier stack over the chunk files beside ``index`` (opened read-only)."""
-    origin = PosixDriver(index.path.parent, read_only=True)
+def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) -> TierStack:
+    """A tier stack over ``origin`` (read-only: e.g. a job's namespace), by default over the
+    chunk files beside ``index`` (opened read-only)."""
+    if origin is None:
+        origin = PosixDriver(index.path.parent, read_only=True)
     return TierStack(
         index.chunks(), origin, tiers.tiers(), tiers.policy, TierOptions(tiers.threads)
     )

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError, StuckReadError
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
+from tierfeed.telemetry.counters import Counters
 
 __all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
 
@@ -53,15 +54,15 @@ class PrefetchOptions:
 
 
 @dataclass
-class StreamCounters:
-    """What the guard did; read them live or after the epoch."""
+class StreamCounters(Counters[int]):
+    """What the guard did; read them live or after the epoch (``waits`` is not a counter:
+    `snapshot` leaves it out)."""
 
     delivered: int = 0
     late: int = 0  # times the sample due next missed its deadline
     deferred: int = 0  # samples delivered after a younger one took their place
     hedges: int = 0  # second reads issued
     hedge_wins: int = 0  # second reads that landed first
-    stall_s: float = 0.0  # time the consumer waited with nothing ready
     waits: list[float] = field(default_factory=list)  # per-sample wait of the consumer (s)
 
 

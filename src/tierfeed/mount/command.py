@@ -144,23 +144,28 @@ def serve(
         view = StoreView(store, extra_stats=source.stats, on_open=readahead)
         # SIGTERM unmounts cleanly: libfuse leaves its loop when the mount goes away.
         signal.signal(signal.SIGTERM, lambda *_: _unmount_quietly(mountpoint))
-        options: dict[str, Any] = {
-            "foreground": True,
-            "ro": True,
-            # libfuse splits options at commas; a backslash keeps one in the name.
-            "fsname": _FSNAME_PREFIX + os.path.abspath(store_path).replace(",", "\\,"),
-            "subtype": FUSE_SUBTYPE,
-            "attr_timeout": 3600.0,  # the tree never changes while mounted
-            "entry_timeout": 3600.0,
-        }
-        if allow_other:
-            options["allow_other"] = True
         try:
-            mfusepy.FUSE(view, mountpoint, raw_fi=True, **options)
+            mfusepy.FUSE(view, mountpoint, raw_fi=True, **_fuse_options(store_path, allow_other))
         except RuntimeError as exc:  # libfuse said why on stderr; mfusepy only gives a code
             raise StorageError(f"{mountpoint}: libfuse could not mount the store ({exc})") from None
     finally:
         store.close()
+
+
+def _fuse_options(store_path: str, allow_other: bool) -> dict[str, Any]:
+    """libfuse's mount options: read-only, named after the store, long attribute caching."""
+    options: dict[str, Any] = {
+        "foreground": True,
+        "ro": True,
+        # libfuse splits options at commas; a backslash keeps one in the name.
+        "fsname": _FSNAME_PREFIX + os.path.abspath(store_path).replace(",", "\\,"),
+        "subtype": FUSE_SUBTYPE,
+        "attr_timeout": 3600.0,  # the tree never changes while mounted
+        "entry_timeout": 3600.0,
+    }
+    if allow_other:
+        options["allow_other"] = True
+    return options
 
 
 def _unmount_quietly(mountpoint: str) -> None:

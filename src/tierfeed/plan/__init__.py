@@ -1,11 +1,18 @@
 """Sampling plans: global, local, partial-local (PLS) and chunk-wise; resumable and elastic."""
 
 from tierfeed.plan.plan import Exchange, Plan, PlanSpec
-from tierfeed.plan.progress import EpochProgress, PlanState, remaining_order, remaining_shares
+from tierfeed.plan.progress import (
+    Done,
+    EpochProgress,
+    PlanState,
+    remaining_order,
+    remaining_shares,
+)
 from tierfeed.plan.shape import DatasetShape
 
 __all__ = [
     "DatasetShape",
+    "Done",
     "EpochProgress",
     "Exchange",
     "Plan",

@@ -238,18 +238,6 @@ class Plan:
             ]
         return [int(c) for c in np.diff(self._bounds(world_size))]
 
-    def chunk_sequence(self, order: IntArray) -> IntArray:
-        """Chunks in the order an ``order`` first needs them, consecutive repeats merged.
-
-        The future access sequence of a reader: what clairvoyant prefetch and eviction use.
-        """
-        chunks = self.shape.sample_chunk[order]
-        if len(chunks) == 0:
-            return chunks
-        keep = np.ones(len(chunks), dtype=bool)
-        keep[1:] = chunks[1:] != chunks[:-1]
-        return chunks[keep]
-
     # --- exchanges (partial) -----------------------------------------------------------
 
     def exchange(self, epoch: int, world_size: int, batch_size: int = 1) -> Exchange:

@@ -1,14 +1,16 @@
 """Resume and elasticity: where an epoch stands, as a few integers, and the orders that remain.
 
-An epoch's progress is a list of segments ``(world_size, consumed)``: ranks ran in lockstep
-under one world size and each consumed ``consumed`` entries of its order, then the job
-restarted (perhaps with another world size). The samples not yet delivered are what each
-rank had left, padding excluded; the next segment splits them across its ranks, so the epoch
-still delivers every sample exactly once.
+An epoch's progress is a list of segments ``(world_size, consumed)``: ranks ran under one
+world size, then the job restarted with another. ``consumed`` is either a count (each rank
+consumed that prefix of its order, in lockstep) or one `Done` per rank (the positions of its
+order it delivered, whatever its workers' deferrals left out of order). The samples not yet
+delivered are what each rank had left, padding excluded; the next segment splits them across
+its ranks, so the epoch still delivers every sample exactly once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,20 +20,87 @@ import numpy.typing as npt
 from tierfeed.errors import ConfigError
 from tierfeed.plan.plan import Plan, PlanSpec, _fit
 
-__all__ = ["EpochProgress", "PlanState", "remaining_order", "remaining_shares"]
+__all__ = ["Done", "EpochProgress", "PlanState", "remaining_order", "remaining_shares"]
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class Done:
+    """Positions of one rank's order that need no more delivery: every position below
+    ``prefix`` and those in ``extra`` (each above it). A few integers whatever the order's size:
+    only reads a deferral moved ahead of a gap are listed one by one."""
+
+    prefix: int = 0
+    extra: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prefix < 0 or any(p <= self.prefix for p in self.extra):
+            raise ConfigError(f"done positions out of range: prefix {self.prefix}, {self.extra}")
+
+    @classmethod
+    def of(cls, mask: BoolArray) -> Done:
+        """The positions set in ``mask``."""
+        undone = np.flatnonzero(~mask)
+        prefix = int(undone[0]) if len(undone) else len(mask)
+        extra = np.flatnonzero(mask[prefix:]) + prefix
+        return cls(prefix, tuple(int(p) for p in extra))
+
+    def mask(self, n: int) -> BoolArray:
+        """Which of positions ``0 .. n-1`` are done (positions past ``n``: padding, ignored)."""
+        out = np.zeros(n, dtype=bool)
+        out[: min(self.prefix, n)] = True
+        extra = np.asarray(self.extra, dtype=np.int64)
+        out[extra[extra < n]] = True
+        return out
+
+    def to_list(self) -> list[Any]:
+        """Plain values for a state_dict."""
+        return [self.prefix, list(self.extra)]
+
+    @classmethod
+    def from_list(cls, value: Any) -> Done:
+        """Inverse of `to_list`."""
+        prefix, extra = value
+        return cls(int(prefix), tuple(int(p) for p in extra))
+
+
+Consumed = int | tuple[Done, ...]  # a lockstep count per rank, or each rank's done positions
 
 
 @dataclass(frozen=True)
 class EpochProgress:
-    """What an epoch has delivered: one (world_size, consumed per rank) per segment."""
+    """What an epoch has delivered: one (world_size, consumed) per segment."""
 
-    segments: tuple[tuple[int, int], ...] = ()
+    segments: tuple[tuple[int, Consumed], ...] = ()
 
-    def then(self, world_size: int, consumed: int) -> EpochProgress:
-        """This progress followed by a segment of ``consumed`` samples per rank."""
+    def then(self, world_size: int, consumed: int | Sequence[Done]) -> EpochProgress:
+        """This progress followed by a segment: ``consumed`` samples per rank, or each rank's
+        `Done` (one per rank of ``world_size``)."""
+        if not isinstance(consumed, int):
+            consumed = tuple(consumed)
+            if len(consumed) != world_size:
+                raise ConfigError(
+                    f"a segment of {world_size} ranks needs every rank's progress, "
+                    f"got {len(consumed)}"
+                )
         return EpochProgress((*self.segments, (world_size, consumed)))
+
+    def to_list(self) -> list[Any]:
+        """Plain values for a state_dict."""
+        return [
+            [w, c if isinstance(c, int) else [d.to_list() for d in c]] for w, c in self.segments
+        ]
+
+    @classmethod
+    def from_list(cls, value: Any) -> EpochProgress:
+        """Inverse of `to_list`."""
+        progress = cls()
+        for w, c in value:
+            consumed = int(c) if isinstance(c, int) else [Done.from_list(d) for d in c]
+            progress = progress.then(int(w), consumed)
+        return progress
 
 
 @dataclass
@@ -49,15 +118,14 @@ class PlanState:
             "seed": self.spec.seed,
             "drop_last": self.spec.drop_last,
             "epoch": self.epoch,
-            "segments": [list(s) for s in self.progress.segments],
+            "segments": self.progress.to_list(),
         }
 
     @classmethod
     def from_state_dict(cls, d: dict[str, Any]) -> PlanState:
         """Inverse of `state_dict`."""
         spec = PlanSpec.parse(d["spec"], seed=int(d["seed"]), drop_last=bool(d["drop_last"]))
-        segments = tuple((int(w), int(c)) for w, c in d["segments"])
-        return cls(spec, int(d["epoch"]), EpochProgress(segments))
+        return cls(spec, int(d["epoch"]), EpochProgress.from_list(d["segments"]))
 
 
 def _left_over(plan: Plan, epoch: int, progress: EpochProgress) -> IntArray | None:
@@ -68,9 +136,14 @@ def _left_over(plan: Plan, epoch: int, progress: EpochProgress) -> IntArray | No
             unpadded = [plan._unpadded(epoch, r, world_size) for r in range(world_size)]
         else:
             unpadded = [left[r::world_size] for r in range(world_size)]
-        if consumed < 0 or consumed > max(len(u) for u in unpadded):
-            raise ConfigError(f"progress consumed {consumed} samples per rank: out of range")
-        left = np.concatenate([u[consumed:] for u in unpadded])
+        if isinstance(consumed, int):
+            if consumed < 0 or consumed > max(len(u) for u in unpadded):
+                raise ConfigError(f"progress consumed {consumed} samples per rank: out of range")
+            left = np.concatenate([u[consumed:] for u in unpadded])
+        else:
+            left = np.concatenate(
+                [u[~d.mask(len(u))] for u, d in zip(unpadded, consumed, strict=True)]
+            )
     return left
 
 

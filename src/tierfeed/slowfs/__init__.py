@@ -13,14 +13,14 @@ Command line::
 Python::
 
     from tierfeed.slowfs import SlowFS
-    from tierfeed.storage.latency import LatencyModel
+    from tierfeed.latency import LatencyModel
 
     with SlowFS("data", "mnt", LatencyModel.parse("nfs")) as fs:
         before = fs.stats()
         ...                                   # read files under fs.mountpoint
         print((fs.stats() - before).opens)
 
-Latency model (``tierfeed.storage.latency.LatencyModel``), one draw per operation that
+Latency model (``tierfeed.latency.LatencyModel``), one draw per operation that
 reaches the server — getattr (stat/lookup), open, readdir, readlink and each read
 request (the kernel sizes them, 128 KiB or more): a lognormal latency with median
 ``median_ms`` and shape ``sigma``, plus ``stall_ms`` with probability ``tail_prob``;

@@ -7,8 +7,8 @@ import dataclasses
 import sys
 
 from tierfeed.errors import StorageError
+from tierfeed.latency import LatencyModel
 from tierfeed.slowfs.options import CACHE_MODES, SlowFSOptions
-from tierfeed.storage.latency import LatencyModel
 
 __all__ = ["register"]
 

@@ -10,9 +10,9 @@ from types import TracebackType
 
 from tierfeed.errors import StorageError
 from tierfeed.fuse.process import FuseProcess
+from tierfeed.latency import LatencyModel
 from tierfeed.slowfs.options import SlowFSOptions
 from tierfeed.slowfs.stats import STATS_PATH, SlowFSStats
-from tierfeed.storage.latency import LatencyModel
 
 __all__ = ["SlowFS", "latency_spec"]
 

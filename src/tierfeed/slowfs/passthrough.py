@@ -14,9 +14,9 @@ from typing import Any
 import mfusepy
 
 from tierfeed.errors import ConfigError, StorageError
+from tierfeed.latency import LatencyModel, LatencySampler
 from tierfeed.slowfs.options import SlowFSOptions
 from tierfeed.slowfs.stats import STATS_DIR, STATS_PATH, Counters, SlowFSStats
-from tierfeed.storage.latency import LatencyModel, LatencySampler
 
 __all__ = ["SlowPassthrough", "serve"]
 

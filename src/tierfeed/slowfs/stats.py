@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tierfeed.errors import ConfigError
+from tierfeed.telemetry.counters import Counters as Tally
 
 __all__ = ["STATS_DIR", "STATS_PATH", "Counters", "SlowFSStats"]
 
@@ -102,26 +102,17 @@ class Counters:
     """Live counters updated by the FUSE handler threads; ``snapshot()`` copies them."""
 
     def __init__(self) -> None:
-        # Not called `lock`: mfusepy treats an attribute of that name as the FUSE lock op.
-        self._mutex = threading.Lock()
-        self._values: dict[str, Any] = SlowFSStats().to_dict()
+        self._tally: Tally[float] = Tally(**SlowFSStats().to_dict())
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the integer counter ``name``."""
-        with self._mutex:
-            self._values[name] += n
+        self._tally.add(**{name: n})
 
     def delayed(self, seconds: float, stalled: bool, queued: float = 0.0) -> None:
         """Record one delay drawn from the model, and the wait for the shared link."""
-        with self._mutex:
-            self._values["delay_s"] += seconds
-            self._values["queued_s"] += queued
-            if seconds > self._values["max_delay_s"]:
-                self._values["max_delay_s"] = seconds
-            if stalled:
-                self._values["stalls"] += 1
+        added = {"delay_s": seconds, "queued_s": queued, "stalls": int(stalled)}
+        self._tally.update(add=added, peak={"max_delay_s": seconds})
 
     def snapshot(self) -> SlowFSStats:
         """A consistent copy of every counter."""
-        with self._mutex:
-            return SlowFSStats(**self._values)
+        return SlowFSStats.from_dict(self._tally.snapshot())

@@ -6,8 +6,10 @@ import importlib
 from typing import Any
 
 from tierfeed.errors import ConfigError
+from tierfeed.latency import LatencyModel, LatencySampler
+from tierfeed.storage.chunkfiles import DirectoryChunks
 from tierfeed.storage.driver import Driver, OpCounters
-from tierfeed.storage.latency import LatencyModel, LatencySampler
+from tierfeed.storage.fetch import fetch_verified
 from tierfeed.storage.memory import MemoryDriver
 from tierfeed.storage.posix import PosixDriver
 from tierfeed.storage.slow import SlowDriver
@@ -15,6 +17,7 @@ from tierfeed.storage.tiers import Tier, TierOptions, TierStack, disk_tier
 
 __all__ = [
     "DRIVERS",
+    "DirectoryChunks",
     "Driver",
     "LatencyModel",
     "LatencySampler",
@@ -27,6 +30,7 @@ __all__ = [
     "TierStack",
     "disk_tier",
     "driver_for",
+    "fetch_verified",
 ]
 
 # name -> (module:Class, what to install when its dependency is missing)

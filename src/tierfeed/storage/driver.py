@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tierfeed.errors import NotFoundError, ReadOnlyError
+from tierfeed.telemetry.counters import Counters
 
 __all__ = ["Driver", "OpCounters"]
 
 
 @dataclass
-class OpCounters:
-    """Operations a driver served; a thread-safe tally, read with `snapshot()`."""
+class OpCounters(Counters[int]):
+    """Operations a driver served; a thread-safe tally (`add`, `set`), read with `snapshot()`."""
 
     opens: int = 0
     reads: int = 0
@@ -25,24 +25,6 @@ class OpCounters:
     deletes: int = 0
     stats: int = 0
     lists: int = 0
-    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **deltas: int) -> None:
-        """Add to named counters."""
-        with self._mutex:
-            for name, value in deltas.items():
-                setattr(self, name, getattr(self, name) + value)
-
-    def set(self, **values: int) -> None:
-        """Set named counters (tallies kept elsewhere, e.g. an fd cache's opens)."""
-        with self._mutex:
-            for name, value in values.items():
-                setattr(self, name, value)
-
-    def snapshot(self) -> dict[str, int]:
-        """The counters as a plain dict."""
-        with self._mutex:
-            return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
 
 class Driver(ABC):
@@ -121,6 +103,16 @@ class Driver(ABC):
     def open_ahead(self, paths: Sequence[str]) -> None:
         """Hint: these objects are read next, in this order; open them in the background.
         The default opens nothing."""
+        return None
+
+    def holds_whole(self, path: str) -> bool:
+        """Whether every byte of object ``path`` can be read here (tiers copy only such
+        objects). The default: yes, for every object it has."""
+        return True
+
+    def begin_epoch(self) -> None:
+        """A new epoch starts: load what changed between epochs (a job namespace's inbox).
+        The default has nothing to load."""
         return None
 
     def remove_stale_temporaries(self) -> int:

@@ -6,36 +6,49 @@ import errno
 import os
 import stat
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from tierfeed.errors import NotFoundError, StorageError
-from tierfeed.format.chunkfiles import FdCache
 from tierfeed.publish import is_temporary, publish, sweep_stale
 from tierfeed.storage.driver import Driver
+from tierfeed.storage.files import FdCache, path_under, pread
 
 __all__ = ["PosixDriver"]
 
 
 class PosixDriver(Driver):
-    """Files under ``root``.
+    """Files under ``root``: the one POSIX reader (one pread on a cached descriptor).
 
     Args:
         root: the directory (created, mode 0700 unless ``shared``, when writable).
         read_only: refuse writes and deletes.
         shared: create directories 0755 and files 0644 (a cache shared between users,
             configured explicitly); otherwise 0700 and 0600, private to their creator.
+        direct: open files ``O_DIRECT``: reads bypass the page cache, so a second read of a
+            range does not queue behind a first one that holds its pages locked (hedged reads
+            on FUSE and NFS). Where the file system refuses O_DIRECT opens, or wants aligned
+            direct reads (EINVAL), reads go through the page cache instead.
+        max_open: descriptors kept open at most (see `FdCache`).
     """
 
     name = "posix"
 
-    def __init__(self, root: str | os.PathLike[str], read_only: bool = False, shared: bool = False):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        read_only: bool = False,
+        shared: bool = False,
+        direct: bool = False,
+        max_open: int = 128,
+    ):
         super().__init__(read_only)
         self.root = Path(root).absolute()
         self._dir_mode, self._file_mode = (0o755, 0o644) if shared else (0o700, 0o600)
         if not read_only:
             self._make_root(shared)
         self.name = f"posix:{self.root}"
-        self._fds = FdCache()  # no open per read: the origin sees one open per file
+        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
+        self._fds = FdCache(max_open, flags)  # no open per read: the origin sees one per file
         self._resolved_paths: dict[str, str] = {}
 
     def _make_root(self, shared: bool) -> None:
@@ -61,10 +74,9 @@ class PosixDriver(Driver):
             ) from None
 
     def _path(self, path: str) -> Path:
-        parts = PurePosixPath(path).parts
-        if not parts or path.startswith("/") or ".." in parts:
-            raise StorageError(f"{self}: path {path!r} would leave the root")
-        return self.root.joinpath(*parts)
+        return path_under(
+            self.root, path, lambda: StorageError(f"{self}: path {path!r} would leave the root")
+        )
 
     def _fail(self, path: str, exc: OSError) -> StorageError:
         if exc.errno == errno.ENOENT:
@@ -79,9 +91,10 @@ class PosixDriver(Driver):
         return full
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        full = self._resolved(path)
         try:
-            with self._fds.fd(self._resolved(path)) as fd:
-                data = os.pread(fd, length, offset)
+            with self._fds.fd(full) as fd:
+                data = pread(fd, full, length, offset, self._fds.flags)
         except OSError as exc:
             raise self._fail(path, exc) from None
         self.counters.add(reads=1, bytes_read=len(data))
@@ -124,13 +137,18 @@ class PosixDriver(Driver):
         self._fds.forget(os.fspath(target))
 
     @property
+    def opens(self) -> int:
+        """Files opened so far, live (``counters.opens`` catches up on the next read)."""
+        return self._fds.opens
+
+    @property
     def directory(self) -> Path:
         """The root: the objects are files under it."""
         return self.root
 
     def open_ahead(self, paths: Sequence[str]) -> None:
         """Open these files in the background, in this order (see FdCache.open_ahead)."""
-        self._fds.open_ahead([os.fspath(self._path(p)) for p in paths])
+        self._fds.open_ahead([self._resolved(p) for p in paths])
 
     def close(self) -> None:
         self._fds.close()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from tierfeed.latency import LatencyModel, LatencySampler
 from tierfeed.storage.driver import Driver
-from tierfeed.storage.latency import LatencyModel, LatencySampler
 
 __all__ = ["SlowDriver"]
 

@@ -4,98 +4,41 @@ A read of (chunk, offset, length) goes to the first tier that holds the chunk. O
 is range-read from the origin at once, and a whole-chunk copy is queued for a background
 thread: the copy is verified against the chunk's checksum and published atomically, so a
 tier never serves part of a chunk. Concurrent misses on one chunk fetch it once. The origin
-is read-only: it is never written or deleted.
+is read-only: it is never written or deleted. What is particular to a tier (for a disk
+directory that every process of a host fills: its locks, claims, marks and rescans) is its
+`TierFiles` (`tierfeed.storage.disktier`); this module only orders the tiers.
 
-Threads: readers (any number) and copy threads share the tiers' bookkeeping (what each holds,
-the placement policies, the counters) under one lock, held for bookkeeping only, never across
-I/O. Placements into one tier are serialised by that tier's own lock, so concurrent copies
-cannot overrun its quota. A copy that fails, for any reason, is counted and logged; its
-thread goes on with the next one.
+Threads: readers (any number) and copy threads (a `Copier`'s) share the tiers' bookkeeping
+(what each holds, the placement policies, the counters) under one lock, held for bookkeeping
+only, never across I/O; the copier keeps what is in flight under its own. Placements into one
+tier are serialised by that tier's own lock, so concurrent copies cannot overrun its quota. A
+copy that fails, for any reason, is counted and logged; its thread goes on with the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy.typing as npt
 
-from tierfeed.errors import ChunkCorruptError, ConfigError, NotFoundError, StorageError
+from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
+from tierfeed.storage.copier import Copier
+from tierfeed.storage.disktier import Tier, TierCounters, cache_key, disk_tier
 from tierfeed.storage.driver import Driver
+from tierfeed.storage.fetch import fetch_verified
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
-from tierfeed.storage.posix import PosixDriver
-from tierfeed.storage.shared_dir import copy_claim, mark, marked, placement_lock, unmark
 
-__all__ = [
-    "GAUGES",
-    "Tier",
-    "TierCounters",
-    "TierOptions",
-    "TierStack",
-    "combine_stats",
-    "stats_since",
-]
+__all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 
 _log = logging.getLogger("tierfeed.tiers")
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
-
-
-@dataclass
-class TierCounters:
-    """What one tier did."""
-
-    hits: int = 0
-    misses: int = 0
-    bytes: int = 0
-    copies: int = 0
-    evictions: int = 0
-    corrupt_dropped: int = 0
-    copy_failures: int = 0
-    copy_s: float = 0.0
-
-
-@dataclass
-class Tier:
-    """A cache level: a writable driver with a byte quota.
-
-    Attributes:
-        driver: where chunks are kept (memory for RAM, posix for local disk).
-        quota: the most bytes of chunks it may hold.
-        name: for counters and messages.
-    """
-
-    driver: Driver
-    quota: int
-    name: str = ""
-    counters: TierCounters = field(default_factory=TierCounters)
-    held: dict[int, int] = field(default_factory=dict)  # chunk -> bytes
-    verified: set[int] = field(default_factory=set)
-    placing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    scanned: float = 0.0  # monotonic time of the last look at a shared directory
-
-    def __post_init__(self) -> None:
-        if self.driver.read_only:
-            raise ConfigError(f"tier {self.name or self.driver}: a cache tier must be writable")
-        self.name = self.name or self.driver.name
-
-    @property
-    def directory(self) -> Path | None:
-        """The directory of a disk tier (None for RAM)."""
-        return self.driver.directory
-
-    @property
-    def shared(self) -> bool:
-        """True for a directory other processes may fill too (needs locks and rescans)."""
-        return self.driver.directory is not None
 
 
 @dataclass(frozen=True)
@@ -111,11 +54,6 @@ class TierOptions:
     threads: int = 4
     queue: int = 256
     verify_cached: bool = True
-
-
-def cache_key(info: ChunkInfo) -> str:
-    """A cached chunk's name: its id and checksum, so another dataset never matches it."""
-    return f"{info.id:08d}-{info.checksum:016x}.tar"
 
 
 class TierStack(ChunkSource):
@@ -148,30 +86,25 @@ class TierStack(ChunkSource):
         self.origin_counters = TierCounters()
         self._by_key = {cache_key(c): c for c in self.chunks}
         self._sizes = {c.id: c.size for c in self.chunks}
-        # The bookkeeping lock: tiers' held/verified/counters, the policies, in-flight and
-        # corrupt chunks. Held for bookkeeping only, never across I/O.
+        # The bookkeeping lock: tiers' held/verified/counters, the policies, corrupt chunks.
+        # Held for bookkeeping only, never across I/O (the copier keeps its own in-flight set).
         self._mutex = threading.Lock()
-        self._inflight: set[int] = set()
         self._corrupt: dict[int, str] = {}
         self._warned: set[str] = set()
-        self._queue: queue.Queue[int | None] = queue.Queue(self.options.queue)
-        self._closed = False
         for tier in self.tiers:
-            tier.driver.remove_stale_temporaries()  # left by a process killed mid-copy
+            tier.files.sweep()  # left by a process killed mid-copy
             self._scan(tier)
-        self._threads = [
-            threading.Thread(target=self._worker, name=f"tierfeed-copy-{i}", daemon=True)
-            for i in range(self.options.threads if self.tiers else 0)
-        ]
-        for t in self._threads:
-            t.start()
+        threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
+        self._copier = Copier(
+            self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
+        )
+        self._threads = self._copier.threads
 
     # --- tier contents ------------------------------------------------------------------
 
     def _scan(self, tier: Tier) -> None:
         """What a tier holds now (other processes may have filled a shared directory)."""
-        listed = tier.driver.list()
-        held = {self._by_key[p].id: self._by_key[p].size for p in listed if p in self._by_key}
+        held = tier.files.scan(self._by_key)
         with self._mutex:
             tier.held = held
             tier.scanned = time.monotonic()
@@ -233,31 +166,25 @@ class TierStack(ChunkSource):
         return data
 
     def _usable(self, tier: Tier, info: ChunkInfo) -> bool:
-        """A persistent tier's chunk is checked before this process serves it: once per host
-        and file (a mark records the file it verified), so forked workers skip it."""
-        if not tier.shared or not self.options.verify_cached:
+        """A cached copy is checked before this process serves it (a disk copy once per host
+        and file: see `SharedDirectory.usable`); a bad one is dropped and fetched again."""
+        if not self.options.verify_cached:
             return True
         with self._mutex:
             if info.id in tier.verified:
                 return True
-        if tier.directory is not None and marked(tier.directory, cache_key(info)):
-            with self._mutex:
-                tier.verified.add(info.id)
-            return True
         try:
-            data = tier.driver.read(cache_key(info))
+            good = tier.files.usable(info)
         except NotFoundError:
             with self._mutex:
                 tier.held.pop(info.id, None)
             return False
-        if checksum_bytes(data) != info.checksum:
+        if not good:
             self._drop(tier, info)
             self.schedule(info.id)  # fetch it again
             return False
         with self._mutex:
             tier.verified.add(info.id)
-        if tier.directory is not None:
-            mark(tier.directory, cache_key(info))
         return True
 
     def _drop(self, tier: Tier, info: ChunkInfo) -> str:
@@ -268,10 +195,8 @@ class TierStack(ChunkSource):
             tier.held.pop(info.id, None)
             tier.verified.discard(info.id)
             tier.counters.corrupt_dropped += 1
-        where = f"copy {key} of tier {tier.name}"
-        if tier.directory is not None:
-            unmark(tier.directory, key)
-            where = f"copy {tier.directory / key} of tier {tier.name}"
+        where = f"copy {tier.files.where(key)} of tier {tier.name}"
+        tier.files.unmark(key)
         try:
             tier.driver.delete(key)
         except NotFoundError:
@@ -291,56 +216,40 @@ class TierStack(ChunkSource):
 
     def schedule(self, chunk: int) -> bool:
         """Queue a whole-chunk copy into the tiers; False if present, queued, or queue full."""
-        if not self.tiers or self._closed:
-            return False
-        with self._mutex:
-            if chunk in self._inflight or any(chunk in t.held for t in self.tiers):
-                return False
-            self._inflight.add(chunk)
-        try:
-            self._queue.put_nowait(chunk)
-        except queue.Full:
-            with self._mutex:
-                self._inflight.discard(chunk)
-            return False
-        return True
+        if not self.tiers or not self.origin.holds_whole(self.chunks[chunk].name):
+            return False  # e.g. a namespace holding only some members of the chunk
+        return self._copier.schedule(chunk)
 
-    def _worker(self) -> None:
-        while True:
-            chunk = self._queue.get()
-            if chunk is None:
-                return
-            try:
-                self._copy(chunk)
-            except Exception as exc:  # the read path still serves from the origin
-                with self._mutex:
-                    self.origin_counters.copy_failures += 1
-                name = self.chunks[chunk].name
-                self._warn("copy", f"copy of chunk {name} from the origin failed: {exc!r}")
-            finally:
-                with self._mutex:
-                    self._inflight.discard(chunk)
+    def _needed(self, chunk: int) -> bool:
+        """Whether no tier holds ``chunk`` (the copier asks once it marked the chunk in
+        flight, so a copy landing meanwhile is seen and not repeated)."""
+        with self._mutex:
+            return not any(chunk in t.held for t in self.tiers)
+
+    def _copy_failed(self, chunk: int, exc: Exception) -> None:
+        """A copy raised: the read path still serves from the origin; count it, log it once."""
+        with self._mutex:
+            self.origin_counters.copy_failures += 1
+        name = self.chunks[chunk].name
+        self._warn("copy", f"copy of chunk {name} from the origin failed: {exc!r}")
 
     def _copy(self, chunk: int) -> None:
         info = self.chunks[chunk]
         started = time.perf_counter()
-        shared = next((t.directory for t in self.tiers if t.directory is not None), None)
-        key = cache_key(info)
-        with contextlib.nullcontext(True) if shared is None else copy_claim(shared, key) as mine:
+        # One process of a host copies a chunk: it claims it in the first tier others fill.
+        claims = next((t.files for t in self.tiers if t.shared), self.tiers[0].files)
+        with claims.claim(cache_key(info)) as mine:
             if not mine:
                 return  # another process copies it now; a later miss finds it landed
             # Another process (a sibling DataLoader worker) may have copied it already: take
             # it from the shared directory rather than from the origin.
             data = self._from_shared(info)
             if data is None:
-                data = self.origin.read(info.name)
-                if len(data) != info.size or checksum_bytes(data) != info.checksum:
+                try:
+                    data = fetch_verified(self.origin, info)
+                except ChunkCorruptError as exc:
                     with self._mutex:
-                        self._corrupt[chunk] = (
-                            f"chunk {info.name} at the origin fails its checksum (size "
-                            f"{len(data)}, index says {info.size}); the origin copy is "
-                            "damaged: re-pack or restore it"
-                        )
+                        self._corrupt[chunk] = f"chunk {info.name} at the origin is bad: {exc}"
                     return
                 with self._mutex:
                     self.origin_counters.copies += 1
@@ -387,9 +296,8 @@ class TierStack(ChunkSource):
         cross-process lock): the decision and the writes it implies cannot interleave with
         another's, so the quota holds.
         """
-        root = tier.directory
-        with tier.placing, contextlib.nullcontext() if root is None else placement_lock(root):
-            if root is not None:
+        with tier.placing, tier.files.placing():
+            if tier.shared:
                 self._scan(tier)  # other processes' copies and evictions count too
             with self._mutex:
                 if info.id in tier.held:
@@ -404,17 +312,12 @@ class TierStack(ChunkSource):
                     tier.verified.discard(victim)
                     tier.counters.evictions += 1
             for victim in victims:
-                victim_key = cache_key(self.chunks[victim])
-                with contextlib.suppress(NotFoundError):
-                    tier.driver.delete(victim_key)
-                if root is not None:
-                    unmark(root, victim_key)
+                tier.files.evict(cache_key(self.chunks[victim]))
             tier.driver.write(cache_key(info), data)  # temporary name, then rename
             with self._mutex:
                 tier.held[info.id] = info.size
                 tier.verified.add(info.id)
-            if root is not None:
-                mark(root, cache_key(info))  # checked before it was written
+            tier.files.mark(cache_key(info))  # checked before it was written
             return True
 
     # --- clairvoyance ---------------------------------------------------------------------
@@ -451,22 +354,21 @@ class TierStack(ChunkSource):
         can, e.g. POSIX)."""
         self.origin.open_ahead([self.chunks[c].name for c in chunks])
 
+    def begin_epoch(self) -> None:
+        """A new epoch: the origin loads what changed (a job namespace's inbox)."""
+        self.origin.begin_epoch()
+
     def drain(self, timeout: float = 60.0) -> None:
-        """Wait until queued copies are done (tests, benchmarks, stage-in)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._mutex:
-                if not self._inflight or self._closed:
-                    return
-            time.sleep(0.005)
-        raise StorageError(f"tier copies still running after {timeout} s")
+        """Wait until queued copies are done (tests, benchmarks, stage-in), at most
+        ``timeout`` seconds; raises StorageError if they are not."""
+        self._copier.drain(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters of every tier and of the origin, as plain values.
 
         ``held_bytes`` is a gauge; a shared directory is looked at again when the last look is
         older than a second, and such a tier says ``shared: 1`` so that processes sharing it
-        are not summed (see `combine_tier_stats`).
+        are not summed (see `tierfeed.telemetry.combine`).
         """
         for tier in self.tiers:
             if tier.shared and time.monotonic() - tier.scanned > _RESCAN_S:
@@ -474,28 +376,20 @@ class TierStack(ChunkSource):
                     self._scan(tier)
         with self._mutex:
             out: dict[str, Any] = {
-                t.name: dict(t.counters.__dict__, held_bytes=sum(t.held.values()),
-                             shared=int(t.shared))
+                t.name: dict(
+                    t.counters.snapshot(), held_bytes=sum(t.held.values()), shared=int(t.shared)
+                )
                 for t in self.tiers
-            }  # fmt: skip
-            out["origin"] = dict(self.origin_counters.__dict__)
+            }
+            out["origin"] = self.origin_counters.snapshot()
         out["origin"]["ops"] = self.origin.counters.snapshot()
         return out
 
     def close(self) -> None:
         """Stop and join the copy threads; idempotent."""
-        if self._closed:
+        if self._copier.closed:
             return
-        self._closed = True
-        with contextlib.suppress(queue.Empty):  # queued copies are dropped, not waited for
-            while True:
-                dropped = self._queue.get_nowait()
-                with self._mutex:
-                    self._inflight.discard(dropped if dropped is not None else -1)
-        for _ in self._threads:
-            self._queue.put(None)
-        for t in self._threads:
-            t.join()
+        self._copier.close()  # queued copies are dropped, running ones finish
         self.origin.close()
         for tier in self.tiers:
             tier.driver.close()
@@ -505,40 +399,3 @@ class TierStack(ChunkSource):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def disk_tier(path: str | os.PathLike[str], quota: int, shared: bool = False) -> Tier:
-    """A local-disk tier in ``path`` (0700 unless ``shared``)."""
-    return Tier(PosixDriver(Path(path), shared=shared), quota, name=f"disk:{path}")
-
-
-# Figures of a tier that say what it is now, not what it did: not summed over an epoch.
-GAUGES = frozenset({"held_bytes", "shared"})
-
-
-def combine_stats(per_process: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
-    """Tier stats of several processes (DataLoader workers) as one host's: counters add up, and
-    so does each process's own RAM tier; a directory they share is counted once."""
-    out: dict[str, dict[str, float]] = {}
-    for stats in per_process:
-        for tier, counters in stats.items():
-            into = out.setdefault(tier, {})
-            shared = bool(counters.get("shared"))
-            for k, v in counters.items():
-                if not isinstance(v, (int, float)):
-                    continue
-                if shared and k in GAUGES:
-                    into[k] = max(into.get(k, 0), v)  # the freshest look at the one directory
-                else:
-                    into[k] = into.get(k, 0) + v
-    return out
-
-
-def stats_since(
-    now: dict[str, dict[str, float]], base: dict[str, dict[str, float]]
-) -> dict[str, dict[str, float]]:
-    """Counters of ``now`` less those of ``base`` (an epoch's share); gauges as they are now."""
-    return {
-        tier: {k: v if k in GAUGES else v - base.get(tier, {}).get(k, 0) for k, v in c.items()}
-        for tier, c in now.items()
-    }

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
-from tierfeed.loader.batching import read_prefix
-from tierfeed.storage.tiers import combine_stats, stats_since
-from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len
+from tierfeed.loader.resume import done_after, resume_from
+from tierfeed.plan import EpochProgress
+from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 
 __all__ = ["Loader"]
+
+_STATE_VERSION = 2  # 1: per-worker cursors only (same number of workers to resume)
 
 
 class Loader:
@@ -105,31 +107,73 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (as DistributedSampler.set_epoch); clears any resume position."""
         if epoch != self.dataset.epoch:
-            self.dataset.resume = {}
+            self.dataset.resume = None
             self._states = {}
         self.dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """A few plain values: the epoch and each worker's position in its slice of the plan."""
+        """A few plain values: the epoch, and the positions of this rank's order delivered so
+        far (a prefix and the few a deferral moved past it), with the rank and world size.
+
+        Independent of the number of workers: `load_state_dict` resumes it with any. To resume
+        in a job of another world size, give `load_state_dict` every rank's state (gather them
+        with `gather_state_dict`)."""
+        epoch = self.dataset.epoch
+        resume = self.dataset.resume if self._resumes(epoch) else None
+        done = done_after(
+            len(self.dataset.rank_order(epoch)),
+            self.dataset.batch_size,
+            self.dataset.drop_last,
+            None if resume is None else resume.done,
+            max(1, self.num_workers),
+            {w: StreamState.from_dict(s) for w, s in self._states.items()},
+        )
+        world = self.dataset.world
         return {
-            "epoch": self.dataset.epoch,
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "rank": world.rank,
+            "world_size": world.world_size,
             "num_workers": self.num_workers,
             "batch_size": self.dataset.batch_size,
             "drop_last": self.dataset.drop_last,
-            "workers": {str(w): s for w, s in sorted(self._states.items())},
+            "segments": (resume.progress if resume else EpochProgress()).to_list(),
+            "done": done.to_list(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a `state_dict()`: the next iteration delivers the rest of the epoch."""
-        if int(state["num_workers"]) != self.num_workers:
-            raise ConfigError(
-                f"the state was saved with num_workers={state['num_workers']}, this loader has "
-                f"{self.num_workers}; resume with the same number of workers"
-            )
+    def gather_state_dict(self) -> list[dict[str, Any]]:
+        """Every rank's `state_dict`, gathered over torch.distributed's default group (call it
+        on every rank): what `load_state_dict` needs to resume in another world size."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return [self.state_dict()]
+        states: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(states, self.state_dict())
+        return states
+
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Resume from a `state_dict()`: the next iteration delivers the rest of the epoch.
+
+        Any number of workers resumes it. ``state`` may also be every rank's state (a list,
+        `gather_state_dict`): then a job of another world size resumes the epoch, each new
+        rank taking an equal share of what the old ranks had left (padded as
+        DistributedSampler pads), so every sample is still delivered once."""
+        states = [state] if isinstance(state, dict) else list(state)
+        if not states:
+            raise ConfigError("load_state_dict got no state")
+        states = [self._upgraded(s) for s in states]
+        self.dataset.resume = resume_from(states, self.dataset.world, self.dataset.exchange)
+        self.dataset.set_epoch(self.dataset.resume.epoch)
+        self._states = {}
+
+    def _upgraded(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` checked against this loader, in the current layout (a state of the
+        previous layout lists each worker's cursor in its slice of the whole epoch)."""
         # A worker's slice is whole batches of the rank's order: its positions depend on the
         # batch size and drop_last. A state without them (an older tierfeed's workers read
         # every num_workers-th sample) would skip the wrong samples.
-        if state["workers"] and "batch_size" not in state:
+        if "batch_size" not in state:
             raise ConfigError(
                 "the state was saved by an older tierfeed whose workers read other slices of "
                 "the plan, so it cannot resume exactly; call set_epoch() to read that epoch "
@@ -141,14 +185,31 @@ class Loader:
                     f"the state was saved with {key}={state[key]}, this loader's dataset has "
                     f"{getattr(self.dataset, key)}; resume with the same {key}"
                 )
-        self.dataset.set_epoch(int(state["epoch"]))
-        self._states = {int(w): s for w, s in state["workers"].items()}
-        self.dataset.resume = {w: StreamState.from_dict(s) for w, s in self._states.items()}
+        if "done" in state:
+            return state
+        workers = {int(w): StreamState.from_dict(c) for w, c in state["workers"].items()}
+        epoch = int(state["epoch"])
+        n = len(
+            self.dataset.plan.order(epoch, self.dataset.world.rank, self.dataset.world.world_size)
+        )
+        done = done_after(
+            n,
+            self.dataset.batch_size,
+            self.dataset.drop_last,
+            None,
+            max(1, int(state["num_workers"])),
+            workers,
+        )
+        return {**state, "done": done.to_list()}
+
+    def _resumes(self, epoch: int) -> bool:
+        resume = self.dataset.resume
+        return resume is not None and resume.epoch == epoch
 
     def _dataloader(self) -> DataLoader[Batch]:
         """The DataLoader for the next epoch: the running one, unless workers must start anew
         from a resume position (it is given to them when they start)."""
-        if self._loader is None or self.dataset.resume:
+        if self._loader is None or self.dataset.resume is not None:
             self._stop_workers()
             self.dataset.read_across_epochs = True
             self._loader = DataLoader(
@@ -248,12 +309,13 @@ class Loader:
         return None
 
     def _resumed_positions(self) -> int:
-        """Positions of the rank's order read before a resume (a lower bound: a prefix)."""
-        if not self._states:
-            return 0
-        workers = max(1, self.num_workers)
-        cursors = [int(self._states.get(w, {"cursor": 0})["cursor"]) for w in range(workers)]
-        return read_prefix(cursors, self.dataset.batch_size, workers)
+        """Positions of the rank's order read before a resume (a prefix: a lower bound).
+
+        The resumed run reads the positions not done in order, so after it delivers ``d`` of
+        them every position below ``prefix + d`` is done."""
+        epoch = self.dataset.epoch
+        resume = self.dataset.resume
+        return resume.done.prefix if resume is not None and resume.epoch == epoch else 0
 
     def _read_ahead(self) -> int:
         """How far the readers may run ahead of the batches delivered here (positions)."""
@@ -284,14 +346,14 @@ class Loader:
         meter.extra = {
             "system": self.system,
             "guard": totals,
-            "tiers": stats_since(tiers, self._tier_base),
+            "tiers": since(tiers, self._tier_base),
         }
         self._tier_base = tiers  # the processes persist: their counters accumulate
         self.last_epoch = meter.record()
         if self.recorder is not None:
             self.recorder.write(self.last_epoch)
         # The epoch is complete: a state_dict taken now resumes at the next epoch.
-        self.dataset.resume, self._states, self._counters, self._tiers = {}, {}, {}, {}
+        self.dataset.resume, self._states, self._counters, self._tiers = None, {}, {}, {}
         self.dataset.set_epoch(self.dataset.epoch + 1)
 
     def _progress(self, meter: EpochMeter) -> dict[str, Any]:
@@ -310,7 +372,7 @@ class Loader:
 
     def _tier_totals(self) -> dict[str, dict[str, float]]:
         """Tier counters over workers (each worker reports its own process's)."""
-        return combine_stats(list(self._tiers.values()))
+        return combine(list(self._tiers.values()))
 
     def close(self) -> None:
         """Stop the workers and this process's reads; close the run file and metrics server."""

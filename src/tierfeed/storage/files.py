@@ -1,4 +1,8 @@
-"""Read ranges of chunk files in a store directory with one pread each and a bounded fd cache."""
+"""Local files: the bounded descriptor cache, the path check and one pread (O_DIRECT aware).
+
+Every POSIX byte path goes through here: `PosixDriver` reads with `FdCache` and `pread`, and
+`DirectoryChunks` reads through a `PosixDriver`.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,10 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from pathlib import Path, PurePosixPath
 
-from tierfeed.errors import ChunkCorruptError, IndexFormatError, StorageError
-from tierfeed.format.chunkref import ChunkInfo, ChunkSource
+from tierfeed.format.relpath import path_under, safe_chunk_path
 
-__all__ = ["DirectoryChunks", "FdCache", "safe_chunk_path"]
-
-
-def safe_chunk_path(root: Path, name: str, where: Path) -> Path:
-    """``root / name`` after checking that ``name`` cannot resolve outside ``root``."""
-    parts = PurePosixPath(name).parts
-    if not parts or name.startswith("/") or ".." in parts or "\0" in name:
-        raise IndexFormatError(f"{where}: chunk name {name!r} would resolve outside the store")
-    return root.joinpath(*parts)
+__all__ = ["FdCache", "path_under", "pread", "safe_chunk_path"]
 
 
 class _Fd:
@@ -148,78 +142,9 @@ class FdCache:
             self._open.clear()
 
 
-class DirectoryChunks(ChunkSource):
-    """A ChunkSource over chunk files in a directory (the store as packed, or any POSIX path).
-
-    File descriptors are cached (at most ``max_open``) and reference-counted, so a descriptor
-    is never closed while another thread reads through it and its number cannot be reused
-    under a reader.
-
-    With ``direct``, files are opened ``O_DIRECT``: reads bypass the page cache, so a second
-    read of a range does not queue behind a first one that holds its pages locked (hedged
-    reads on FUSE and NFS). Where the file system wants aligned direct reads (EINVAL), this
-    source falls back to buffered reads.
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        chunks: Sequence[ChunkInfo],
-        index_path: Path,
-        max_open: int = 128,
-        direct: bool = False,
-    ) -> None:
-        self.root = root
-        self.chunks = chunks
-        self._paths = [safe_chunk_path(root, c.name, index_path) for c in chunks]
-        self.reads = 0
-        self.bytes_read = 0
-        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
-        self._fds = FdCache(max_open, flags)
-
-    @property
-    def opens(self) -> int:
-        """Chunk files opened so far."""
-        return self._fds.opens
-
-    def open_ahead(self, chunks: Sequence[int]) -> None:
-        """Open these chunks' files in the background, in this order (see FdCache)."""
-        self._fds.open_ahead([os.fspath(self._paths[c]) for c in chunks])
-
-    def read_range(self, chunk: int, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes of ``chunk`` at ``offset`` (one pread)."""
-        info = self.chunks[chunk]
-        if offset + length > info.size:
-            raise IndexFormatError(
-                f"index points past the end of chunk {info.name} (range {offset}+{length} > "
-                f"{info.size} bytes); the index is damaged, re-create it"
-            )
-        path = os.fspath(self._paths[chunk])
-        try:
-            with self._fds.fd(path) as fd:
-                data = _pread(fd, path, length, offset, self._fds.flags)
-        except FileNotFoundError:
-            raise ChunkCorruptError(
-                f"chunk {path} is missing; the store is incomplete (run `tierfeed verify` on it)"
-            ) from None
-        except OSError as exc:
-            raise StorageError(f"{path}: read failed: {exc.strerror}") from None
-        self.reads += 1
-        self.bytes_read += len(data)
-        if len(data) != length:
-            raise ChunkCorruptError(
-                f"chunk {self._paths[chunk]} is truncated: wanted bytes {offset}..{offset + length}"
-                f", got {len(data)}; run `tierfeed verify` and re-pack"
-            )
-        return data
-
-    def close(self) -> None:
-        """Close every cached descriptor not in use (those in use close on release)."""
-        self._fds.close()
-
-
-def _pread(fd: int, path: str, length: int, offset: int, flags: int) -> bytes:
-    """One pread; an unaligned O_DIRECT read refused (EINVAL) goes through the page cache."""
+def pread(fd: int, path: str, length: int, offset: int, flags: int) -> bytes:
+    """One pread of ``fd`` (opened from ``path`` with ``flags``); an unaligned O_DIRECT read
+    the file system refuses (EINVAL) goes through the page cache instead."""
     try:
         return os.pread(fd, length, offset)
     except OSError as exc:

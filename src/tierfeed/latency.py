@@ -1,7 +1,8 @@
 """Seeded latency model for slowed storage: lognormal latency, a stall tail, a bandwidth cap.
 
-Used by the ``slow`` storage driver and by the ``slowfs`` FUSE pass-through, so that
-every comparison in tests and benchmarks runs against the same slowed origin.
+A leaf (no I/O, imports only errors): used by the ``slow`` storage driver and by the
+``slowfs`` FUSE pass-through, so that every comparison in tests and benchmarks runs against
+the same slowed origin.
 """
 
 from __future__ import annotations

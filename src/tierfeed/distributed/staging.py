@@ -23,18 +23,16 @@ from tqdm import tqdm
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.holders import Holdings
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
-from tierfeed.format.chunkref import ChunkInfo, checksum_file, new_hasher
+from tierfeed.format.chunkref import ChunkInfo, checksum_file
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.loader.compose import plan_for
 from tierfeed.plan import PlanSpec
 from tierfeed.publish import publishing
-from tierfeed.storage import PosixDriver
+from tierfeed.storage import PosixDriver, fetch_verified
 from tierfeed.world import World
 
 __all__ = ["StageReport", "local_dir_for", "stage"]
-
-_BLOCK = 8 * 2**20  # bytes per origin read while copying a chunk
 
 
 @dataclass
@@ -97,20 +95,22 @@ def _verified(path: Path, info: ChunkInfo) -> bool:
 
 
 def _copy_chunk(origin: PosixDriver, info: ChunkInfo, target: Path, bar: tqdm[Any]) -> None:
-    """Stream one chunk from the origin to ``target``: hash, check, then rename into place."""
+    """Stream one chunk from the origin to ``target`` with the tier stack's verified copy; it is
+    renamed into place only once its size and checksum matched the index."""
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    hasher = new_hasher()
-    with publishing(target) as out:  # renamed only when the block ends without an error
-        for offset in range(0, info.size, _BLOCK):
-            block = origin.read_range(info.name, offset, min(_BLOCK, info.size - offset))
-            hasher.update(block)
-            out.write(block)
-            bar.update(len(block))
-        if out.size() != info.size or hasher.intdigest() != info.checksum:
-            raise ChunkCorruptError(
-                f"chunk {origin.root / info.name} at the origin does not match the index "
-                "(size or checksum); run `tierfeed verify` on the store and re-pack it"
-            )
+    try:
+        with publishing(target) as out:  # renamed only when the block ends without an error
+
+            def sink(block: bytes) -> None:
+                out.write(block)
+                bar.update(len(block))
+
+            fetch_verified(origin, info, sink=sink)
+    except ChunkCorruptError as exc:
+        raise ChunkCorruptError(
+            f"chunk {origin.root / info.name} at the origin does not match the index (size or "
+            "checksum); run `tierfeed verify` on the store and re-pack it"
+        ) from exc
 
 
 def _copy_index(origin_index: Path, local: Path) -> None:

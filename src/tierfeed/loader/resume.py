@@ -1,0 +1,119 @@
+"""Where a rank stands in an epoch, whatever its number of workers or the job's world size.
+
+A worker's `StreamState` says which positions of *its* slice it delivered. `done_after` turns
+every worker's state into the positions of the *rank's* order that need no more delivery (a
+`Done`: a prefix and the few positions deferrals left beyond it), which no longer depends on
+how many workers read it. A resumed run reads the rest (`run_positions`) dealt in whole batches
+to however many workers it has; a job restarted with another world size adds the old ranks'
+`Done`s as a segment of the epoch's `EpochProgress` and splits what is left across its ranks
+(`tierfeed.plan.progress`). Either way every sample is delivered once per epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.errors import ConfigError
+from tierfeed.loader.batching import batch_count, worker_positions
+from tierfeed.loader.stream import StreamState
+from tierfeed.plan.progress import Done, EpochProgress
+from tierfeed.world import World
+
+__all__ = ["Resume", "done_after", "resume_from", "run_positions", "worker_run"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where an iteration of ``epoch`` starts: after the segments of ``progress`` (earlier world
+    sizes), at the rank's ``done`` positions of the current segment's order."""
+
+    epoch: int
+    progress: EpochProgress = field(default_factory=EpochProgress)
+    done: Done = field(default_factory=Done)
+
+
+def _used(n: int, batch_size: int, drop_last: bool) -> int:
+    """Positions of a rank's order of ``n`` that an epoch reads at all."""
+    return batch_count(n, batch_size, True) * batch_size if drop_last else n
+
+
+def run_positions(n: int, batch_size: int, drop_last: bool, done: Done | None) -> IntArray:
+    """Positions of a rank's order of ``n`` that a run reads: not done, and not in the short
+    last batch that drop_last drops."""
+    used = _used(n, batch_size, drop_last)
+    positions = np.arange(used, dtype=np.int64)
+    return positions if done is None else positions[~done.mask(used)]
+
+
+def worker_run(run: IntArray, batch_size: int, worker: int, num_workers: int) -> IntArray:
+    """The positions of ``run`` that ``worker`` reads: its whole batches, dealt in turn."""
+    return run[worker_positions(len(run), batch_size, worker, num_workers, False)]
+
+
+def done_after(
+    n: int,
+    batch_size: int,
+    drop_last: bool,
+    before: Done | None,
+    num_workers: int,
+    states: Mapping[int, StreamState],
+) -> Done:
+    """The rank's done positions after a run that started at ``before`` and whose workers stand
+    at ``states`` (a worker with no state delivered nothing). The dropped short batch counts
+    as done: this epoch never delivers it."""
+    run = run_positions(n, batch_size, drop_last, before)
+    mask = np.zeros(n, dtype=bool) if before is None else before.mask(n)
+    mask[_used(n, batch_size, drop_last) :] = True
+    for worker, state in states.items():
+        mine = worker_run(run, batch_size, worker, num_workers)
+        mask[mine[: state.cursor]] = True
+        ahead = np.asarray(state.ahead, dtype=np.int64)
+        mask[mine[ahead[ahead < len(mine)]]] = True
+    return Done.of(mask)
+
+
+def resume_from(
+    states: Sequence[Mapping[str, Any]], world: World, exchange: object | None = None
+) -> Resume:
+    """Where this rank resumes from saved loader states (``Loader.state_dict()`` values).
+
+    One state: this rank's own, saved in a world of the same size. Every old rank's state: the
+    epoch goes on in ``world`` whatever its size (each new rank takes an equal share of what
+    was left), except with a sample exchange, whose partitions assume the same world.
+    """
+    epochs = {int(s["epoch"]) for s in states}
+    if len(epochs) != 1:
+        raise ConfigError(
+            f"the states are of different epochs {sorted(epochs)}; save them together"
+        )
+    epoch = epochs.pop()
+    old_world = {int(s.get("world_size", world.world_size)) for s in states}
+    progress = {repr(s.get("segments", [])) for s in states}
+    if len(old_world) != 1 or len(progress) != 1:
+        raise ConfigError("the states come from different jobs (world sizes or restarts differ)")
+    size = old_world.pop()
+    before = EpochProgress.from_list(states[0].get("segments", []))
+    by_rank = {int(s.get("rank", world.rank)): s for s in states}
+    if size == world.world_size and world.rank in by_rank:
+        return Resume(epoch, before, Done.from_list(by_rank[world.rank]["done"]))
+    if sorted(by_rank) != list(range(size)):
+        have = ", ".join(str(r) for r in sorted(by_rank))
+        raise ConfigError(
+            f"the state was saved by rank(s) {have} of a job of {size} ranks; this is rank "
+            f"{world.rank} of {world.world_size}: to resume in another world size give "
+            "load_state_dict every old rank's state (Loader.gather_state_dict() on every rank)"
+        )
+    if size != world.world_size and exchange is not None:
+        raise ConfigError(
+            f"a job with a sample exchange resumes in the same world size ({size} ranks, this "
+            f"job has {world.world_size}); call set_epoch() to start the next epoch instead"
+        )
+    dones = [Done.from_list(by_rank[r]["done"]) for r in range(size)]
+    return Resume(epoch, before.then(size, dones), Done())

@@ -1,0 +1,158 @@
+"""Background copies: a bounded queue of chunks, the set in flight, and the threads that copy.
+
+`TierStack` owns one `Copier` and hands it a function that copies one chunk; the copier only
+decides when that runs and on which thread. A chunk is queued once while in flight; a full
+queue refuses (the caller has served its read already and a later miss asks again). A copy
+that raises is reported to ``failed`` and its thread goes on with the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from tierfeed.errors import StorageError
+
+__all__ = ["Copier"]
+
+_log = logging.getLogger("tierfeed.tiers")
+
+
+def _always(chunk: int) -> bool:
+    return True
+
+
+def _log_failure(chunk: int, exc: Exception) -> None:
+    _log.warning("copy of chunk %d failed: %r", chunk, exc)
+
+
+class Copier:
+    """Runs ``copy(chunk)`` on named background threads, once per chunk in flight.
+
+    Args:
+        copy: copies one chunk; any exception it raises goes to ``failed``.
+        threads: copy threads, named ``{name}-0``, ``{name}-1``, ...
+        queue_size: the most chunks waiting; `schedule` refuses further ones.
+        name: prefix of the threads' names.
+        needed: whether a chunk still wants copying (False: it is in place already). Asked
+            after the chunk is marked in flight, so a copy that publishes before it leaves the
+            in-flight set is seen and not repeated.
+        failed: told of every copy that raised (count it, log it); must not raise.
+    """
+
+    def __init__(
+        self,
+        copy: Callable[[int], None],
+        threads: int,
+        queue_size: int,
+        name: str = "tierfeed-copy",
+        *,
+        needed: Callable[[int], bool] = _always,
+        failed: Callable[[int, Exception], None] = _log_failure,
+    ) -> None:
+        self._copy = copy
+        self._needed = needed
+        self._failed = failed
+        self._lock = threading.Lock()  # guards the in-flight set only
+        self._inflight: set[int] = set()
+        self._queue: queue.Queue[int | None] = queue.Queue(queue_size)
+        self._closed = False
+        self.threads = [
+            threading.Thread(target=self._worker, name=f"{name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for t in self.threads:
+            t.start()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called: `schedule` refuses from then on."""
+        return self._closed
+
+    @property
+    def inflight(self) -> int:
+        """How many chunks are queued or being copied."""
+        with self._lock:
+            return len(self._inflight)
+
+    def schedule(self, chunk: int) -> bool:
+        """Queue a copy of ``chunk``; False if it is in flight, not needed, the queue is full,
+        or the copier is closed."""
+        if self._closed:
+            return False
+        with self._lock:
+            if chunk in self._inflight:
+                return False
+            self._inflight.add(chunk)
+        try:
+            if not self._needed(chunk):
+                self._done(chunk)
+                return False
+            self._queue.put_nowait(chunk)
+        except queue.Full:
+            self._done(chunk)
+            return False
+        except BaseException:
+            self._done(chunk)
+            raise
+        return True
+
+    def _done(self, chunk: int) -> None:
+        with self._lock:
+            self._inflight.discard(chunk)
+
+    def _worker(self) -> None:
+        while True:
+            chunk = self._queue.get()
+            if chunk is None:
+                return
+            try:
+                self._copy(chunk)
+            except Exception as exc:  # the read path still serves from the origin
+                try:
+                    self._failed(chunk, exc)
+                except Exception:
+                    _log.exception("reporting a failed copy of chunk %d failed", chunk)
+            finally:
+                self._done(chunk)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait until queued copies are done, at most ``timeout`` seconds; returns at once when
+        closed.
+
+        Raises:
+            StorageError: copies are still running after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._inflight or self._closed:
+                    return
+            time.sleep(0.005)
+        raise StorageError(f"tier copies still running after {timeout} s")
+
+    def close(self) -> None:
+        """Drop the queued copies, let the running ones finish, and join the threads;
+        idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(queue.Empty):  # queued copies are dropped, not waited for
+            while True:
+                dropped = self._queue.get_nowait()
+                if dropped is not None:
+                    self._done(dropped)
+        for _ in self.threads:
+            self._queue.put(None)
+        for t in self.threads:
+            t.join()
+
+    def __enter__(self) -> Copier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

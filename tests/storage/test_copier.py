@@ -1,0 +1,82 @@
+"""The background copier: queued once while in flight, bounded, survives failures, closes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tierfeed.errors import StorageError
+from tierfeed.storage.copier import Copier
+
+
+@pytest.mark.timeout(30)
+def test_a_chunk_is_queued_once_while_in_flight_and_copied() -> None:
+    release = threading.Event()
+    copied: list[int] = []
+
+    def copy(chunk: int) -> None:
+        release.wait(10)
+        copied.append(chunk)
+
+    with Copier(copy, threads=1, queue_size=4) as copier:
+        assert copier.schedule(7)
+        assert not copier.schedule(7)  # in flight
+        assert copier.inflight == 1
+        release.set()
+        copier.drain(10)
+        assert copied == [7] and copier.inflight == 0
+        assert copier.schedule(7)  # done: may be queued again
+        copier.drain(10)
+    assert copied == [7, 7]
+
+
+@pytest.mark.timeout(30)
+def test_a_full_queue_refuses_and_drain_waits_at_most_its_timeout() -> None:
+    release = threading.Event()
+
+    def copy(chunk: int) -> None:
+        release.wait(10)
+
+    copier = Copier(copy, threads=1, queue_size=1)
+    try:
+        assert copier.schedule(0)  # taken by the thread, or waiting
+        results = [copier.schedule(c) for c in range(1, 4)]
+        assert results.count(True) <= 1 and results[-1] is False
+        with pytest.raises(StorageError, match="still running"):
+            copier.drain(0.05)
+    finally:
+        release.set()
+        copier.close()
+
+
+@pytest.mark.timeout(30)
+def test_threads_survive_failures_and_each_is_reported() -> None:
+    failures: list[tuple[int, str]] = []
+
+    def copy(chunk: int) -> None:
+        raise ValueError(f"injected {chunk}")
+
+    def failed(chunk: int, exc: Exception) -> None:
+        failures.append((chunk, str(exc)))
+        if chunk == 1:
+            raise RuntimeError("a bad reporter does not kill the thread either")
+
+    with Copier(copy, threads=2, queue_size=8, name="t-copy", failed=failed) as copier:
+        for c in range(4):
+            assert copier.schedule(c)
+        copier.drain(10)
+        assert sorted(failures) == [(c, f"injected {c}") for c in range(4)]
+        assert [t.name for t in copier.threads] == ["t-copy-0", "t-copy-1"]
+        assert all(t.is_alive() for t in copier.threads)
+
+
+@pytest.mark.timeout(30)
+def test_not_needed_is_not_queued_and_close_is_idempotent() -> None:
+    copier = Copier(lambda _: None, threads=2, queue_size=4, needed=lambda c: c != 3)
+    assert not copier.schedule(3) and copier.inflight == 0
+    copier.close()
+    copier.close()
+    assert copier.closed and not copier.schedule(1)
+    assert not any(t.is_alive() for t in copier.threads)
+    copier.drain(0.01)  # closed: returns at once
