@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample
 from tierfeed.latency import LatencyModel
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.slowfs import SlowFS, SlowFSOptions
+from tierfeed.storage.store import Sample
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.torch import Dataset, Loader
 

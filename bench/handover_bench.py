@@ -26,8 +26,8 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader, IterableDataset
 
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample
 from tierfeed.loader import PrefetchOptions
+from tierfeed.storage.store import Sample
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.torch import Dataset, Loader
 

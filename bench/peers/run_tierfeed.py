@@ -22,7 +22,7 @@ import torch
 
 from bench.peers.common import measure, parse_read, run_command, tree_bytes
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample
+from tierfeed.storage.store import Sample
 from tierfeed.torch import Dataset, Loader, TierConfig
 
 

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING, Any
 from tierfeed.errors import TierfeedError
 
 if TYPE_CHECKING:
-    from tierfeed.format.chunkref import ChunkInfo, ChunkSource
+    from tierfeed.format.chunkref import ChunkInfo
     from tierfeed.format.index import Index
     from tierfeed.format.optimize import optimize
     from tierfeed.format.pack import PackOptions, PackReport, pack
     from tierfeed.format.shards import index_shards
-    from tierfeed.format.store import PathStat, Sample, Store
     from tierfeed.format.verify import verify_store
     from tierfeed.format.writer import Writer, WriteReport
     from tierfeed.loader.compose import open_store
+    from tierfeed.storage.source import ChunkSource
+    from tierfeed.storage.store import PathStat, Sample, Store
     from tierfeed.world import World
 
 __version__ = "0.1.0"
@@ -49,16 +50,16 @@ __all__ = [
 # name -> the module defining it, imported when the name is first used.
 _LAZY = {
     "ChunkInfo": "tierfeed.format.chunkref",
-    "ChunkSource": "tierfeed.format.chunkref",
+    "ChunkSource": "tierfeed.storage.source",
     "Index": "tierfeed.format.index",
     "optimize": "tierfeed.format.optimize",
     "PackOptions": "tierfeed.format.pack",
     "PackReport": "tierfeed.format.pack",
     "pack": "tierfeed.format.pack",
     "index_shards": "tierfeed.format.shards",
-    "PathStat": "tierfeed.format.store",
-    "Sample": "tierfeed.format.store",
-    "Store": "tierfeed.format.store",
+    "PathStat": "tierfeed.storage.store",
+    "Sample": "tierfeed.storage.store",
+    "Store": "tierfeed.storage.store",
     "open_store": "tierfeed.loader.compose",
     "verify_store": "tierfeed.format.verify",
     "WriteReport": "tierfeed.format.writer",

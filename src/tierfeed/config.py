@@ -9,7 +9,7 @@ from pathlib import Path
 from tierfeed.errors import ConfigError
 from tierfeed.world import World
 
-__all__ = ["default_cache_dir", "world_for", "world_from_env"]
+__all__ = ["default_cache_dir", "gloo_on_loopback_if_local", "world_for", "world_from_env"]
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -52,3 +52,11 @@ def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(explicit)
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "tierfeed"
+
+
+def gloo_on_loopback_if_local(env: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """Every rank on this host (torchrun --standalone, MASTER_ADDR local): let gloo use the
+    loopback device unless GLOO_SOCKET_IFNAME says otherwise."""
+    env = os.environ if env is None else env
+    if env.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -26,10 +26,10 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample
 from tierfeed.latency import LatencyModel
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.slowfs import SlowFS
+from tierfeed.storage.store import Sample
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.telemetry import EpochMeter, RunRecorder
 from tierfeed.telemetry.report import draw_report

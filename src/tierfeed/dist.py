@@ -23,6 +23,9 @@ for _info in pkgutil.iter_modules(_new.__path__):
         f"{_new.__name__}.{_info.name}"
     )
 
+# Modules renamed since: the old module names give the new modules.
+sys.modules[f"{__name__}.stage"] = importlib.import_module(f"{_new.__name__}.staging")
+
 __path__: list[str] = []  # a package to the import system: its submodules are the aliases above
 __all__ = list(_new.__all__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from tierfeed.distributed import Comm, ExchangeOptions, Namespace, stage
-from tierfeed.format.store import Sample
 from tierfeed.loader import PrefetchOptions
+from tierfeed.storage.store import Sample
 
 
 def decode(s: Sample) -> torch.Tensor:

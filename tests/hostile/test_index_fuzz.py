@@ -22,9 +22,9 @@ from tierfeed.errors import TierfeedError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME, SECTIONS, TREE_SECTIONS
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Store
 from tierfeed.format.verify import summarize, verify_store
 from tierfeed.loader.compose import open_store
+from tierfeed.storage.store import Store
 
 ALL_SECTIONS = SECTIONS | TREE_SECTIONS  # the pristine store is packed: it has the tree
 pytestmark = pytest.mark.timeout(120)

@@ -18,8 +18,8 @@ from tierfeed.errors import IndexFormatError, NotFoundError
 from tierfeed.format.index import Index, write_index
 from tierfeed.format.layout import INDEX_NAME, TREE_SECTIONS
 from tierfeed.format.pack import pack
-from tierfeed.format.store import Store
 from tierfeed.loader.compose import open_store
+from tierfeed.storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 

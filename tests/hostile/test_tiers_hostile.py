@@ -18,7 +18,6 @@ from tierfeed.errors import ChunkCorruptError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions
-from tierfeed.format.store import Store
 from tierfeed.storage import (
     DirectoryChunks,
     MemoryDriver,
@@ -28,6 +27,7 @@ from tierfeed.storage import (
     TierStack,
     disk_tier,
 )
+from tierfeed.storage.store import Store
 from tierfeed.storage.tiers import cache_key
 
 FILES = {f"c{i % 3}/s{i:03d}.bin".encode(): bytes([i % 251]) * (700 + 37 * i) for i in range(90)}

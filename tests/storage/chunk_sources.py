@@ -15,10 +15,10 @@ import numpy as np
 
 from tests.format.conftest import write_tree
 from tierfeed.distributed.namespace import NamespaceDriver
-from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.storage import DirectoryChunks, MemoryDriver, PosixDriver, Tier, TierStack, disk_tier
+from tierfeed.storage.source import ChunkSource
 
 Factory = Callable[[Index, Path], ChunkSource]
 

@@ -11,10 +11,8 @@ import torch
 
 from tests.format.conftest import write_tree
 from tierfeed.distributed.namespace import NamespaceDriver
-from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample, Store
 from tierfeed.storage import (
     DirectoryChunks,
     MemoryDriver,
@@ -23,6 +21,8 @@ from tierfeed.storage import (
     TierStack,
     disk_tier,
 )
+from tierfeed.storage.source import ChunkSource
+from tierfeed.storage.store import Sample, Store
 from tierfeed.torch import Dataset, Loader
 
 N = 40  # samples: c{i % 2}/s{i:04d}.txt holding the number i

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from tests.storage.chunk_sources import SOURCES, build_store
 from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError, TierfeedError
-from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
 from tierfeed.storage import Driver
+from tierfeed.storage.source import ChunkSource
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,8 +85,11 @@ def test_paths_cannot_escape(make_driver: Callable[..., Driver]) -> None:
     d = make_driver()
     if type(d).__name__ == "MemoryDriver" or type(d).__name__ == "SlowDriver":
         return  # keys in a dict: no file system to escape
-    with pytest.raises(StorageError):
-        d.write("../escape.tar", b"x")
+    for path in ("../escape.tar", "a/../../escape.tar", "/etc/escape.tar", "a\0b.tar", ""):
+        with pytest.raises(StorageError):
+            d.write(path, b"x")
+        with pytest.raises(StorageError):
+            d.read_range(path, 0, 1)
 
 
 # --- ChunkSource conformance: every source in SOURCES serves the same bytes ---------------

@@ -16,10 +16,10 @@ from tests.format.conftest import write_tree
 from tierfeed.errors import ChunkCorruptError
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Store
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
 from tierfeed.storage.shared_dir import copy_claim
+from tierfeed.storage.store import Store
 from tierfeed.storage.tiers import cache_key, disk_tier
 
 pytestmark = pytest.mark.timeout(90)

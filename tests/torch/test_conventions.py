@@ -20,12 +20,12 @@ from tests.torch.conftest import N
 from tests.torch.test_loader import PermPlan, decode, slow_store, values, values_of
 from tierfeed.errors import ChunkCorruptError, ConfigError, TierfeedError
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, DecodeError, PrefetchOptions, decode_sample
 from tierfeed.loader.batching import batch_count, worker_positions
 from tierfeed.loader.compose import open_store
 from tierfeed.loader.readers import Readers
 from tierfeed.storage import DirectoryChunks
+from tierfeed.storage.store import Sample, Store
 from tierfeed.torch import Dataset, Loader
 
 # --- whole batches to workers (pure) ------------------------------------------------------

@@ -21,7 +21,7 @@ def _rank(rank: int, world: int, port: int, store: str, out: str, plan: str) -> 
     import torch
     import torch.distributed as dist
 
-    from tierfeed.format.store import Sample
+    from tierfeed.storage.store import Sample
     from tierfeed.torch import Dataset, Loader
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")

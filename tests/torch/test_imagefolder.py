@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, DecodeError, NotFoundError
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Sample
 from tierfeed.loader.compose import open_store
+from tierfeed.storage.store import Sample
 from tierfeed.synth import SynthSpec, make_imagefolder
 from tierfeed.torch import IMG_EXTENSIONS, ImageFolder
 

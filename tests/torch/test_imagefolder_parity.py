@@ -25,8 +25,8 @@ from tierfeed.errors import ConfigError, NotFoundError
 from tierfeed.format.index import Index, IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.format.store import Store
 from tierfeed.loader.compose import open_store
+from tierfeed.storage.store import Store
 from tierfeed.torch import IMG_EXTENSIONS, ImageFolder
 from tierfeed.torch.imagefolder import make_dataset
 

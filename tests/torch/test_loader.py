@@ -16,9 +16,9 @@ import torch
 
 from tests.torch.conftest import N
 from tierfeed.format.index import Index
-from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.storage import DirectoryChunks
+from tierfeed.storage.store import Sample, Store
 from tierfeed.telemetry import read_records
 from tierfeed.torch import Dataset, Loader
 from tierfeed.torch.dataset import Batch

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 from typing import Any
 
 from tierfeed.errors import ConfigError, ExchangeError
@@ -21,7 +20,7 @@ def _run(args: argparse.Namespace) -> int:
             f"stage needs PyTorch ({exc}); install torch (https://pytorch.org/get-started)"
         ) from None
 
-    from tierfeed.config import world_from_env
+    from tierfeed.config import gloo_on_loopback_if_local, world_from_env
     from tierfeed.distributed.comm import Comm
     from tierfeed.distributed.staging import stage
 
@@ -30,8 +29,7 @@ def _run(args: argparse.Namespace) -> int:
     own_group = False
     if world.world_size > 1:
         if not dist.is_initialized():
-            if _loopback_only():
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            gloo_on_loopback_if_local()
             try:
                 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
             except (RuntimeError, ValueError) as exc:  # no rendezvous: MASTER_ADDR/PORT wrong
@@ -52,11 +50,6 @@ def _run(args: argparse.Namespace) -> int:
     if world.rank == 0:
         print(json.dumps(report.to_dict()) if args.json else report.summary())
     return 0
-
-
-def _loopback_only() -> bool:
-    """Every rank on this host (torchrun --standalone): gloo should use the loopback device."""
-    return os.environ.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost")
 
 
 def register(sub: Any) -> None:

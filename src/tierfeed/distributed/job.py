@@ -25,9 +25,9 @@ from tierfeed.distributed.exchanger import ExchangeOptions, Exchanger
 from tierfeed.distributed.holders import Holdings
 from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir
 from tierfeed.format.index import Index
-from tierfeed.format.store import Store
 from tierfeed.loader.compose import TierConfig, plan_for, tier_stack
 from tierfeed.plan import Plan, PlanSpec
+from tierfeed.storage.store import Store
 from tierfeed.world import World
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.exchanger import ExchangeOptions
 from tierfeed.distributed.job import Namespace
 from tierfeed.errors import ConfigError
-from tierfeed.format.store import Store
 from tierfeed.plan import PlanSpec
+from tierfeed.storage.store import Store
 
 __all__ = ["Scheduler"]
 

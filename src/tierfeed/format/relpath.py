@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from tierfeed.errors import IndexFormatError, TierfeedError
 
-__all__ = ["path_under", "safe_chunk_path"]
+__all__ = ["path_under", "relative_parts", "safe_chunk_path"]
 
 
 def path_under(root: Path, name: str, refuse: Callable[[], TierfeedError]) -> Path:
@@ -26,10 +26,16 @@ def path_under(root: Path, name: str, refuse: Callable[[], TierfeedError]) -> Pa
         The error ``refuse`` builds: ``name`` is empty or absolute, has a ``..`` part, or
         holds a NUL byte.
     """
+    return root.joinpath(*relative_parts(name, refuse))
+
+
+def relative_parts(name: str, refuse: Callable[[], TierfeedError]) -> tuple[str, ...]:
+    """The parts of the relative POSIX path ``name``, after the checks of `path_under` (for
+    roots that are not local directories: an object store's prefix)."""
     parts = PurePosixPath(name).parts
     if not parts or name.startswith("/") or ".." in parts or "\0" in name:
         raise refuse()
-    return root.joinpath(*parts)
+    return parts
 
 
 def safe_chunk_path(root: Path, name: str, where: Path) -> Path:

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
-from tierfeed.format.store import Store
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import (
     DirectoryChunks,
@@ -27,6 +25,8 @@ from tierfeed.storage import (
     TierStack,
     disk_tier,
 )
+from tierfeed.storage.source import ChunkSource
+from tierfeed.storage.store import Store
 
 __all__ = ["StoreOpener", "TierConfig", "open_store", "plan_for", "tier_stack"]
 

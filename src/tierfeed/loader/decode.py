@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tierfeed.errors import DecodeError, TierfeedError
-from tierfeed.format.store import Sample, Store
+from tierfeed.storage.store import Sample, Store
 
 __all__ = ["DecodeError", "decode_sample", "describe_sample"]
 

@@ -25,9 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError, StorageError
-from tierfeed.format.chunkref import ChunkSource
 from tierfeed.format.index import Index
-from tierfeed.format.store import Sample, Store
 from tierfeed.loader.batching import batch_count
 from tierfeed.loader.compose import StoreOpener
 from tierfeed.loader.decode import decode_sample, describe_sample
@@ -37,6 +35,8 @@ from tierfeed.loader.resume import Resume, run_positions, worker_run
 from tierfeed.loader.stream import GuardedStream, PrefetchOptions
 from tierfeed.plan import Plan, remaining_order
 from tierfeed.storage import DirectoryChunks
+from tierfeed.storage.source import ChunkSource
+from tierfeed.storage.store import Sample, Store
 from tierfeed.world import World
 
 __all__ = ["Batch", "EpochExchange", "Feed", "OrderPlan"]

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tierfeed.format.store import Sample, Store
 from tierfeed.loader.decode import decode_sample
 from tierfeed.loader.stream import HEDGE_THREADS
+from tierfeed.storage.store import Sample, Store
 
 __all__ = ["Readers"]
 

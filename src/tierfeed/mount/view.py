@@ -24,7 +24,7 @@ from typing import Any
 import mfusepy
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, TierfeedError
-from tierfeed.format.store import PathStat, Store
+from tierfeed.storage.store import PathStat, Store
 from tierfeed.telemetry.histogram import LatencyHistogram
 
 __all__ = [

@@ -8,13 +8,13 @@ import os
 import threading
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import mfusepy
 
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.latency import LatencyModel, LatencySampler
+from tierfeed.publish import publish
 from tierfeed.slowfs.options import SlowFSOptions
 from tierfeed.slowfs.stats import STATS_DIR, STATS_PATH, Counters, SlowFSStats
 
@@ -285,12 +285,6 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
         raise _refused()
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def serve(
     src: str | os.PathLike[str],
     mountpoint: str | os.PathLike[str],
@@ -338,5 +332,5 @@ def serve(
             ) from None
     final = ops.counters.snapshot()
     if stats_file is not None:
-        _write_atomically(Path(stats_file), json.dumps(ops.status(), indent=1) + "\n")
+        publish(stats_file, (json.dumps(ops.status(), indent=1) + "\n").encode(), fsync=False)
     return final

@@ -1,4 +1,5 @@
-"""Storage: drivers (posix, memory, fsspec, slow), placement policies and the tier stack."""
+"""Storage: every byte path. Chunk sources and the Store reading through them, drivers (posix,
+memory, fsspec, slow), the verified copy, placement policies and the tier stack."""
 
 from __future__ import annotations
 
@@ -13,18 +14,24 @@ from tierfeed.storage.fetch import fetch_verified
 from tierfeed.storage.memory import MemoryDriver
 from tierfeed.storage.posix import PosixDriver
 from tierfeed.storage.slow import SlowDriver
+from tierfeed.storage.source import ChunkSource
+from tierfeed.storage.store import PathStat, Sample, Store
 from tierfeed.storage.tiers import Tier, TierOptions, TierStack, disk_tier
 
 __all__ = [
     "DRIVERS",
+    "ChunkSource",
     "DirectoryChunks",
     "Driver",
     "LatencyModel",
     "LatencySampler",
     "MemoryDriver",
     "OpCounters",
+    "PathStat",
     "PosixDriver",
+    "Sample",
     "SlowDriver",
+    "Store",
     "Tier",
     "TierOptions",
     "TierStack",

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
-from tierfeed.format.chunkref import ChunkInfo, ChunkSource
+from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.storage.files import safe_chunk_path
 from tierfeed.storage.posix import PosixDriver
+from tierfeed.storage.source import ChunkSource
 
 __all__ = ["DirectoryChunks"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tierfeed.errors import ConfigError, NotFoundError, StorageError
+from tierfeed.format.relpath import relative_parts
 from tierfeed.storage.driver import Driver
 
 __all__ = ["FsspecDriver"]
@@ -33,9 +34,10 @@ class FsspecDriver(Driver):
         self.name = f"fsspec:{url}"
 
     def _full(self, path: str) -> str:
-        if path.startswith("/") or ".." in path.split("/"):
-            raise StorageError(f"{self}: path {path!r} would leave the root")
-        return f"{self.root}/{path}"
+        parts = relative_parts(
+            path, lambda: StorageError(f"{self}: path {path!r} would leave the root")
+        )
+        return "/".join((self.root, *parts))
 
     def _fail(self, path: str, exc: Exception) -> StorageError:
         if isinstance(exc, FileNotFoundError):

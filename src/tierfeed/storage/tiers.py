@@ -28,12 +28,13 @@ from typing import Any
 import numpy.typing as npt
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
-from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
+from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.storage.copier import Copier
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key, disk_tier
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import fetch_verified
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
+from tierfeed.storage.source import ChunkSource
 
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 

@@ -16,12 +16,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from tierfeed.config import world_for, world_from_env
-from tierfeed.format.chunkref import ChunkSource
-from tierfeed.format.store import Sample, Store
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for
 from tierfeed.loader.feed import Batch, EpochExchange, Feed, OrderPlan
 from tierfeed.plan import PlanSpec
+from tierfeed.storage.source import ChunkSource
+from tierfeed.storage.store import Sample, Store
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]

@@ -22,8 +22,8 @@ from torch.utils.data import Dataset
 from tierfeed.errors import ConfigError, DecodeError, NotFoundError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.store import Store
 from tierfeed.loader.compose import open_store
+from tierfeed.storage.store import Store
 
 __all__ = [
     "IMG_EXTENSIONS",

@@ -7,9 +7,10 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
-from tierfeed.format.chunkref import ChunkInfo, ChunkSource, checksum_bytes
+from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.format.names import field_name
+from tierfeed.storage.source import ChunkSource
 
 __all__ = ["PathStat", "Sample", "Store"]
 
