@@ -165,3 +165,15 @@ def train_with_ram(
         local = int(ns.holdings.local_to(rank).sum())
     comm.close()
     return {"seen": seen, "tiers": stats, "planned": planned, "local_chunks": local}
+
+
+def read_then_gather(rank: int, world: int, store: str, batches: int) -> dict[str, Any]:
+    """Read ``batches`` batches of epoch 0 (the world from torch.distributed), then gather
+    every rank's loader state, as a job checkpointing before a resize would."""
+    from tierfeed.torch import Dataset, Loader
+
+    loader = Loader(Dataset(store, "global", batch_size=4, decode=decode), num_workers=0)
+    seen = [int(v) for _, batch in zip(range(batches), loader, strict=False) for v in batch]
+    states = loader.gather_state_dict()
+    loader.close()
+    return {"seen": seen, "states": states}

@@ -117,6 +117,19 @@ def test_another_world_needs_every_ranks_state(store_dir: Path) -> None:
     new.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_state_names_its_plan_and_another_plan_is_refused(store_dir: Path) -> None:
+    old = loader(store_dir, 0, "global")
+    list(itertools.islice(iter(old), 2))
+    state = old.state_dict()
+    old.close()
+    assert state["plan"]["spec"] == "global" and state["plan"]["seed"] == 0
+    other = Loader(Dataset(store_dir, PlanSpec("global", seed=7), batch_size=8, decode=decode))
+    with pytest.raises(ConfigError, match="resume with the same plan"):
+        other.load_state_dict(state)  # its positions would name other samples
+    other.close()
+
+
 # --- the bookkeeping, over shapes (no DataLoader) -----------------------------------------
 
 

@@ -21,10 +21,19 @@ import numpy.typing as npt
 from tierfeed.errors import ConfigError
 from tierfeed.loader.batching import batch_count, worker_positions
 from tierfeed.loader.stream import StreamState
-from tierfeed.plan.progress import Done, EpochProgress
+from tierfeed.plan import Plan
+from tierfeed.plan.progress import Done, EpochProgress, PlanState
 from tierfeed.world import World
 
-__all__ = ["Resume", "done_after", "resume_from", "run_positions", "worker_run"]
+__all__ = [
+    "Resume",
+    "check_plan",
+    "done_after",
+    "rank_state",
+    "resume_from",
+    "run_positions",
+    "worker_run",
+]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -79,6 +88,43 @@ def done_after(
     return Done.of(mask)
 
 
+def rank_state(
+    plan: object, epoch: int, progress: EpochProgress, done: Done, world: World
+) -> dict[str, Any]:
+    """The plain values a rank's loader state holds of the plan: the epoch's progress (a
+    `PlanState`, with the plan's spec, seed and drop_last, when the plan is a tierfeed `Plan`)
+    and this rank's `Done`."""
+    state: dict[str, Any] = {"rank": world.rank, "world_size": world.world_size}
+    if isinstance(plan, Plan):
+        state["plan"] = PlanState(plan.spec, epoch, progress).state_dict()
+    else:
+        state["segments"] = progress.to_list()
+    return {**state, "done": done.to_list()}
+
+
+def check_plan(state: Mapping[str, Any], plan: object) -> None:
+    """Refuse a state saved reading another plan: its positions would name other samples."""
+    if "plan" not in state or not isinstance(plan, Plan):
+        return
+    saved = PlanState.from_state_dict(state["plan"]).spec
+    if (str(saved), saved.seed, saved.drop_last) != (
+        str(plan.spec),
+        plan.spec.seed,
+        plan.spec.drop_last,
+    ):
+        raise ConfigError(
+            f"the state was saved reading plan {saved} (seed {saved.seed}, drop_last "
+            f"{saved.drop_last}); this loader reads {plan.spec} (seed {plan.spec.seed}, "
+            f"drop_last {plan.spec.drop_last}): resume with the same plan"
+        )
+
+
+def _progress_of(state: Mapping[str, Any]) -> EpochProgress:
+    if "plan" in state:
+        return PlanState.from_state_dict(state["plan"]).progress
+    return EpochProgress.from_list(state.get("segments", []))
+
+
 def resume_from(
     states: Sequence[Mapping[str, Any]], world: World, exchange: object | None = None
 ) -> Resume:
@@ -95,11 +141,11 @@ def resume_from(
         )
     epoch = epochs.pop()
     old_world = {int(s.get("world_size", world.world_size)) for s in states}
-    progress = {repr(s.get("segments", [])) for s in states}
+    progress = {repr(_progress_of(s).to_list()) for s in states}
     if len(old_world) != 1 or len(progress) != 1:
         raise ConfigError("the states come from different jobs (world sizes or restarts differ)")
     size = old_world.pop()
-    before = EpochProgress.from_list(states[0].get("segments", []))
+    before = _progress_of(states[0])
     by_rank = {int(s.get("rank", world.rank)): s for s in states}
     if size == world.world_size and world.rank in by_rank:
         return Resume(epoch, before, Done.from_list(by_rank[world.rank]["done"]))

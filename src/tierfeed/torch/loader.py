@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
-from tierfeed.loader.resume import done_after, resume_from
+from tierfeed.loader.resume import check_plan, done_after, rank_state, resume_from
 from tierfeed.plan import EpochProgress
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
@@ -128,17 +128,14 @@ class Loader:
             max(1, self.num_workers),
             {w: StreamState.from_dict(s) for w, s in self._states.items()},
         )
-        world = self.dataset.world
+        progress = resume.progress if resume else EpochProgress()
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
-            "rank": world.rank,
-            "world_size": world.world_size,
             "num_workers": self.num_workers,
             "batch_size": self.dataset.batch_size,
             "drop_last": self.dataset.drop_last,
-            "segments": (resume.progress if resume else EpochProgress()).to_list(),
-            "done": done.to_list(),
+            **rank_state(self.dataset.plan, epoch, progress, done, self.dataset.world),
         }
 
     def gather_state_dict(self) -> list[dict[str, Any]]:
@@ -185,6 +182,7 @@ class Loader:
                     f"the state was saved with {key}={state[key]}, this loader's dataset has "
                     f"{getattr(self.dataset, key)}; resume with the same {key}"
                 )
+        check_plan(state, self.dataset.plan)
         if "done" in state:
             return state
         workers = {int(w): StreamState.from_dict(c) for w, c in state["workers"].items()}
