@@ -106,16 +106,12 @@ def check_plan(state: Mapping[str, Any], plan: object) -> None:
     """Refuse a state saved reading another plan: its positions would name other samples."""
     if "plan" not in state or not isinstance(plan, Plan):
         return
-    saved = PlanState.from_state_dict(state["plan"]).spec
-    if (str(saved), saved.seed, saved.drop_last) != (
-        str(plan.spec),
-        plan.spec.seed,
-        plan.spec.drop_last,
-    ):
+    saved, now = PlanState.from_state_dict(state["plan"]).spec, plan.spec
+    if (str(saved), saved.seed, saved.drop_last) != (str(now), now.seed, now.drop_last):
         raise ConfigError(
             f"the state was saved reading plan {saved} (seed {saved.seed}, drop_last "
-            f"{saved.drop_last}); this loader reads {plan.spec} (seed {plan.spec.seed}, "
-            f"drop_last {plan.spec.drop_last}): resume with the same plan"
+            f"{saved.drop_last}); this loader reads {now} (seed {now.seed}, drop_last "
+            f"{now.drop_last}): resume with the same plan"
         )
 
 
