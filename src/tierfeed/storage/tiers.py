@@ -91,6 +91,7 @@ class TierStack(ChunkSource):
         # Held for bookkeeping only, never across I/O (the copier keeps its own in-flight set).
         self._mutex = threading.Lock()
         self._corrupt: dict[int, str] = {}
+        self._refused: set[int] = set()  # chunks no tier would take at the last look
         self._warned: set[str] = set()
         for tier in self.tiers:
             tier.files.sweep()  # left by a process killed mid-copy
@@ -137,6 +138,8 @@ class TierStack(ChunkSource):
                     with self._mutex:
                         tier.counters.hits += 1
                         tier.counters.bytes += len(data)
+                    if not all(holding):
+                        self.schedule(chunk)  # a faster tier lacks it: fill it from this one
                     return data
             with self._mutex:
                 tier.counters.misses += 1
@@ -196,6 +199,7 @@ class TierStack(ChunkSource):
             tier.held.pop(info.id, None)
             tier.verified.discard(info.id)
             tier.counters.corrupt_dropped += 1
+            self._refused.clear()
         where = f"copy {tier.files.where(key)} of tier {tier.name}"
         tier.files.unmark(key)
         try:
@@ -222,10 +226,20 @@ class TierStack(ChunkSource):
         return self._copier.schedule(chunk)
 
     def _needed(self, chunk: int) -> bool:
-        """Whether no tier holds ``chunk`` (the copier asks once it marked the chunk in
-        flight, so a copy landing meanwhile is seen and not repeated)."""
+        """Whether a tier lacks ``chunk`` and its policy would take it (the copier asks once it
+        marked the chunk in flight, so a copy landing meanwhile is seen and not repeated). A
+        refusal is remembered until room is made or the future changes: a full tier is not
+        asked again on every read."""
+        size = self._sizes[chunk]
         with self._mutex:
-            return not any(chunk in t.held for t in self.tiers)
+            if chunk in self._refused:
+                return False
+            for tier, policy in zip(self.tiers, self.policies, strict=True):
+                lacks = chunk not in tier.held
+                if lacks and policy.choose(tier.held, chunk, size, tier.quota, fetched=True)[0]:
+                    return True
+            self._refused.add(chunk)
+            return False
 
     def _copy_failed(self, chunk: int, exc: Exception) -> None:
         """A copy raised: the read path still serves from the origin; count it, log it once."""
@@ -237,6 +251,12 @@ class TierStack(ChunkSource):
     def _copy(self, chunk: int) -> None:
         info = self.chunks[chunk]
         started = time.perf_counter()
+        # Held by a lower tier (or landed from a sibling process): fill the others from it,
+        # with no claim (a RAM tier is each process's own) and no origin read.
+        data = self._from_tiers(info)
+        if data is not None:
+            self._place_all(info, data, started)
+            return
         # One process of a host copies a chunk: it claims it in the first tier others fill.
         claims = next((t.files for t in self.tiers if t.shared), self.tiers[0].files)
         with claims.claim(cache_key(info)) as mine:
@@ -244,7 +264,7 @@ class TierStack(ChunkSource):
                 return  # another process copies it now; a later miss finds it landed
             # Another process (a sibling DataLoader worker) may have copied it already: take
             # it from the shared directory rather than from the origin.
-            data = self._from_shared(info)
+            data = self._from_tiers(info)
             if data is None:
                 try:
                     data = fetch_verified(self.origin, info)
@@ -256,12 +276,12 @@ class TierStack(ChunkSource):
                     self.origin_counters.copies += 1
             self._place_all(info, data, started)
 
-    def _from_shared(self, info: ChunkInfo) -> bytes | None:
-        """The whole chunk from a shared tier another process filled, if one holds it (checked)."""
+    def _from_tiers(self, info: ChunkInfo) -> bytes | None:
+        """The whole chunk from a tier that holds it (a shared one rescanned first: another
+        process may have filled it), checked; None if none does."""
         for tier in self.tiers:
-            if not tier.shared:
-                continue
-            self._scan(tier)
+            if tier.shared:
+                self._scan(tier)
             with self._mutex:
                 held = info.id in tier.held
             if held and self._usable(tier, info):
@@ -312,6 +332,7 @@ class TierStack(ChunkSource):
                     tier.held.pop(victim, None)
                     tier.verified.discard(victim)
                     tier.counters.evictions += 1
+                self._refused.clear()  # room made, or a chunk placed: ask again
             for victim in victims:
                 tier.files.evict(cache_key(self.chunks[victim]))
             tier.driver.write(cache_key(info), data)  # temporary name, then rename
@@ -337,6 +358,7 @@ class TierStack(ChunkSource):
                 fresh.set_future(sequence, read_bytes)
                 with self._mutex:
                     self.policies[i] = fresh
+                    self._refused.clear()  # the future decides what a tier takes
         self.prefetch()
 
     def prefetch(self) -> int:
@@ -356,7 +378,10 @@ class TierStack(ChunkSource):
         self.origin.open_ahead([self.chunks[c].name for c in chunks])
 
     def begin_epoch(self) -> None:
-        """A new epoch: the origin loads what changed (a job namespace's inbox)."""
+        """A new epoch: the origin loads what changed (a job namespace's inbox); tiers that
+        refused a chunk are asked again."""
+        with self._mutex:
+            self._refused.clear()
         self.origin.begin_epoch()
 
     def drain(self, timeout: float = 60.0) -> None:
