@@ -10,8 +10,9 @@ Steps: generate an ImageFolder tree of real JPEGs (lognormal sizes, ImageNet's s
 with `tierfeed slowfs` under a latency model; run each system's loader in a fresh process for
 ``--epochs`` epochs with the same workers, batch size and local cache budget (``full``: room
 for everything; ``half``: half the raw dataset's bytes); add the physical limits (sequential
-reads of tierfeed's chunk files through slowfs, and from local disk). Results: JSON lines per
-epoch, a markdown table and a plot under ``--out``.
+reads of tierfeed's chunk files through slowfs, and from local disk; the origin's own limit:
+N threads of 8 MiB ranged reads of the same files through slowfs, the best N). Results: JSON
+lines per epoch, a markdown table and a plot under ``--out``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,54 @@ def sequential(paths: list[Path], samples: int, label: str, mnt: Path | None) ->
     return row
 
 
+def parallel(
+    paths: list[Path], samples: int, mnt: Path, widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+) -> dict[str, Any]:
+    """The origin's own limit for these bytes: N threads reading them in 8 MiB ranged reads
+    (every file opened anew per probe, so the mount's page cache does not serve them), for
+    each N in ``widths``; the row of the best N, with every probe's MB/s."""
+    block = 8 * 2**20
+    work = [(p, off) for p in paths for off in range(0, p.stat().st_size, block)]
+    probes: dict[int, float] = {}
+    best: dict[str, Any] = {}
+    for n in widths:
+        todo = queue.SimpleQueue[tuple[Path, int]]()
+        for item in work:
+            todo.put(item)
+        before = origin_counters(mnt)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            total = sum(pool.map(_drain, [todo] * n, [block] * n))
+        seconds = time.perf_counter() - started
+        probes[n] = round(total / seconds / 1e6, 1)
+        if not best or probes[n] > best["MB_per_s"]:
+            after = origin_counters(mnt)
+            best = {"system": f"origin limit ({n} parallel 8 MiB reads)",
+                    "samples_per_s": round(samples / seconds, 1), "MB_per_s": probes[n],
+                    "seconds": round(seconds, 3),
+                    **{f"origin_{k}": after[k] - before[k] for k in after}}  # fmt: skip
+    return dict(best, probes_MB_per_s=probes)
+
+
+def _drain(todo: queue.SimpleQueue[tuple[Path, int]], block: int) -> int:
+    """Read blocks off ``todo`` until it is empty; bytes read."""
+    total = 0
+    files: dict[Path, int] = {}
+    try:
+        while True:
+            try:
+                path, offset = todo.get_nowait()
+            except queue.Empty:
+                return total
+            fd = files.get(path)
+            if fd is None:
+                fd = files[path] = os.open(path, os.O_RDONLY)
+            total += len(os.pread(fd, block, offset))
+    finally:
+        for fd in files.values():
+            os.close(fd)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--images", type=int, default=4000)
@@ -154,9 +205,10 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
         mnt = work / f"mnt-{latency}"
         mnt.mkdir(exist_ok=True)
         with SlowFS(origin, mnt, LatencyModel.parse(latency)):
-            limit = sequential([mnt / "tierfeed" / "chunks" / c.name for c in chunks], samples,
-                               "physical limit (origin, sequential)", mnt)  # fmt: skip
+            at_origin = [mnt / "tierfeed" / "chunks" / c.name for c in chunks]
+            limit = sequential(at_origin, samples, "physical limit (origin, sequential)", mnt)
             result["limits"].append(dict(limit, config=config))
+            result["limits"].append(dict(parallel(at_origin, samples, mnt), config=config))
             for system in systems:
                 if system == "per-file" and cache == "half":
                     continue  # no cache of its own: the same as full
