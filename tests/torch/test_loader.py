@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -320,3 +321,47 @@ def test_an_epoch_left_early_is_read_whole_the_next_time(store_dir: Path) -> Non
         assert sorted(values(list(loader))) == list(range(N))  # epoch 1 again, whole
         assert loader.epoch == 2
         assert sorted(values(list(loader))) == list(range(N))
+
+
+class StalledOpen(DirectoryChunks):
+    """The first open of chunk 1's file stalls 3 s (a lookup or open the origin holds): every
+    read of chunk 1 in this process waits behind that one open."""
+
+    stalled = threading.Event()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        fds = self._driver._fds
+        plain, target = fds._open_file, os.fspath(self._paths[1])
+
+        def open_file(path: str) -> int:
+            if path == target and not StalledOpen.stalled.is_set():
+                StalledOpen.stalled.set()
+                time.sleep(3.0)
+            return plain(path)
+
+        fds._open_file = open_file  # type: ignore[method-assign]
+
+
+@pytest.mark.timeout(60)
+def test_hedges_cover_a_stalled_open(store_dir: Path) -> None:
+    # Every read of chunk 1 queues behind one stalled open; their hedges open the file on
+    # their own (another descriptor cache), so no batch waits for the stall.
+    def stalled_store() -> Store:
+        index = Index(store_dir)
+        return Store(index, StalledOpen(index.path.parent, index.chunks(), index.path))
+
+    ds = Dataset(
+        stalled_store,
+        PermPlan(N),
+        batch_size=8,
+        decode=decode,
+        deadline=DeadlineOptions(fixed_ms=20, hedge_after_ms=50),
+        hedge_source=lambda: DirectoryChunks(store_dir, Index(store_dir).chunks(), store_dir),
+    )
+    with Loader(ds) as loader:
+        assert sorted(values(list(loader))) == list(range(N))
+        assert StalledOpen.stalled.is_set()  # the open did stall
+        assert loader.last_epoch is not None
+        assert loader.last_epoch["batch_wait"]["max"] < 1.5  # not the 3 s stall
+        assert loader.last_epoch["guard"]["hedge_wins"] > 0
