@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from tests.format.conftest import write_tree
-from tierfeed.distributed.namespace import NamespaceDriver
+from tests.storage import chunk_sources
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.storage import (
-    DirectoryChunks,
     MemoryDriver,
     PosixDriver,
     Tier,
@@ -41,24 +40,10 @@ def number(index: Index, sample: int) -> int:
     return int(index.key(sample).split("s")[-1])
 
 
-def directory(index: Index, tmp: Path) -> ChunkSource:
-    return DirectoryChunks(index.path.parent, index.chunks(), index.path)
-
-
-def bare_stack(index: Index, tmp: Path) -> ChunkSource:
-    return TierStack(index.chunks(), PosixDriver(index.path.parent, read_only=True))
-
-
 def tiered_stack(index: Index, tmp: Path) -> ChunkSource:
     tiers = [Tier(MemoryDriver(), 2**20, name="ram"), disk_tier(tmp / "disk", 2**20)]
     origin = PosixDriver(index.path.parent, read_only=True)
     return TierStack(index.chunks(), origin, tiers, "clairvoyant")
-
-
-def namespace(index: Index, tmp: Path) -> ChunkSource:
-    local = np.ones(len(index.chunks()), dtype=bool)  # every chunk staged on this node
-    origin = NamespaceDriver(index, local, tmp / "inbox", timeout_s=1.0)
-    return TierStack(index.chunks(), origin, [Tier(MemoryDriver(), 2**20, name="ram")])
 
 
 class MinimalSource(ChunkSource):
@@ -82,10 +67,10 @@ def minimal(index: Index, tmp: Path) -> ChunkSource:
 
 
 SOURCES: dict[str, Callable[[Index, Path], ChunkSource]] = {
-    "directory": directory,
-    "stack-no-tiers": bare_stack,
+    "directory": chunk_sources.directory,
+    "stack-no-tiers": chunk_sources.stack_no_tiers,
     "stack-tiers": tiered_stack,
-    "stack-namespace": namespace,
+    "stack-namespace": chunk_sources.namespace_ram,
     "minimal": minimal,
 }
 

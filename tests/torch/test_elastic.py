@@ -16,7 +16,8 @@ from tests.torch.conftest import N
 from tests.torch.test_loader import decode, slow_store, values
 from tierfeed.errors import ConfigError
 from tierfeed.loader import DeadlineOptions, PrefetchOptions, StreamState
-from tierfeed.loader.resume import done_after, run_positions, worker_run
+from tierfeed.loader.batching import worker_slice
+from tierfeed.loader.resume import done_after, run_positions
 from tierfeed.plan import (
     DatasetShape,
     Done,
@@ -138,7 +139,7 @@ def worker_states(draw: st.DrawFn, run: np.ndarray, batch: int, workers: int) ->
     """Where each worker stands: a cursor in its slice and a few positions read past it."""
     states = {}
     for w in range(workers):
-        mine = len(worker_run(run, batch, w, workers))
+        mine = len(worker_slice(run, batch, w, workers, False))
         cursor = draw(st.integers(0, mine))
         ahead = (
             draw(st.sets(st.integers(cursor + 1, mine - 1), max_size=3))
@@ -166,9 +167,9 @@ def test_restarts_with_any_workers_read_each_position_once(
         run = run_positions(n, batch, drop_last, done)
         states = data.draw(worker_states(run, batch, w))
         if i == len(workers) - 1:  # the last run reads to the end
-            states = {k: StreamState(len(worker_run(run, batch, k, w))) for k in range(w)}
+            states = {k: StreamState(len(worker_slice(run, batch, k, w, False))) for k in range(w)}
         for k, s in states.items():
-            mine = worker_run(run, batch, k, w)
+            mine = worker_slice(run, batch, k, w, False)
             read += mine[: s.cursor].tolist() + mine[list(s.ahead)].tolist()
         done = done_after(n, batch, drop_last, done, w, states)
     used = (n // batch) * batch if drop_last else n

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
 
-__all__ = ["batch_count", "worker_positions", "worker_slice"]
+__all__ = ["batch_count", "read_positions", "worker_positions", "worker_slice"]
 
 
 def _check(batch_size: int, worker: int = 0, num_workers: int = 1) -> None:
@@ -37,6 +37,12 @@ def batch_count(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
+def read_positions(n: int, batch_size: int, drop_last: bool) -> int:
+    """How many positions of a rank's order of ``n`` an epoch reads: all of them, or with
+    drop_last all but the short last batch."""
+    return batch_count(n, batch_size, True) * batch_size if drop_last else n
+
+
 def worker_positions(
     n: int, batch_size: int, worker: int, num_workers: int, drop_last: bool
 ) -> npt.NDArray[np.int64]:
@@ -45,8 +51,7 @@ def worker_positions(
     With drop_last the positions of the short last batch belong to no worker.
     """
     _check(batch_size, worker, num_workers)
-    used = batch_count(n, batch_size, True) * batch_size if drop_last else n
-    positions = np.arange(used, dtype=np.int64)
+    positions = np.arange(read_positions(n, batch_size, drop_last), dtype=np.int64)
     mine: npt.NDArray[np.int64] = positions[(positions // batch_size) % num_workers == worker]
     return mine
 

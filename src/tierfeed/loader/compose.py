@@ -60,8 +60,7 @@ class TierConfig:
 
     def build(self, store_path: str | os.PathLike[str]) -> Store:
         """The store at ``store_path`` read through these tiers (origin read-only)."""
-        index = Index(Path(store_path))
-        return Store(index, tier_stack(index, self))
+        return open_store(store_path, self)
 
 
 def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) -> TierStack:

@@ -26,12 +26,12 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.index import Index
-from tierfeed.loader.batching import batch_count
+from tierfeed.loader.batching import batch_count, worker_slice
 from tierfeed.loader.compose import StoreOpener
 from tierfeed.loader.decode import decode_sample, describe_sample
 from tierfeed.loader.latency import DeadlineOptions
 from tierfeed.loader.readers import Readers
-from tierfeed.loader.resume import Resume, run_positions, worker_run
+from tierfeed.loader.resume import Resume, run_positions
 from tierfeed.loader.stream import GuardedStream, PrefetchOptions
 from tierfeed.plan import Plan, remaining_order
 from tierfeed.storage import DirectoryChunks
@@ -173,7 +173,7 @@ class Feed:
         run = run_positions(
             len(order), self.batch_size, self.drop_last, None if resume is None else resume.done
         )
-        return order[worker_run(run, self.batch_size, worker, num_workers)]
+        return order[worker_slice(run, self.batch_size, worker, num_workers, False)]
 
     def num_batches(self, epoch: int | None = None) -> int:
         """Batches the rank delivers in a whole epoch: ``ceil(n / batch_size)`` of its ``n``

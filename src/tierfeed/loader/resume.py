@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
-from tierfeed.loader.batching import batch_count, worker_positions
+from tierfeed.loader.batching import read_positions, worker_slice
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
 from tierfeed.plan.progress import Done, EpochProgress, PlanState
@@ -32,7 +32,6 @@ __all__ = [
     "rank_state",
     "resume_from",
     "run_positions",
-    "worker_run",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -48,22 +47,12 @@ class Resume:
     done: Done = field(default_factory=Done)
 
 
-def _used(n: int, batch_size: int, drop_last: bool) -> int:
-    """Positions of a rank's order of ``n`` that an epoch reads at all."""
-    return batch_count(n, batch_size, True) * batch_size if drop_last else n
-
-
 def run_positions(n: int, batch_size: int, drop_last: bool, done: Done | None) -> IntArray:
     """Positions of a rank's order of ``n`` that a run reads: not done, and not in the short
     last batch that drop_last drops."""
-    used = _used(n, batch_size, drop_last)
+    used = read_positions(n, batch_size, drop_last)
     positions = np.arange(used, dtype=np.int64)
     return positions if done is None else positions[~done.mask(used)]
-
-
-def worker_run(run: IntArray, batch_size: int, worker: int, num_workers: int) -> IntArray:
-    """The positions of ``run`` that ``worker`` reads: its whole batches, dealt in turn."""
-    return run[worker_positions(len(run), batch_size, worker, num_workers, False)]
 
 
 def done_after(
@@ -77,11 +66,11 @@ def done_after(
     """The rank's done positions after a run that started at ``before`` and whose workers stand
     at ``states`` (a worker with no state delivered nothing). The dropped short batch counts
     as done: this epoch never delivers it."""
-    run = run_positions(n, batch_size, drop_last, before)
     mask = np.zeros(n, dtype=bool) if before is None else before.mask(n)
-    mask[_used(n, batch_size, drop_last) :] = True
+    mask[read_positions(n, batch_size, drop_last) :] = True  # never read this epoch
+    run = np.flatnonzero(~mask)  # what the run read from: `run_positions`, mask in hand
     for worker, state in states.items():
-        mine = worker_run(run, batch_size, worker, num_workers)
+        mine = worker_slice(run, batch_size, worker, num_workers, False)
         mask[mine[: state.cursor]] = True
         ahead = np.asarray(state.ahead, dtype=np.int64)
         mask[mine[ahead[ahead < len(mine)]]] = True

@@ -102,7 +102,6 @@ class TierStack(TierFilling, ChunkSource):
         self._copier = Copier(
             self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
         )
-        self._threads = self._copier.threads
 
     # --- tier contents ------------------------------------------------------------------
 
@@ -133,14 +132,14 @@ class TierStack(TierFilling, ChunkSource):
             holding = [chunk in t.held for t in self.tiers]
         if failure is not None:
             raise ChunkCorruptError(failure)
-        for tier, held in zip(self.tiers, holding, strict=True):
+        for i, (tier, held) in enumerate(zip(self.tiers, holding, strict=True)):
             if held and self._usable(tier, info):
                 data = self._read_copy(tier, info, offset, length)
                 if data is not None:
                     with self._mutex:
                         tier.counters.hits += 1
                         tier.counters.bytes += len(data)
-                    if not all(holding):
+                    if i > 0:
                         self.schedule(chunk)  # a faster tier lacks it: fill it from this one
                     return data
             with self._mutex:
