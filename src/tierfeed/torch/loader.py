@@ -159,8 +159,29 @@ class Loader:
         states = [state] if isinstance(state, dict) else list(state)
         if not states:
             raise ConfigError("load_state_dict got no state")
-        states = [self._upgraded(s) for s in states]
-        self.dataset.resume = resume_from(states, self.dataset.world, self.dataset.exchange)
+        try:
+            states = [self._upgraded(s) for s in states]
+            resume = resume_from(states, self.dataset.world, self.dataset.exchange)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(
+                f"the loader state is damaged or not a tierfeed Loader.state_dict() "
+                f"({type(exc).__name__}: {exc}); resume from another checkpoint or call "
+                "set_epoch() to start an epoch afresh"
+            ) from None
+        previous, self.dataset.resume = self.dataset.resume, resume
+        try:
+            n = len(self.dataset.rank_order(resume.epoch))  # this rank's order once resumed
+        except BaseException:
+            self.dataset.resume = previous
+            raise
+        done = resume.done
+        if done.prefix > n or any(p >= n for p in done.extra):
+            self.dataset.resume = previous
+            raise ConfigError(
+                f"the loader state marks positions up to {max(done.prefix, *done.extra, 0)} "
+                f"delivered, but this rank's order of epoch {resume.epoch} has {n}: it was saved "
+                "for another dataset or plan; resume from its own checkpoint"
+            )
         self.dataset.set_epoch(self.dataset.resume.epoch)
         self._states = {}
 
