@@ -162,6 +162,8 @@ class Loader:
         try:
             states = [self._upgraded(s) for s in states]
             resume = resume_from(states, self.dataset.world, self.dataset.exchange)
+        except ConfigError:
+            raise  # already one line that says what is wrong (it is a ValueError too)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(
                 f"the loader state is damaged or not a tierfeed Loader.state_dict() "
