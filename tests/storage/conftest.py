@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.format.conftest import write_tree
+from tierfeed.format.pack import PackOptions, pack
 from tierfeed.storage import Driver, LatencyModel, MemoryDriver, PosixDriver, SlowDriver
 
 
@@ -89,3 +92,15 @@ def _ro(inner: MemoryDriver) -> MemoryDriver:
     view = MemoryDriver(read_only=True)
     view._objects = inner._objects
     return view
+
+
+FILES = {f"c{i % 3}/f{i:03d}.bin".encode(): os.urandom(2000 + 37 * i) for i in range(120)}
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A packed store of `FILES` in ~32 KiB chunks (tier and landing tests)."""
+    root = tmp_path_factory.mktemp("tiers")
+    write_tree(root / "src", FILES)
+    pack(root / "src", root / "store", PackOptions(chunk_size=32 * 1024, progress=False))
+    return root / "store"

@@ -80,3 +80,27 @@ def test_not_needed_is_not_queued_and_close_is_idempotent() -> None:
     assert copier.closed and not copier.schedule(1)
     assert not any(t.is_alive() for t in copier.threads)
     copier.drain(0.01)  # closed: returns at once
+
+
+@pytest.mark.timeout(30)
+def test_an_urgent_copy_goes_ahead_and_moves_a_queued_one_ahead_once() -> None:
+    release, started = threading.Event(), threading.Event()
+    copied: list[int] = []
+
+    def copy(chunk: int) -> None:
+        started.set()
+        release.wait(10)
+        copied.append(chunk)
+
+    with Copier(copy, threads=1, queue_size=16) as copier:
+        assert copier.schedule(0)
+        assert started.wait(10)  # taken by the one thread: it waits for the release
+        for chunk in (1, 2, 3):
+            assert copier.schedule(chunk)
+        assert copier.schedule(9, urgent=True)  # a read waits for chunk 9
+        assert copier.schedule(3, urgent=True)  # queued already: moved ahead
+        assert not copier.schedule(3, urgent=True)  # moved ahead already
+        assert not copier.schedule(0, urgent=True)  # running: nothing to move
+        release.set()
+        copier.drain(10)
+    assert copied == [0, 9, 3, 1, 2]  # each once: the twin left behind by the move is skipped

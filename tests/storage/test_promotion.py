@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from tests.storage.test_tiers import read_all, stack
-from tests.storage.test_tiers import store_dir as store_dir  # the module's packed store
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import MemoryDriver, Tier

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.format.conftest import write_tree
+from tests.storage.conftest import FILES
 from tierfeed.errors import ChunkCorruptError
 from tierfeed.format.index import Index
-from tierfeed.format.pack import PackOptions, pack
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
 from tierfeed.storage.shared_dir import copy_claim
@@ -23,15 +22,6 @@ from tierfeed.storage.store import Store
 from tierfeed.storage.tiers import cache_key, disk_tier
 
 pytestmark = pytest.mark.timeout(90)
-FILES = {f"c{i % 3}/f{i:03d}.bin".encode(): os.urandom(2000 + 37 * i) for i in range(120)}
-
-
-@pytest.fixture(scope="module")
-def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tiers")
-    write_tree(root / "src", FILES)
-    pack(root / "src", root / "store", PackOptions(chunk_size=32 * 1024, progress=False))
-    return root / "store"
 
 
 def stack(store_dir: Path, tiers: list[Tier], policy: str = "fill-top", **kw: object) -> TierStack:

@@ -9,6 +9,7 @@ that raises is reported to ``failed`` and its thread goes on with the next one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -57,9 +58,12 @@ class Copier:
         self._copy = copy
         self._needed = needed
         self._failed = failed
-        self._lock = threading.Lock()  # guards the in-flight set only
-        self._inflight: set[int] = set()
-        self._queue: queue.Queue[int | None] = queue.Queue(queue_size)
+        self._lock = threading.Lock()  # guards the in-flight, running and urgent sets
+        self._inflight: set[int] = set()  # queued or running
+        self._running: set[int] = set()
+        self._urgent: set[int] = set()  # queued ahead of the others
+        self._order = itertools.count()  # first come, first copied, within a priority
+        self._queue: queue.PriorityQueue[tuple[int, int, int]] = queue.PriorityQueue(queue_size)
         self._closed = False
         self.threads = [
             threading.Thread(target=self._worker, name=f"{name}-{i}", daemon=True)
@@ -79,22 +83,32 @@ class Copier:
         with self._lock:
             return len(self._inflight)
 
-    def schedule(self, chunk: int) -> bool:
+    def pending(self, chunk: int) -> bool:
+        """Whether ``chunk`` is queued or being copied."""
+        with self._lock:
+            return chunk in self._inflight
+
+    def schedule(self, chunk: int, urgent: bool = False) -> bool:
         """Queue a copy of ``chunk``; False if it is in flight, not needed, the queue is full,
-        or the copier is closed."""
+        or the copier is closed. An ``urgent`` copy (a read waits for it) goes ahead of the
+        others, and moves a queued copy of the chunk ahead (then True)."""
         if self._closed:
             return False
         with self._lock:
-            if chunk in self._inflight:
+            again = chunk in self._inflight
+            if again and (not urgent or chunk in self._running or chunk in self._urgent):
                 return False
             self._inflight.add(chunk)
+            if urgent:
+                self._urgent.add(chunk)
         try:
-            if not self._needed(chunk):
+            if not again and not self._needed(chunk):
                 self._done(chunk)
                 return False
-            self._queue.put_nowait(chunk)
+            self._queue.put_nowait((0 if urgent else 1, next(self._order), chunk))
         except queue.Full:
-            self._done(chunk)
+            if not again:
+                self._done(chunk)
             return False
         except BaseException:
             self._done(chunk)
@@ -104,12 +118,18 @@ class Copier:
     def _done(self, chunk: int) -> None:
         with self._lock:
             self._inflight.discard(chunk)
+            self._running.discard(chunk)
+            self._urgent.discard(chunk)
 
     def _worker(self) -> None:
         while True:
-            chunk = self._queue.get()
-            if chunk is None:
+            _, _, chunk = self._queue.get()
+            if chunk < 0:
                 return
+            with self._lock:
+                if chunk in self._running or chunk not in self._inflight:
+                    continue  # the queued twin of a copy moved ahead: it ran already
+                self._running.add(chunk)
             try:
                 self._copy(chunk)
             except Exception as exc:  # the read path still serves from the origin
@@ -143,11 +163,12 @@ class Copier:
         self._closed = True
         with contextlib.suppress(queue.Empty):  # queued copies are dropped, not waited for
             while True:
-                dropped = self._queue.get_nowait()
-                if dropped is not None:
-                    self._done(dropped)
+                _, _, dropped = self._queue.get_nowait()
+                with self._lock:
+                    if dropped not in self._running:
+                        self._inflight.discard(dropped)
         for _ in self.threads:
-            self._queue.put(None)
+            self._queue.put((2, next(self._order), -1))  # after anything queued meanwhile
         for t in self.threads:
             t.join()
 

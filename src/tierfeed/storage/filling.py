@@ -1,10 +1,12 @@
 """How a chunk gets into the tiers: whether a tier wants it, where its bytes come from (a
-tier that holds it, else the origin, verified), and its placement under each tier's policy.
+tier that holds it, else the origin in parallel pieces that reads are served from as they land:
+see `tierfeed.storage.landing`), and its placement under each tier's policy.
 
 `TierStack` (`tierfeed.storage.tiers`) orders the tiers and serves reads; this part of it runs
-on the copy threads. Bookkeeping is under the stack's one lock, never held across I/O; a
-placement into one tier is serialised by that tier's own lock (and, for a directory every
-process of the host fills, its cross-process lock).
+on the copy threads, and serves the reads that find their chunk's copy in flight. Bookkeeping
+is under the stack's one lock, never held across I/O; a placement into one tier is
+serialised by that tier's own lock (and, for a directory every process of the host fills, its
+cross-process lock).
 """
 
 from __future__ import annotations
@@ -13,13 +15,19 @@ import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-from tierfeed.errors import ChunkCorruptError, NotFoundError
+from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
+from tierfeed.storage.copier import Copier
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key
 from tierfeed.storage.driver import Driver
-from tierfeed.storage.fetch import fetch_verified
+from tierfeed.storage.landing import Arrival, FetchCounters, Landing
 from tierfeed.storage.placement import Placement
+
+if TYPE_CHECKING:
+    from tierfeed.storage.tiers import TierOptions
 
 __all__ = ["TierFilling"]
 
@@ -37,6 +45,12 @@ class TierFilling(ABC):
     _corrupt: dict[int, str]
     _refused: set[int]
     _sizes: dict[int, int]
+    _fetches: ThreadPoolExecutor
+    landing: Landing
+    fetch_counters: FetchCounters
+    options: TierOptions
+    _shunned: set[int]
+    _copier: Copier
 
     @abstractmethod
     def _scan(self, tier: Tier) -> None:
@@ -66,6 +80,70 @@ class TierFilling(ABC):
             self._refused.add(chunk)  # every tier that lacks it said no
             return False
 
+    # --- reads served by copies in flight ----------------------------------------------
+
+    def _from_arrival(self, info: ChunkInfo, offset: int, length: int) -> bytes | None:
+        """The range from the copy of the chunk in flight (any process of the host), once it
+        has landed; None if no copy is or will be in flight, or its bytes do not land within
+        ``landing_wait_s`` (then the caller reads the origin: that is the hedge).
+
+        A chunk the tiers would take and that no process copies yet is copied now, ahead of
+        the prefetch queue: the read waits for its piece rather than reading its bytes from
+        the origin apart from the copy, so a cold epoch reads each byte of the origin once.
+        """
+        if not self.tiers or info.id in self._shunned:
+            return None
+        started = time.perf_counter()
+        arrival = self._arrival(info, started + self.options.landing_wait_s)
+        if arrival is None:
+            return None
+        try:
+            left = self.options.landing_wait_s - (time.perf_counter() - started)
+            data = arrival.read(offset, length, max(0.0, left))
+        except OSError:
+            data = None
+        finally:
+            arrival.close()
+        waited = time.perf_counter() - started
+        if data is None or len(data) != length:
+            self.fetch_counters.add(gave_up=1, waited_s=waited)
+            return None
+        self.fetch_counters.add(served=1, served_bytes=length, waited_s=waited)
+        return data
+
+    def _arrival(self, info: ChunkInfo, deadline: float) -> Arrival | None:
+        """The chunk's copy in flight; one is started (ahead of the queue) when a tier would
+        take the chunk, and waited for until ``deadline`` (perf_counter) while it is queued."""
+        arrival = self.landing.find(info)
+        if arrival is not None or not self.origin.holds_whole(info.name):
+            return arrival
+        self._copier.schedule(info.id, urgent=True)
+        pause = 0.001
+        # Queued in this process, or claimed by another whose arrival appears at once.
+        while self._copier.pending(info.id) and time.perf_counter() < deadline:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+            arrival = self.landing.find(info)
+            if arrival is not None:
+                return arrival
+        return None
+
+    def _appeared(self, info: ChunkInfo) -> bool:
+        """Whether a shared tier that this process thinks lacks the chunk has it now (a copy
+        by another process lands, and its arrival ends, between two looks)."""
+        for tier in self.tiers:
+            if info.id in tier.held:
+                return True
+            if tier.shared:
+                with contextlib.suppress(StorageError):
+                    if tier.driver.exists(cache_key(info)):
+                        with self._mutex:
+                            tier.held[info.id] = info.size
+                        return True
+        return False
+
+    # --- copies ---------------------------------------------------------------------------
+
     def _copy_failed(self, chunk: int, exc: Exception) -> None:
         """A copy raised: the read path still serves from the origin; count it, log it once."""
         with self._mutex:
@@ -92,16 +170,64 @@ class TierFilling(ABC):
             # Another process (a sibling DataLoader worker) may have copied it already: take
             # it from the shared directory rather than from the origin.
             data = self._from_tiers(info)
-            if data is None:
-                try:
-                    data = fetch_verified(self.origin, info)
-                except ChunkCorruptError as exc:
-                    with self._mutex:
-                        self._corrupt[chunk] = f"chunk {info.name} at the origin is bad: {exc}"
-                    return
+            if data is not None:
+                self._place_all(info, data, started)
+                return
+            arrival = self.landing.begin(info, self._piece_bytes(info))
+            try:
+                data = self._fetch(arrival)
                 with self._mutex:
                     self.origin_counters.copies += 1
-            self._place_all(info, data, started)
+                self._place_all(info, data, started)
+            except ChunkCorruptError as exc:
+                with self._mutex:
+                    self._corrupt[chunk] = f"chunk {info.name} at the origin is bad: {exc}"
+            finally:
+                self.landing.end(arrival)  # after placing: readers go from one to the other
+
+    def _piece_bytes(self, info: ChunkInfo) -> int:
+        return self.options.piece_bytes
+
+    def _fetch(self, arrival: Arrival) -> bytes:
+        """Every piece of ``arrival``'s chunk from the origin, in parallel on the fetch
+        threads and in order of offset; the whole chunk, checked against the index.
+
+        Raises:
+            ChunkCorruptError: the origin's copy is shorter than the index says, or its
+                checksum differs.
+            StorageError: the origin could not be read.
+        """
+        pending = [
+            self._fetches.submit(self._fetch_piece, arrival, i) for i in range(arrival.pieces)
+        ]
+        try:
+            for future in pending:
+                future.result()
+        finally:
+            for future in pending:
+                future.cancel()  # one failed: the rest are not fetched
+        info = arrival.info
+        data = arrival.whole()
+        if len(data) != info.size or checksum_bytes(data) != info.checksum:
+            raise ChunkCorruptError(
+                f"chunk {info.name} at {self.origin.name} does not match the index (its size "
+                "or checksum differs); the origin copy is damaged: run `tierfeed verify` on the "
+                "store and re-pack or restore it"
+            )
+        return data
+
+    def _fetch_piece(self, arrival: Arrival, index: int) -> None:
+        offset, length = arrival.span(index)
+        data = self.origin.read_range(arrival.info.name, offset, length)
+        if len(data) != length:
+            raise ChunkCorruptError(
+                f"chunk {arrival.info.name} at {self.origin.name} is shorter than the index "
+                f"says (wanted {offset}+{length} bytes); run `tierfeed verify`"
+            )
+        arrival.put(index, data)
+        self.fetch_counters.add(pieces=1, piece_bytes=length)
+        with self._mutex:
+            self.origin_counters.bytes += length  # every byte the origin gave, copies too
 
     def _from_tiers(self, info: ChunkInfo) -> bytes | None:
         """The whole chunk from a tier that holds it (a shared one rescanned first: another

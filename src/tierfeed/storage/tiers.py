@@ -1,16 +1,20 @@
 """The tier stack: reads served by the highest tier holding a chunk; misses copied upward.
 
-A read of (chunk, offset, length) goes to the first tier that holds the chunk. On a miss it
-is range-read from the origin at once, and a whole-chunk copy is queued for a background
-thread: the copy is verified against the chunk's checksum and published atomically, so a
-tier never serves part of a chunk. Concurrent misses on one chunk fetch it once. The origin
+A read of (chunk, offset, length) goes to the first tier that holds the chunk. On a miss, a
+whole-chunk copy is started ahead of the prefetch queue (one per host: every process of it
+reads from the same copy in flight) and the read waits, boundedly, for its piece to land; when
+it does not land in time, or no tier would take the chunk, the range is read from the origin
+apart. A copy is verified against the chunk's checksum and published atomically, so a tier
+never serves part of a chunk; pieces in flight are only ever served as the ranges that landed,
+each checked against its member's checksum by the store. The origin
 is read-only: it is never written or deleted. What is particular to a tier (for a disk
 directory that every process of a host fills: its locks, claims, marks and rescans) is its
 `TierFiles` (`tierfeed.storage.disktier`); how a chunk gets into the tiers is
 `tierfeed.storage.filling`; this module orders the tiers and serves reads. A read served by a
 slower tier schedules a copy into the faster ones that lack the chunk (RAM from disk).
 
-Threads: readers (any number) and copy threads (a `Copier`'s) share the tiers' bookkeeping
+Threads: readers (any number), copy threads (a `Copier`'s) and fetch threads (the pieces of
+copies: `TierOptions.fetch_threads`) share the tiers' bookkeeping
 (what each holds, the placement policies, the counters) under one lock, held for bookkeeping
 only, never across I/O; the copier keeps what is in flight under its own. Placements into one
 tier are serialised by that tier's own lock, so concurrent copies cannot overrun its quota. A
@@ -24,17 +28,19 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy.typing as npt
 
-from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
+from tierfeed.errors import ChunkCorruptError, ConfigError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.storage.copier import Copier
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key, disk_tier
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.filling import TierFilling
+from tierfeed.storage.landing import FetchCounters, landing_for
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
 from tierfeed.storage.source import ChunkSource
 
@@ -52,11 +58,23 @@ class TierOptions:
         threads: copy and prefetch threads.
         queue: the most copies waiting; further misses are served but not queued.
         verify_cached: check a disk-cached chunk's checksum on first use in this process.
+        fetch_threads: origin reads in flight at once while copying chunks (pieces of one
+            chunk, or of the next ones queued).
+        piece_bytes: bytes per origin read while copying a chunk.
+        landing_wait_s: how long a read waits for its bytes to land from a copy in flight
+            before it reads the origin itself.
     """
 
     threads: int = 4
     queue: int = 256
     verify_cached: bool = True
+    fetch_threads: int = 8
+    piece_bytes: int = 4 * 2**20
+    landing_wait_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.fetch_threads < 1 or self.piece_bytes < 1 or self.landing_wait_s < 0:
+            raise ConfigError(f"bad tier options: {self}")
 
 
 class TierStack(TierFilling, ChunkSource):
@@ -95,9 +113,18 @@ class TierStack(TierFilling, ChunkSource):
         self._corrupt: dict[int, str] = {}
         self._refused: set[int] = set()  # chunks no tier would take at the last look
         self._warned: set[str] = set()
+        self._shunned: set[int] = set()  # chunks whose fetch in flight served bad bytes
         for tier in self.tiers:
             tier.files.sweep()  # left by a process killed mid-copy
             self._scan(tier)
+        # Chunks being copied land where every process of the host reads them: the directory
+        # of the first disk tier, else this process's memory.
+        self.landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
+        self.landing.sweep()
+        self.fetch_counters = FetchCounters()
+        self._fetches = ThreadPoolExecutor(
+            self.options.fetch_threads if self.tiers else 1, thread_name_prefix="tierfeed-fetch"
+        )
         threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
         self._copier = Copier(
             self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
@@ -123,7 +150,11 @@ class TierStack(TierFilling, ChunkSource):
     # --- reads ----------------------------------------------------------------------------
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
-        """Bytes of ``chunk``: from the highest tier holding it, else from the origin."""
+        """Bytes of ``chunk``: from the highest tier holding it, else from its copy in flight,
+        else from the origin."""
+        return self._read(chunk, offset, length, look_again=True)
+
+    def _read(self, chunk: int, offset: int, length: int, look_again: bool) -> bytes:
         info = self.chunks[chunk]
         with self._mutex:
             failure = self._corrupt.get(chunk)
@@ -132,18 +163,18 @@ class TierStack(TierFilling, ChunkSource):
             holding = [chunk in t.held for t in self.tiers]
         if failure is not None:
             raise ChunkCorruptError(failure)
-        for i, (tier, held) in enumerate(zip(self.tiers, holding, strict=True)):
-            if held and self._usable(tier, info):
-                data = self._read_copy(tier, info, offset, length)
-                if data is not None:
-                    with self._mutex:
-                        tier.counters.hits += 1
-                        tier.counters.bytes += len(data)
-                    if i > 0:
-                        self.schedule(chunk)  # a faster tier lacks it: fill it from this one
-                    return data
-            with self._mutex:
-                tier.counters.misses += 1
+        data = self._from_held(info, holding, offset, length)
+        if data is not None:
+            return data
+        # Placed by another process since this one looked: read it from the tier (once: a
+        # copy that vanishes again is read below).
+        if look_again and self._appeared(info):
+            return self._read(chunk, offset, length, look_again=False)
+        data = self._from_arrival(info, offset, length)
+        if data is not None:
+            return data
+        if look_again and self._appeared(info):  # placed by the copy this read waited for
+            return self._read(chunk, offset, length, look_again=False)
         data = self.origin.read_range(info.name, offset, length)
         with self._mutex:
             self.origin_counters.hits += 1
@@ -155,6 +186,24 @@ class TierStack(TierFilling, ChunkSource):
             )
         self.schedule(chunk)
         return data
+
+    def _from_held(
+        self, info: ChunkInfo, holding: list[bool], offset: int, length: int
+    ) -> bytes | None:
+        """The range from the highest tier holding the chunk (and usable), else None."""
+        for i, (tier, held) in enumerate(zip(self.tiers, holding, strict=True)):
+            if held and self._usable(tier, info):
+                data = self._read_copy(tier, info, offset, length)
+                if data is not None:
+                    with self._mutex:
+                        tier.counters.hits += 1
+                        tier.counters.bytes += len(data)
+                    if i > 0:
+                        self.schedule(info.id)  # a faster tier lacks it: fill it from this one
+                    return data
+            with self._mutex:
+                tier.counters.misses += 1
+        return None
 
     def _read_copy(self, tier: Tier, info: ChunkInfo, offset: int, length: int) -> bytes | None:
         """The range from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
@@ -216,7 +265,14 @@ class TierStack(TierFilling, ChunkSource):
         """Drop the highest cached copy of ``chunk``: the bytes it served failed their check."""
         with self._mutex:
             tier = next((t for t in self.tiers if chunk in t.held), None)
-        return None if tier is None else self._drop(tier, self.chunks[chunk])
+        if tier is not None:
+            return self._drop(tier, self.chunks[chunk])
+        arrival = None if chunk in self._shunned else self.landing.find(self.chunks[chunk])
+        if arrival is None:
+            return None
+        arrival.close()
+        self._shunned.add(chunk)  # read it from the origin from now on
+        return f"copy in flight of chunk {self.chunks[chunk].name}"
 
     # --- copies ---------------------------------------------------------------------------
 
@@ -274,7 +330,11 @@ class TierStack(TierFilling, ChunkSource):
         self._copier.drain(timeout)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of every tier and of the origin, as plain values.
+        """Counters of every tier, of the origin and of copies in flight, as plain values.
+
+        A tier's ``hits`` and ``bytes`` are the reads it served; the origin's ``hits`` are the
+        reads it served and its ``bytes`` everything read from it (those reads and the pieces
+        of copies); ``fetch`` counts the pieces and the reads served from copies in flight.
 
         ``held_bytes`` is a gauge; a shared directory is looked at again when the last look is
         older than a second, and such a tier says ``shared: 1`` so that processes sharing it
@@ -292,6 +352,8 @@ class TierStack(TierFilling, ChunkSource):
                 for t in self.tiers
             }
             out["origin"] = self.origin_counters.snapshot()
+        if self.tiers:
+            out["fetch"] = self.fetch_counters.snapshot()
         out["origin"]["ops"] = self.origin.counters.snapshot()
         return out
 
@@ -300,6 +362,7 @@ class TierStack(TierFilling, ChunkSource):
         if self._copier.closed:
             return
         self._copier.close()  # queued copies are dropped, running ones finish
+        self._fetches.shutdown(wait=True, cancel_futures=True)
         self.origin.close()
         for tier in self.tiers:
             tier.driver.close()

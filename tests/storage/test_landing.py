@@ -1,0 +1,242 @@
+"""Copies in flight: reads served from the pieces that landed, one origin read per byte, and
+no half chunk served as whole after a crash, a damaged map or tampered bytes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.storage.test_tiers import read_all
+from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.index import Index
+from tierfeed.loader.compose import open_store
+from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
+from tierfeed.storage.landing import FileLanding, MemoryLanding
+from tierfeed.storage.tiers import TierOptions, disk_tier
+
+pytestmark = pytest.mark.timeout(90)
+PIECE = 8 * 1024  # the store's chunks are ~32 KiB: four pieces each
+
+
+def slow_stack(store_dir: Path, tiers: list[Tier], median_ms: float = 150.0) -> TierStack:
+    """A stack whose origin takes ``median_ms`` per read: a copy is in flight for that long."""
+    origin = SlowDriver(PosixDriver(store_dir, read_only=True), LatencyModel(median_ms=median_ms))
+    options = TierOptions(piece_bytes=PIECE, fetch_threads=4)
+    return TierStack(Index(store_dir).chunks(), origin, tiers, options=options)
+
+
+def until(check: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def test_reads_during_a_copy_are_served_from_its_pieces(store_dir: Path) -> None:
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with slow_stack(store_dir, [ram]) as tiers:
+        info = tiers.chunks[0]
+        want = (store_dir / info.name).read_bytes()
+        assert tiers.schedule(0)
+        until(lambda: tiers.landing.find(info) is not None)
+        got: dict[int, bytes] = {}
+
+        def reader(k: int) -> None:
+            offset = (k * 3331) % (info.size - 600)
+            got[offset] = tiers.read_range(0, offset, 600)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        tiers.drain()
+        assert all(data == want[o : o + 600] for o, data in got.items())
+        fetch = tiers.fetch_counters.snapshot()
+        assert fetch["served"] == 8 and fetch["gave_up"] == 0
+        pieces = -(-info.size // PIECE)
+        assert tiers.origin.counters.snapshot()["bytes_read"] == info.size  # each byte once
+        assert fetch["pieces"] == pieces and 0 in ram.held
+        assert tiers.landing.find(info) is None  # ended once placed
+
+
+def test_a_sibling_process_reads_from_the_copy_in_flight(store_dir: Path, tmp_path: Path) -> None:
+    # Two stacks over one directory stand for two DataLoader workers of a host.
+    cache = tmp_path / "cache"
+    with (
+        slow_stack(store_dir, [disk_tier(cache, 10**9)]) as copier,
+        slow_stack(store_dir, [disk_tier(cache, 10**9)], median_ms=0) as sibling,
+    ):
+        info = copier.chunks[1]
+        copier.schedule(1)
+        until(lambda: sibling.landing.find(info) is not None)
+        data = sibling.read_range(1, 100, 5000)
+        assert data == (store_dir / info.name).read_bytes()[100:5100]
+        assert sibling.origin.counters.snapshot()["reads"] == 0
+        assert sibling.fetch_counters.snapshot()["served"] == 1
+        copier.drain()
+        # Landed and ended: the sibling finds the chunk in the directory, not at the origin.
+        assert sibling.read_range(1, 0, 10) == (store_dir / info.name).read_bytes()[:10]
+        assert sibling.origin.counters.snapshot()["reads"] == 0
+
+
+def test_a_read_that_would_wait_too_long_reads_the_origin(store_dir: Path) -> None:
+    origin = SlowDriver(PosixDriver(store_dir, read_only=True), LatencyModel(median_ms=2000))
+    options = TierOptions(piece_bytes=PIECE, landing_wait_s=0.1)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with TierStack(Index(store_dir).chunks(), origin, [ram], options=options) as tiers:
+        tiers.schedule(0)
+        until(lambda: tiers.landing.find(tiers.chunks[0]) is not None)
+        started = time.monotonic()
+        tiers.origin = PosixDriver(store_dir, read_only=True)  # the read's own origin read
+        assert tiers.read_range(0, 0, 100) == (store_dir / tiers.chunks[0].name).read_bytes()[:100]
+        assert time.monotonic() - started < 1.5
+        assert tiers.fetch_counters.snapshot()["gave_up"] == 1
+
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {cwd!r})
+from pathlib import Path
+from tierfeed.format.index import Index
+from tierfeed.storage.landing import FileLanding
+info = Index(Path({store!r})).chunk(0)
+arrival = FileLanding(Path({cache!r})).begin(info, {piece})
+arrival.put(0, (Path({store!r}) / info.name).read_bytes()[:{piece}])
+print("landed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_fetcher_holds_no_reader_and_leaves_nothing_served(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    code = CHILD.format(cwd=str(Path.cwd()), store=str(store_dir), cache=str(cache), piece=PIECE)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"landed"
+        disk = disk_tier(cache, 10**9)
+        with slow_stack(store_dir, [disk], median_ms=0) as tiers:
+            info = tiers.chunks[0]
+            want = (store_dir / info.name).read_bytes()
+            assert tiers.read_range(0, 10, 100) == want[10:110]  # piece 0 landed: served
+            assert tiers.fetch_counters.snapshot()["served"] == 1
+            assert tiers.origin.counters.snapshot()["reads"] == 0
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            started = time.monotonic()
+            assert tiers.read_range(0, PIECE + 10, 100) == want[PIECE + 10 : PIECE + 110]
+            assert time.monotonic() - started < 1.0  # the dead fetch is not waited for
+            assert 0 not in disk.held or tiers.chunks[0].size == disk.held[0]
+    finally:
+        proc.kill()
+    landing = cache / ".landing"
+    assert list(landing.iterdir())  # left behind by the killed fetcher (or replaced since)
+    disk = disk_tier(cache, 10**9)
+    with (
+        slow_stack(store_dir, [disk], median_ms=0) as tiers,
+        open_store(store_dir, source=tiers) as store,
+    ):
+        assert read_all(store)
+        tiers.drain()
+        assert 0 in disk.held  # whole and verified: copied anew, not taken from the arrival
+        assert (cache / tiers.chunks[0].name).exists() is False  # cached under its key only
+    assert not [p for p in landing.iterdir() if not p.name.startswith(".")]
+
+
+def _info(size: int = 3 * PIECE + 5) -> ChunkInfo:
+    return ChunkInfo(id=7, name="chunks/x.tar", size=size, checksum=0x1234)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_arrival_reads_only_landed_ranges(kind: str, tmp_path: Path) -> None:
+    landing = MemoryLanding() if kind == "memory" else FileLanding(tmp_path)
+    info = _info()
+    payload = os.urandom(info.size)
+    arrival = landing.begin(info, PIECE)
+    assert arrival.pieces == 4
+    reader = landing.find(info)
+    assert reader is not None
+    assert reader.read(0, 10, wait_s=0.05) is None  # nothing landed: gives up in time
+    arrival.put(1, payload[PIECE : 2 * PIECE])
+    assert reader.read(PIECE + 5, 100, wait_s=0) == payload[PIECE + 5 : PIECE + 105]
+    assert reader.read(PIECE - 5, 10, wait_s=0) is None  # straddles a piece not landed
+    assert reader.read(info.size - 1, 2, wait_s=0) is None  # past the end
+    timer = threading.Timer(0.05, arrival.put, args=(0, payload[:PIECE]))
+    timer.start()
+    assert reader.read(PIECE - 5, 10, wait_s=5) == payload[PIECE - 5 : PIECE + 5]  # waited
+    timer.join()
+    assert not reader.complete()
+    for i in (2, 3):
+        start, length = arrival.span(i)
+        arrival.put(i, payload[start : start + length])
+    assert reader.complete() and reader.whole() == payload
+    reader.close()
+    landing.end(arrival)
+    assert landing.find(info) is None
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"", b"TFL1", b"XXXX" + bytes(40), b"TFL1\x01\x00\x00\x00" + bytes(16) + bytes(4)],
+)
+def test_a_damaged_map_is_never_served(damage: bytes, tmp_path: Path) -> None:
+    landing = FileLanding(tmp_path)
+    info = _info()
+    arrival = landing.begin(info, PIECE)
+    for i in range(arrival.pieces):
+        _, length = arrival.span(i)
+        arrival.put(i, bytes(length))
+    map_path = next(p for p in (tmp_path / ".landing").iterdir() if p.name.endswith(".map"))
+    map_path.write_bytes(damage)
+    found = landing.find(info)
+    assert found is None or found.read(0, 10, wait_s=0.05) is None
+
+
+def test_tampered_bytes_in_flight_are_refused_and_read_from_the_origin(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    info = Index(store_dir).chunk(0)
+    arrival = FileLanding(cache).begin(info, PIECE)  # "in flight" in this live process
+    for i in range(arrival.pieces):
+        _, length = arrival.span(i)
+        arrival.put(i, os.urandom(length))  # every piece landed, none of them right
+    disk = disk_tier(cache, 10**9)
+    with (
+        slow_stack(store_dir, [disk], median_ms=0) as tiers,
+        open_store(store_dir, source=tiers) as store,
+    ):
+        members = [
+            m for m in range(len(store.index.member_chunk)) if store.index.member_chunk[m] == 0
+        ]
+        want = store_dir.joinpath(info.name).read_bytes()
+        for m in members:
+            o, n = int(store.index.member_offset[m]), int(store.index.member_length[m])
+            assert store.read_member(m) == want[o : o + n]
+        assert tiers.fetch_counters.snapshot()["served"] == 1  # the first, refused; then origin
+    arrival.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_a_reader_stops_waiting_when_the_copy_ends_unfinished(kind: str, tmp_path: Path) -> None:
+    landing = MemoryLanding() if kind == "memory" else FileLanding(tmp_path)
+    info = _info()
+    arrival = landing.begin(info, PIECE)
+    reader = landing.find(info)
+    assert reader is not None
+    threading.Timer(0.05, landing.end, args=(arrival,)).start()  # the copy failed
+    started = time.monotonic()
+    assert reader.read(0, 10, wait_s=5) is None
+    assert time.monotonic() - started < 2
+    reader.close()
