@@ -87,18 +87,25 @@ def test_a_sibling_process_reads_from_the_copy_in_flight(store_dir: Path, tmp_pa
         assert sibling.origin.counters.snapshot()["reads"] == 0
 
 
+class StallingCopies(PosixDriver):
+    """A read-only origin whose large reads (the pieces of copies) take 1 s; small ones none."""
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if length > 1000:
+            time.sleep(1)
+        return super().read_range(path, offset, length)
+
+
 def test_a_read_that_would_wait_too_long_reads_the_origin(store_dir: Path) -> None:
-    origin = SlowDriver(PosixDriver(store_dir, read_only=True), LatencyModel(median_ms=2000))
+    origin = StallingCopies(store_dir, read_only=True)
     options = TierOptions(piece_bytes=PIECE, landing_wait_s=0.1)
     ram = Tier(MemoryDriver(), quota=10**9, name="ram")
     with TierStack(Index(store_dir).chunks(), origin, [ram], options=options) as tiers:
-        tiers.schedule(0)
-        until(lambda: tiers.landing.find(tiers.chunks[0]) is not None)
         started = time.monotonic()
-        tiers.origin = PosixDriver(store_dir, read_only=True)  # the read's own origin read
         assert tiers.read_range(0, 0, 100) == (store_dir / tiers.chunks[0].name).read_bytes()[:100]
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 0.8  # not the copy's 1 s
         assert tiers.fetch_counters.snapshot()["gave_up"] == 1
+        assert tiers.origin_counters.hits == 1  # the read's own, beside the copy
 
 
 CHILD = """
@@ -240,3 +247,30 @@ def test_a_reader_stops_waiting_when_the_copy_ends_unfinished(kind: str, tmp_pat
     assert reader.read(0, 10, wait_s=5) is None
     assert time.monotonic() - started < 2
     reader.close()
+
+
+class RecordingOrigin(PosixDriver):
+    """A read-only origin that notes the offset of every read, in order."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, read_only=True)
+        self.offsets: list[int] = []
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        self.offsets.append(offset)
+        return super().read_range(path, offset, length)
+
+
+def test_the_piece_a_read_waits_for_is_fetched_first(store_dir: Path) -> None:
+    origin = RecordingOrigin(store_dir)
+    options = TierOptions(piece_bytes=PIECE, fetch_threads=1)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with TierStack(Index(store_dir).chunks(), origin, [ram], options=options) as tiers:
+        info = tiers.chunks[0]
+        offset = 3 * PIECE + 7  # in the last piece
+        want = (store_dir / info.name).read_bytes()[offset : offset + 50]
+        assert tiers.read_range(0, offset, 50) == want
+        tiers.drain()
+        assert origin.offsets[0] // PIECE == 3  # its piece first, then the rest in order
+        assert sorted({o // PIECE for o in origin.offsets}) == [0, 1, 2, 3]
+        assert tiers.fetch_counters.snapshot()["served"] == 1

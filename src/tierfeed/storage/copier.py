@@ -14,11 +14,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tierfeed.errors import StorageError
 
-__all__ = ["Copier"]
+__all__ = ["Copier", "Gate"]
 
 _log = logging.getLogger("tierfeed.tiers")
 
@@ -177,3 +177,26 @@ class Copier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Gate:
+    """Lets at most ``limit`` threads through at once, the limit given at each entry (it may
+    change while threads are inside: the fetch tuner moves it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inside = 0
+
+    @contextlib.contextmanager
+    def held(self, limit: int) -> Iterator[None]:
+        """Enter once fewer than ``limit`` threads are inside; leave at the end of the block."""
+        with self._cond:
+            while self._inside >= max(1, limit):
+                self._cond.wait(0.05)  # bounded: a limit raised meanwhile is seen
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify()

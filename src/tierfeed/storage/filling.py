@@ -12,6 +12,7 @@ cross-process lock).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -20,11 +21,12 @@ from typing import TYPE_CHECKING
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
-from tierfeed.storage.copier import Copier
+from tierfeed.storage.copier import Copier, Gate
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.landing import Arrival, FetchCounters, Landing
 from tierfeed.storage.placement import Placement
+from tierfeed.storage.tuning import FetchTuner
 
 if TYPE_CHECKING:
     from tierfeed.storage.tiers import TierOptions
@@ -50,6 +52,9 @@ class TierFilling(ABC):
     fetch_counters: FetchCounters
     options: TierOptions
     _shunned: set[int]
+    _demanded: dict[int, int]
+    _gate: Gate
+    tuner: FetchTuner
     _copier: Copier
 
     @abstractmethod
@@ -94,7 +99,7 @@ class TierFilling(ABC):
         if not self.tiers or info.id in self._shunned:
             return None
         started = time.perf_counter()
-        arrival = self._arrival(info, started + self.options.landing_wait_s)
+        arrival = self._arrival(info, offset, started + self.options.landing_wait_s)
         if arrival is None:
             return None
         try:
@@ -111,12 +116,13 @@ class TierFilling(ABC):
         self.fetch_counters.add(served=1, served_bytes=length, waited_s=waited)
         return data
 
-    def _arrival(self, info: ChunkInfo, deadline: float) -> Arrival | None:
+    def _arrival(self, info: ChunkInfo, offset: int, deadline: float) -> Arrival | None:
         """The chunk's copy in flight; one is started (ahead of the queue) when a tier would
         take the chunk, and waited for until ``deadline`` (perf_counter) while it is queued."""
         arrival = self.landing.find(info)
         if arrival is not None or not self.origin.holds_whole(info.name):
             return arrival
+        self._demanded.setdefault(info.id, offset)
         self._copier.schedule(info.id, urgent=True)
         pause = 0.001
         # Queued in this process, or claimed by another whose arrival appears at once.
@@ -141,6 +147,15 @@ class TierFilling(ABC):
                             tier.held[info.id] = info.size
                         return True
         return False
+
+    def _origin_read(self, name: str, offset: int, length: int) -> bytes:
+        """One request to the origin, in the tuner's budget of requests in flight, timed."""
+        with self._gate.held(self.tuner.inflight):
+            started = time.perf_counter()
+            data = self.origin.read_range(name, offset, length)
+            took = time.perf_counter() - started
+        self.tuner.observe(len(data), took, time.monotonic())
+        return data
 
     # --- copies ---------------------------------------------------------------------------
 
@@ -186,7 +201,7 @@ class TierFilling(ABC):
                 self.landing.end(arrival)  # after placing: readers go from one to the other
 
     def _piece_bytes(self, info: ChunkInfo) -> int:
-        return self.options.piece_bytes
+        return self.tuner.piece
 
     def _fetch(self, arrival: Arrival) -> bytes:
         """Every piece of ``arrival``'s chunk from the origin, in parallel on the fetch
@@ -197,9 +212,10 @@ class TierFilling(ABC):
                 checksum differs.
             StorageError: the origin could not be read.
         """
-        pending = [
-            self._fetches.submit(self._fetch_piece, arrival, i) for i in range(arrival.pieces)
-        ]
+        # The piece a read waits for first (it asked for this copy), then on in offset order.
+        first = min(self._demanded.pop(arrival.info.id, 0) // arrival.piece, arrival.pieces - 1)
+        order = [*range(first, arrival.pieces), *range(first)]
+        pending = [self._fetches.submit(self._fetch_piece, arrival, i) for i in order]
         try:
             for future in pending:
                 future.result()
@@ -218,7 +234,12 @@ class TierFilling(ABC):
 
     def _fetch_piece(self, arrival: Arrival, index: int) -> None:
         offset, length = arrival.span(index)
-        data = self.origin.read_range(arrival.info.name, offset, length)
+        # Until the tuner can tell latency from bandwidth, one piece in two is read as two
+        # halves: requests of two sizes are what the fit needs.
+        halves = 2 if self.tuner.fitted is None and index % 2 and length > 1 else 1
+        cut = [offset + length * k // halves for k in range(halves + 1)]
+        parts = [self._origin_read(arrival.info.name, a, b - a) for a, b in itertools.pairwise(cut)]
+        data = parts[0] if halves == 1 else b"".join(parts)
         if len(data) != length:
             raise ChunkCorruptError(
                 f"chunk {arrival.info.name} at {self.origin.name} is shorter than the index "

@@ -36,13 +36,14 @@ import numpy.typing as npt
 
 from tierfeed.errors import ChunkCorruptError, ConfigError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
-from tierfeed.storage.copier import Copier
+from tierfeed.storage.copier import Copier, Gate
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key, disk_tier
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.filling import TierFilling
 from tierfeed.storage.landing import FetchCounters, landing_for
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
 from tierfeed.storage.source import ChunkSource
+from tierfeed.storage.tuning import FetchLimits, FetchTuner, LookAhead
 
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 
@@ -122,6 +123,14 @@ class TierStack(TierFilling, ChunkSource):
         self.landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
         self.landing.sweep()
         self.fetch_counters = FetchCounters()
+        self.tuner = FetchTuner(
+            FetchLimits(max_inflight=self.options.fetch_threads),
+            piece=self.options.piece_bytes,
+            inflight=min(4, self.options.fetch_threads),
+        )
+        self._gate = Gate()
+        self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
+        self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
         self._fetches = ThreadPoolExecutor(
             self.options.fetch_threads if self.tiers else 1, thread_name_prefix="tierfeed-fetch"
         )
@@ -163,6 +172,9 @@ class TierStack(TierFilling, ChunkSource):
             holding = [chunk in t.held for t in self.tiers]
         if failure is not None:
             raise ChunkCorruptError(failure)
+        horizon = self._ahead.due(time.monotonic(), self.tuner.rate, self._copier.inflight)
+        if horizon:
+            self.prefetch(horizon)
         data = self._from_held(info, holding, offset, length)
         if data is not None:
             return data
@@ -175,7 +187,9 @@ class TierStack(TierFilling, ChunkSource):
             return data
         if look_again and self._appeared(info):  # placed by the copy this read waited for
             return self._read(chunk, offset, length, look_again=False)
+        started = time.perf_counter()
         data = self.origin.read_range(info.name, offset, length)
+        self.tuner.observe(len(data), time.perf_counter() - started, time.monotonic())
         with self._mutex:
             self.origin_counters.hits += 1
             self.origin_counters.bytes += len(data)
@@ -301,13 +315,14 @@ class TierStack(TierFilling, ChunkSource):
                     self._refused.clear()  # the future decides what a tier takes
         self.prefetch()
 
-    def prefetch(self) -> int:
-        """Queue the next chunks of the known future that fit; returns how many."""
+    def prefetch(self, horizon: int = 64) -> int:
+        """Queue the chunks of the next ``horizon`` reads of the known future that fit (the
+        tiers' quotas and policies decide); returns how many."""
         queued = 0
         for tier, policy in zip(self.tiers, self.policies, strict=True):
             if isinstance(policy, Clairvoyant):
                 with self._mutex:
-                    chosen = list(policy.prefetch(tier.held, tier.quota, self._sizes))
+                    chosen = list(policy.prefetch(tier.held, tier.quota, self._sizes, horizon))
                 for chunk in chosen:
                     queued += self.schedule(chunk)
         return queued
@@ -334,7 +349,9 @@ class TierStack(TierFilling, ChunkSource):
 
         A tier's ``hits`` and ``bytes`` are the reads it served; the origin's ``hits`` are the
         reads it served and its ``bytes`` everything read from it (those reads and the pieces
-        of copies); ``fetch`` counts the pieces and the reads served from copies in flight.
+        of copies); ``fetch`` counts the pieces and the reads served from copies in flight, and
+        gives what the fetch tuner chose (``piece_kib``, ``inflight``) and the origin's
+        throughput it measured (``origin_mbps``).
 
         ``held_bytes`` is a gauge; a shared directory is looked at again when the last look is
         older than a second, and such a tier says ``shared: 1`` so that processes sharing it
@@ -353,7 +370,12 @@ class TierStack(TierFilling, ChunkSource):
             }
             out["origin"] = self.origin_counters.snapshot()
         if self.tiers:
-            out["fetch"] = self.fetch_counters.snapshot()
+            out["fetch"] = dict(
+                self.fetch_counters.snapshot(),
+                piece_kib=self.tuner.piece // 1024,
+                inflight=self.tuner.inflight,
+                origin_mbps=round(self.tuner.rate / 1e6, 1),
+            )
         out["origin"]["ops"] = self.origin.counters.snapshot()
         return out
 

@@ -14,13 +14,16 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["GAUGES", "Counters", "combine", "since"]
+__all__ = ["GAUGES", "SETTINGS", "Counters", "combine", "since"]
 
 N = TypeVar("N", int, float)
 C = TypeVar("C", bound="Counters[Any]")
 
-# Figures that say what a thing is now, not what it did: not summed over an epoch.
-GAUGES = frozenset({"held_bytes", "shared"})
+# Figures that say what a thing is now, not what it did: not summed over an epoch. Those in
+# `SETTINGS` are a choice each process made (the same kind of thing in each): processes give
+# their largest, not a sum.
+SETTINGS = frozenset({"piece_kib"})
+GAUGES = frozenset({"held_bytes", "shared", "inflight", "origin_mbps"}) | SETTINGS
 
 
 class Counters(Generic[N]):
@@ -101,7 +104,7 @@ def combine(per_process: Iterable[dict[str, dict[str, Any]]]) -> dict[str, dict[
             for k, v in counters.items():
                 if not isinstance(v, (int, float)):
                     continue
-                if shared and k in GAUGES:
+                if (shared and k in GAUGES) or k in SETTINGS:
                     into[k] = max(into.get(k, 0), v)  # the freshest look at the one directory
                 else:
                     into[k] = into.get(k, 0) + v

@@ -1,0 +1,201 @@
+"""How hard to pull from the origin, from what its reads measured: bytes per request, requests
+in flight, and how far ahead of the reads to fetch.
+
+An origin request costs a fixed latency plus its bytes over the bandwidth a request gets,
+``t = a + s / b``; `FetchTuner` fits ``a`` and ``b`` to the recent requests (small sample reads
+and large pieces of chunk copies both feed it) and makes a piece large enough that ``a`` is a
+small share of it (``overhead``), yet no larger than it needs to be: a read waiting for a
+piece waits for all of it. The number of requests in flight climbs while the origin's
+aggregate throughput grows with it, and steps back when it stops growing (many parallel
+readers are what a parallel file system or object store needs; a local disk or a saturated
+link gains nothing from more). `lead_reads` says how many reads ahead a prefetch must look for
+a chunk to land before it is read, from the read rate and the origin's throughput.
+
+Pure: every figure comes in as an argument (the clock included), nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["FetchLimits", "FetchTuner", "LookAhead", "lead_reads"]
+
+_ROUND = 64 * 1024  # pieces are whole multiples of this
+_AHEAD_S = 0.05  # reads look ahead for chunks to prefetch this often
+_AHEAD_MAX = 8192  # reads looked ahead at most (a look is O(reads), under the tiers' lock)
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Bounds on what the tuner chooses.
+
+    Attributes:
+        min_piece: the smallest piece (bytes).
+        max_piece: the largest piece (bytes).
+        min_inflight: requests in flight at least.
+        max_inflight: requests in flight at most (the fetch threads).
+        overhead: the share of a piece's time its fixed latency may take.
+        window: requests the fit looks at.
+    """
+
+    min_piece: int = 512 * 1024
+    max_piece: int = 16 * 2**20
+    min_inflight: int = 2
+    max_inflight: int = 16
+    overhead: float = 0.1
+    window: int = 128
+
+
+class FetchTuner:
+    """Piece size and requests in flight, from the origin's measured latency and bandwidth.
+
+    Thread-safe: every fetch thread reports its requests with `observe`.
+
+    Args:
+        limits: the bounds.
+        piece: the piece size until the fit has seen enough.
+        inflight: requests in flight to start with.
+    """
+
+    def __init__(
+        self, limits: FetchLimits | None = None, piece: int = 4 * 2**20, inflight: int = 4
+    ) -> None:
+        self.limits = limits or FetchLimits()
+        lo, hi = self.limits.min_inflight, self.limits.max_inflight
+        self._piece = piece
+        self._inflight = min(max(inflight, lo), hi)
+        self._seen: deque[tuple[int, float]] = deque(maxlen=self.limits.window)
+        self._lock = threading.Lock()
+        # The throughput climb: bytes and span of the current round, and the best so far.
+        self._round_bytes = 0
+        self._round_start: float | None = None
+        self._round_n = 0
+        self._last_rate = 0.0
+        self._step = 1  # +1: try more in flight next round; -1: fewer
+        self.rate = 0.0  # the origin's aggregate throughput over the last round (bytes/s)
+        self.fitted: tuple[float, float] | None = None  # the last fit, see `fit`
+
+    @property
+    def piece(self) -> int:
+        """Bytes per origin request of a chunk copy."""
+        with self._lock:
+            return self._piece
+
+    @property
+    def inflight(self) -> int:
+        """Origin requests to keep in flight."""
+        with self._lock:
+            return self._inflight
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(latency s, bytes/s per request)`` fitted to the recent requests, or None while
+        they do not tell the two apart (too few, or all of one size)."""
+        with self._lock:
+            seen = list(self._seen)
+        if len(seen) < 8:
+            return None
+        n = len(seen)
+        ms = sum(s for s, _ in seen) / n
+        mt = sum(t for _, t in seen) / n
+        var = sum((s - ms) ** 2 for s, _ in seen)
+        if var <= 0 or ms <= 0:
+            return None
+        slope = sum((s - ms) * (t - mt) for s, t in seen) / var  # seconds per byte
+        if slope <= 0:
+            return None
+        latency = max(0.0, mt - slope * ms)
+        return latency, 1.0 / slope
+
+    def observe(self, nbytes: int, seconds: float, now: float) -> None:
+        """One origin request of ``nbytes`` took ``seconds``, ending at ``now`` (monotonic)."""
+        with self._lock:
+            self._seen.append((nbytes, seconds))
+            if self._round_start is None:
+                self._round_start = now - seconds
+            self._round_bytes += nbytes
+            self._round_n += 1
+            if self._round_n < max(8, 2 * self._inflight):
+                return
+            span = max(1e-6, now - self._round_start)
+            rate = self._round_bytes / span
+            self._round_start, self._round_bytes, self._round_n = now, 0, 0
+            self._climb(rate)
+        fitted = self.fit()
+        if fitted is not None:
+            with self._lock:
+                self.fitted = fitted
+                self._piece = self._piece_for(*fitted)
+
+    def _climb(self, rate: float) -> None:
+        """One round ended at ``rate``: keep going the way that paid; where it made no
+        difference, fewer requests do as well; after a loss, turn back."""
+        lo, hi = self.limits.min_inflight, self.limits.max_inflight
+        if rate < self._last_rate * 0.95:
+            self._step = -self._step
+        elif rate < self._last_rate * 1.05:
+            self._step = -1
+        self.rate, self._last_rate = rate, rate
+        self._inflight = min(max(self._inflight + self._step, lo), hi)
+
+    def _piece_for(self, latency: float, per_request: float) -> int:
+        """The smallest piece whose fixed latency is at most ``overhead`` of its time."""
+        o = self.limits.overhead
+        want = latency * per_request * (1 - o) / o
+        rounded = math.ceil(want / _ROUND) * _ROUND
+        return int(min(max(rounded, self.limits.min_piece), self.limits.max_piece))
+
+
+def lead_reads(
+    read_rate: float,
+    chunk_bytes: float,
+    origin_rate: float,
+    queued_bytes: float = 0.0,
+    margin: float = 2.0,
+    floor: int = 64,
+) -> int:
+    """How many reads ahead a prefetch looks: those made while the chunks queued before it and
+    the next chunk itself are fetched, with a ``margin``; at least ``floor``.
+
+    Args:
+        read_rate: reads per second the consumer makes.
+        chunk_bytes: bytes of a chunk.
+        origin_rate: bytes per second the origin delivers (0: not measured yet).
+        queued_bytes: bytes of copies already queued ahead of it.
+        margin: how many times the fetch time to look ahead.
+        floor: the fewest reads looked ahead.
+    """
+    if origin_rate <= 0 or read_rate <= 0:
+        return floor
+    seconds = (queued_bytes + chunk_bytes) / origin_rate
+    return max(floor, math.ceil(read_rate * seconds * margin))
+
+
+class LookAhead:
+    """When to prefetch again while reads go on, and how far: every `_AHEAD_S` seconds, the
+    reads made while the copies queued and the next chunk are fetched (`lead_reads`)."""
+
+    def __init__(self, chunk_bytes: float) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._lock = threading.Lock()
+        self._reads = 0
+        self._since: float | None = None  # the clock at the first read
+        self._rate = 0.0  # reads per second, smoothed
+
+    def due(self, now: float, origin_rate: float, queued: int) -> int:
+        """A read happened at ``now``: the horizon (reads) to prefetch over, or 0 for not yet."""
+        with self._lock:
+            self._reads += 1
+            if self._since is None:
+                self._since = now
+            span = now - self._since
+            if span < _AHEAD_S:
+                return 0
+            rate = self._reads / span
+            self._rate = rate if self._rate == 0 else 0.5 * (self._rate + rate)
+            self._reads, self._since = 0, now
+            reads = self._rate
+        lead = lead_reads(reads, self.chunk_bytes, origin_rate, queued * self.chunk_bytes)
+        return min(lead, _AHEAD_MAX)
