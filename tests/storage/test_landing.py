@@ -250,7 +250,8 @@ def test_a_reader_stops_waiting_when_the_copy_ends_unfinished(kind: str, tmp_pat
 
 
 class RecordingOrigin(PosixDriver):
-    """A read-only origin that notes the offset of every read, in order."""
+    """A read-only origin that notes the offset of every read, in order; each takes 50 ms (a
+    copy is in flight for a while: the read that started it waits for its piece)."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, read_only=True)
@@ -258,6 +259,7 @@ class RecordingOrigin(PosixDriver):
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         self.offsets.append(offset)
+        time.sleep(0.05)
         return super().read_range(path, offset, length)
 
 

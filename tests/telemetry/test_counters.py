@@ -109,4 +109,15 @@ def test_since_differences_counters_but_not_gauges() -> None:
         "disk": {"hits": 3.0, "held_bytes": 80.0, "shared": 1.0},
         "new": {"hits": 1.0},
     }
-    assert {"held_bytes", "shared"} == GAUGES
+    assert {"held_bytes", "shared", "inflight", "origin_mbps", "piece_kib"} == GAUGES
+
+
+def test_a_setting_of_several_processes_is_their_largest_not_a_sum() -> None:
+    workers = [
+        {"fetch": {"pieces": 3, "piece_kib": 4096, "inflight": 4, "origin_mbps": 100.0}},
+        {"fetch": {"pieces": 2, "piece_kib": 2048, "inflight": 6, "origin_mbps": 150.0}},
+    ]
+    # Requests in flight and throughput of the host are the workers' sums; a piece is a size.
+    assert combine(workers) == {
+        "fetch": {"pieces": 5, "piece_kib": 4096, "inflight": 10, "origin_mbps": 250.0}
+    }

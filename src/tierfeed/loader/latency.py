@@ -49,6 +49,9 @@ class DeadlineOptions:
             raise ConfigError(f"hard timeout must be > 0 s, got {self.hard_timeout_s}")
 
 
+_RECOMPUTE = 128  # reads between two computations of the running quantile
+
+
 class LatencyTracker:
     """A ring of recent latencies (seconds) and the deadline they imply; thread-safe."""
 
@@ -64,21 +67,32 @@ class LatencyTracker:
         with self._mutex:
             self._ring[self._count % len(self._ring)] = seconds
             self._count += 1
-            if self._count % 32 == 0:
+            if self._count % _RECOMPUTE == 0:
                 self._cached = None  # recompute the percentile now and then, not per read
+
+    def typical(self) -> float | None:
+        """The running ``quantile`` of read latency (s); None while warming up."""
+        cached = self._cached  # one attribute read: no lock on the path of every sample
+        if cached is not None:
+            return cached
+        with self._mutex:
+            if self._count < self.options.warmup:
+                return None
+            seen = self._ring[: min(self._count, len(self._ring))].copy()
+        # Outside the lock: readers recording their latencies do not wait for the quantile.
+        value = float(np.quantile(seen, self.options.quantile))
+        self._cached = value
+        return value
 
     def deadline(self) -> float:
         """Seconds a due read may take before it counts as late."""
         o = self.options
         if o.fixed_ms is not None:
             return o.fixed_ms / 1000.0
-        with self._mutex:
-            if self._count < o.warmup:
-                return o.floor_ms * 10 / 1000.0
-            if self._cached is None:
-                seen = self._ring[: min(self._count, len(self._ring))]
-                self._cached = float(np.quantile(seen, o.quantile))
-            return max(o.floor_ms / 1000.0, o.k * self._cached)
+        typical = self.typical()
+        if typical is None:
+            return o.floor_ms * 10 / 1000.0
+        return max(o.floor_ms / 1000.0, o.k * typical)
 
     def hedge_after(self) -> float | None:
         """Seconds after which a read is hedged, or None when hedging is off."""

@@ -58,6 +58,10 @@ class TierFiles:
         """Where the copy ``key`` lives, for messages."""
         return key
 
+    def has(self, key: str) -> bool:
+        """Whether the copy ``key`` is there now."""
+        return self.driver.exists(key)
+
     def sweep(self) -> int:
         """Remove what processes killed mid-copy left behind; returns how many."""
         return self.driver.remove_stale_temporaries()
@@ -110,6 +114,10 @@ class SharedDirectory(TierFiles):
 
     def where(self, key: str) -> str:
         return str(self.root / key)
+
+    def has(self, key: str) -> bool:
+        # One stat, no path parsing: asked on a miss, before the origin is read.
+        return os.path.exists(os.path.join(self.root, key))
 
     def claim(self, key: str) -> AbstractContextManager[bool]:
         return copy_claim(self.root, key)

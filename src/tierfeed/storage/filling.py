@@ -142,7 +142,7 @@ class TierFilling(ABC):
                 return True
             if tier.shared:
                 with contextlib.suppress(StorageError):
-                    if tier.driver.exists(cache_key(info)):
+                    if tier.files.has(cache_key(info)):
                         with self._mutex:
                             tier.held[info.id] = info.size
                         return True

@@ -178,15 +178,16 @@ class TierStack(TierFilling, ChunkSource):
         data = self._from_held(info, holding, offset, length)
         if data is not None:
             return data
-        # Placed by another process since this one looked: read it from the tier (once: a
-        # copy that vanishes again is read below).
-        if look_again and self._appeared(info):
-            return self._read(chunk, offset, length, look_again=False)
-        data = self._from_arrival(info, offset, length)
-        if data is not None:
-            return data
-        if look_again and self._appeared(info):  # placed by the copy this read waited for
-            return self._read(chunk, offset, length, look_again=False)
+        if chunk not in self._refused:  # a chunk no tier takes is read from the origin
+            # Placed by another process since this one looked: read it from the tier (once:
+            # a copy that vanishes again is read below).
+            if look_again and self._appeared(info):
+                return self._read(chunk, offset, length, look_again=False)
+            data = self._from_arrival(info, offset, length)
+            if data is not None:
+                return data
+            if look_again and self._appeared(info):  # placed by the copy this read awaited
+                return self._read(chunk, offset, length, look_again=False)
         started = time.perf_counter()
         data = self.origin.read_range(info.name, offset, length)
         self.tuner.observe(len(data), time.perf_counter() - started, time.monotonic())
