@@ -28,7 +28,7 @@ PIECE = 8 * 1024  # the store's chunks are ~32 KiB: four pieces each
 def slow_stack(store_dir: Path, tiers: list[Tier], median_ms: float = 150.0) -> TierStack:
     """A stack whose origin takes ``median_ms`` per read: a copy is in flight for that long."""
     origin = SlowDriver(PosixDriver(store_dir, read_only=True), LatencyModel(median_ms=median_ms))
-    options = TierOptions(piece_bytes=PIECE, fetch_threads=4)
+    options = TierOptions(piece_bytes=PIECE, fetch_threads=4, landing_wait_s=5)
     return TierStack(Index(store_dir).chunks(), origin, tiers, options=options)
 
 
