@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from bench.peers.common import origin_counters  # noqa: E402
+from bench.peers.common import origin_counters, random_tree  # noqa: E402
 from tierfeed.format.pack import PackOptions, pack  # noqa: E402
 from tierfeed.latency import LatencyModel  # noqa: E402
 from tierfeed.slowfs import SlowFS  # noqa: E402
@@ -54,10 +53,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        for i in range(args.samples):
-            d = base / "raw" / f"c{i % 10}"
-            d.mkdir(parents=True, exist_ok=True)
-            (d / f"s{i:06d}.bin").write_bytes(os.urandom(args.bytes))
+        random_tree(base / "raw", args.samples, args.bytes, classes=10)
         store = base / "origin" / "store"
         pack(base / "raw", store, PackOptions(chunk_size=args.chunk_mb * 2**20, progress=False))
         size = sum(f.stat().st_size for f in (store / "chunks").iterdir())

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
+from bench.peers.common import random_tree  # noqa: E402
 from tierfeed.format.pack import PackOptions, pack  # noqa: E402
 from tierfeed.storage.store import Sample  # noqa: E402
 from tierfeed.torch import Dataset, Loader, TierConfig  # noqa: E402
@@ -70,10 +71,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        for i in range(args.samples):
-            d = base / "raw" / f"c{i % 20}"
-            d.mkdir(parents=True, exist_ok=True)
-            (d / f"s{i:06d}.bin").write_bytes(os.urandom(args.kb * 1000))
+        random_tree(base / "raw", args.samples, args.kb * 1000, classes=20)
         store = base / "store"
         pack(base / "raw", store, PackOptions(chunk_size=64 * 2**20, progress=False))
         cache = base / "cache"

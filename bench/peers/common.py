@@ -76,6 +76,14 @@ def origin_counters(slowfs: Path) -> dict[str, int]:
     return {k: int(getattr(stats, k)) for k in COUNTERS}
 
 
+def random_tree(root: Path, samples: int, nbytes: int, classes: int) -> None:
+    """``samples`` files of ``nbytes`` random bytes in ``classes`` folders under ``root``."""
+    for i in range(samples):
+        folder = root / f"c{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"s{i:06d}.bin").write_bytes(os.urandom(nbytes))
+
+
 def tree_bytes(path: Path) -> int:
     """Bytes of the regular files under ``path`` (the local cache's size)."""
     total = 0
