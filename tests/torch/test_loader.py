@@ -238,22 +238,29 @@ class HeldChunks(DirectoryChunks):
         return super().read_range(chunk, offset, length)
 
 
+def hedged(store_dir: Path, source: type[DirectoryChunks], deadline: DeadlineOptions) -> Dataset:
+    """A dataset reading through ``source`` (a misbehaving DirectoryChunks), hedged by reads
+    of the store's own files."""
+
+    def store() -> Store:
+        index = Index(store_dir)
+        return Store(index, source(index.path.parent, index.chunks(), index.path))
+
+    return Dataset(
+        store,
+        PermPlan(N),
+        batch_size=8,
+        decode=decode,
+        deadline=deadline,
+        hedge_source=lambda: DirectoryChunks(store_dir, Index(store_dir).chunks(), store_dir),
+    )
+
+
 @pytest.mark.timeout(30)
 def test_epoch_ends_without_waiting_for_a_hedged_read(store_dir: Path) -> None:
     # The held read's sample is delivered by its hedge; the epoch (and the next) must not
     # wait for the held read itself, which finishes in the background once storage answers.
-    def held_store() -> Store:
-        index = Index(store_dir)
-        return Store(index, HeldChunks(index.path.parent, index.chunks(), index.path))
-
-    ds = Dataset(
-        held_store,
-        PermPlan(N),
-        batch_size=8,
-        decode=decode,
-        deadline=DeadlineOptions(fixed_ms=5, hedge_after_ms=10),
-        hedge_source=lambda: DirectoryChunks(store_dir, Index(store_dir).chunks(), store_dir),
-    )
+    ds = hedged(store_dir, HeldChunks, DeadlineOptions(fixed_ms=5, hedge_after_ms=10))
     loader = Loader(ds)
     try:
         for epoch in range(2):
@@ -347,18 +354,7 @@ class StalledOpen(DirectoryChunks):
 def test_hedges_cover_a_stalled_open(store_dir: Path) -> None:
     # Every read of chunk 1 queues behind one stalled open; their hedges open the file on
     # their own (another descriptor cache), so no batch waits for the stall.
-    def stalled_store() -> Store:
-        index = Index(store_dir)
-        return Store(index, StalledOpen(index.path.parent, index.chunks(), index.path))
-
-    ds = Dataset(
-        stalled_store,
-        PermPlan(N),
-        batch_size=8,
-        decode=decode,
-        deadline=DeadlineOptions(fixed_ms=20, hedge_after_ms=50),
-        hedge_source=lambda: DirectoryChunks(store_dir, Index(store_dir).chunks(), store_dir),
-    )
+    ds = hedged(store_dir, StalledOpen, DeadlineOptions(fixed_ms=20, hedge_after_ms=50))
     with Loader(ds) as loader:
         assert sorted(values(list(loader))) == list(range(N))
         assert StalledOpen.stalled.is_set()  # the open did stall

@@ -12,7 +12,7 @@ from tierfeed.errors import ChunkCorruptError
 from tierfeed.format.chunkref import ChunkInfo, new_hasher
 from tierfeed.storage.driver import Driver
 
-__all__ = ["FETCH_BLOCK", "fetch_verified"]
+__all__ = ["FETCH_BLOCK", "damaged_chunk", "fetch_verified", "short_chunk"]
 
 FETCH_BLOCK = 8 * 2**20  # bytes per origin read while copying a chunk
 
@@ -54,11 +54,25 @@ def fetch_verified(
         else:
             sink(data)
     if done != info.size or hasher.intdigest() != info.checksum:
-        raise ChunkCorruptError(
-            f"chunk {info.name} at {origin.name} does not match the index (read {done} bytes, "
-            f"index says {info.size}, or the checksum differs); the origin copy is damaged: "
-            "run `tierfeed verify` on the store and re-pack or restore it"
-        )
+        raise damaged_chunk(info, origin.name, done)
     if sink is not None:
         return b""
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def damaged_chunk(info: ChunkInfo, where: str, got: int) -> ChunkCorruptError:
+    """The error for chunk ``info`` at ``where`` whose ``got`` bytes are not what the index
+    says (another size, or another checksum)."""
+    return ChunkCorruptError(
+        f"chunk {info.name} at {where} does not match the index (read {got} bytes, "
+        f"index says {info.size}, or the checksum differs); the origin copy is damaged: "
+        "run `tierfeed verify` on the store and re-pack or restore it"
+    )
+
+
+def short_chunk(info: ChunkInfo, where: str, offset: int, length: int) -> ChunkCorruptError:
+    """The error for a range of chunk ``info`` that ``where`` returned short."""
+    return ChunkCorruptError(
+        f"chunk {info.name} at {where} is shorter than the index says "
+        f"(wanted {offset}+{length} bytes); run `tierfeed verify`"
+    )

@@ -24,6 +24,7 @@ from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.storage.copier import Copier, Gate
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key
 from tierfeed.storage.driver import Driver
+from tierfeed.storage.fetch import damaged_chunk, short_chunk
 from tierfeed.storage.landing import Arrival, FetchCounters, Landing
 from tierfeed.storage.placement import Placement
 from tierfeed.storage.tuning import FetchTuner
@@ -148,13 +149,20 @@ class TierFilling(ABC):
                         return True
         return False
 
-    def _origin_read(self, name: str, offset: int, length: int) -> bytes:
-        """One request to the origin, in the tuner's budget of requests in flight, timed."""
-        with self._gate.held(self.tuner.inflight):
+    def _origin_read(self, info: ChunkInfo, offset: int, length: int, gated: bool = True) -> bytes:
+        """One request to the origin, timed for the tuner; ``gated`` (a copy's piece): within
+        the tuner's budget of requests in flight.
+
+        Raises:
+            ChunkCorruptError: the origin returned fewer bytes than the index says are there.
+        """
+        with self._gate.held(self.tuner.inflight) if gated else contextlib.nullcontext():
             started = time.perf_counter()
-            data = self.origin.read_range(name, offset, length)
+            data = self.origin.read_range(info.name, offset, length)
             took = time.perf_counter() - started
         self.tuner.observe(len(data), took, time.monotonic())
+        if len(data) != length:
+            raise short_chunk(info, self.origin.name, offset, length)
         return data
 
     # --- copies ---------------------------------------------------------------------------
@@ -188,7 +196,7 @@ class TierFilling(ABC):
             if data is not None:
                 self._place_all(info, data, started)
                 return
-            arrival = self.landing.begin(info, self._piece_bytes(info))
+            arrival = self.landing.begin(info, self.tuner.piece)
             try:
                 data = self._fetch(arrival)
                 with self._mutex:
@@ -199,9 +207,6 @@ class TierFilling(ABC):
                     self._corrupt[chunk] = f"chunk {info.name} at the origin is bad: {exc}"
             finally:
                 self.landing.end(arrival)  # after placing: readers go from one to the other
-
-    def _piece_bytes(self, info: ChunkInfo) -> int:
-        return self.tuner.piece
 
     def _fetch(self, arrival: Arrival) -> bytes:
         """Every piece of ``arrival``'s chunk from the origin, in parallel on the fetch
@@ -225,11 +230,7 @@ class TierFilling(ABC):
         info = arrival.info
         data = arrival.whole()
         if len(data) != info.size or checksum_bytes(data) != info.checksum:
-            raise ChunkCorruptError(
-                f"chunk {info.name} at {self.origin.name} does not match the index (its size "
-                "or checksum differs); the origin copy is damaged: run `tierfeed verify` on the "
-                "store and re-pack or restore it"
-            )
+            raise damaged_chunk(info, self.origin.name, len(data))
         return data
 
     def _fetch_piece(self, arrival: Arrival, index: int) -> None:
@@ -238,13 +239,8 @@ class TierFilling(ABC):
         # halves: requests of two sizes are what the fit needs.
         halves = 2 if self.tuner.fitted is None and index % 2 and length > 1 else 1
         cut = [offset + length * k // halves for k in range(halves + 1)]
-        parts = [self._origin_read(arrival.info.name, a, b - a) for a, b in itertools.pairwise(cut)]
+        parts = [self._origin_read(arrival.info, a, b - a) for a, b in itertools.pairwise(cut)]
         data = parts[0] if halves == 1 else b"".join(parts)
-        if len(data) != length:
-            raise ChunkCorruptError(
-                f"chunk {arrival.info.name} at {self.origin.name} is shorter than the index "
-                f"says (wanted {offset}+{length} bytes); run `tierfeed verify`"
-            )
         arrival.put(index, data)
         self.fetch_counters.add(pieces=1, piece_bytes=length)
         with self._mutex:

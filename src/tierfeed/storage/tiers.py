@@ -134,6 +134,8 @@ class TierStack(TierFilling, ChunkSource):
         self._gate = Gate()
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
         self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
+        # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
+        self._looks_ahead = any(isinstance(p, Clairvoyant) for p in self.policies)
         self._fetches = ThreadPoolExecutor(
             self.options.fetch_threads if self.tiers else 1, thread_name_prefix="tierfeed-fetch"
         )
@@ -175,9 +177,10 @@ class TierStack(TierFilling, ChunkSource):
             holding = [chunk in t.held for t in self.tiers]
         if failure is not None:
             raise ChunkCorruptError(failure)
-        horizon = self._ahead.due(time.monotonic(), self.tuner.rate, self._copier.inflight)
-        if horizon:
-            self.prefetch(horizon)
+        if self._looks_ahead:
+            horizon = self._ahead.due(time.monotonic(), self.tuner.rate, self._copier.inflight)
+            if horizon:
+                self.prefetch(horizon)
         data = self._from_held(info, holding, offset, length)
         if data is not None:
             return data
@@ -191,17 +194,10 @@ class TierStack(TierFilling, ChunkSource):
                 return data
             if look_again and self._appeared(info):  # placed by the copy this read awaited
                 return self._read(chunk, offset, length, look_again=False)
-        started = time.perf_counter()
-        data = self.origin.read_range(info.name, offset, length)
-        self.tuner.observe(len(data), time.perf_counter() - started, time.monotonic())
+        data = self._origin_read(info, offset, length, gated=False)
         with self._mutex:
             self.origin_counters.hits += 1
             self.origin_counters.bytes += len(data)
-        if len(data) != length:
-            raise ChunkCorruptError(
-                f"chunk {info.name} at the origin is shorter than the index says "
-                f"(wanted {offset}+{length} bytes); run `tierfeed verify`"
-            )
         self.schedule(chunk)
         return data
 
