@@ -98,6 +98,39 @@ def test_bad_cache_and_bad_origin_names_both(store_dir: Path, tmp_path: Path) ->
     assert not (cache / cache_key(info)).exists()
 
 
+class BadCopyThenBadOrigin(DirectoryChunks):
+    """A cached copy serves altered bytes; once it is dropped, the origin's copy turns out bad
+    too, as a tier stack reports it when the copy that replaces it fails its check first."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.dropped = False
+
+    def read_range(self, chunk: int, offset: int, length: int) -> bytes:
+        if self.dropped:
+            raise ChunkCorruptError(f"chunk {self.chunks[chunk].name} at the origin is bad")
+        data = bytearray(super().read_range(chunk, offset, length))
+        data[0] ^= 0xFF  # not what was packed
+        return bytes(data)
+
+    def discard(self, chunk: int) -> str | None:
+        self.dropped = True
+        return "copy /cache/00000000-x.tar of tier disk"
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_origin_found_after_dropping_a_bad_copy_names_both(store_dir: Path) -> None:
+    index = Index(store_dir)
+    member = next(m for m in range(index.num_members) if int(index.member_length[m]) > 0)
+    source = BadCopyThenBadOrigin(store_dir, index.chunks(), index.path)
+    chunk = int(index.member_chunk[member])
+    with Store(index, source) as store, pytest.raises(ChunkCorruptError) as err:
+        store.read_member(member)
+    message = str(err.value)
+    assert "/cache/00000000-x.tar" in message  # the cached copy that was bad (and dropped)
+    assert str(store_dir / index.chunk(chunk).name) in message  # and the origin, bad as well
+
+
 @pytest.mark.timeout(60)
 def test_bad_origin_is_blamed_as_origin(store_dir: Path) -> None:
     info, offset, sample = first_member(store_dir, 1)

@@ -97,7 +97,11 @@ class Store:
             if copy is None:
                 raise self._corrupt(member, chunk, dropped)
             dropped.append(copy)
-            data = self.source.read_range(chunk, offset, length)
+            try:
+                data = self.source.read_range(chunk, offset, length)
+            except ChunkCorruptError as exc:
+                # The next copy down (the origin, copied anew) is bad too: name every copy.
+                raise self._corrupt(member, chunk, dropped) from exc
         return data
 
     def _corrupt(self, member: int, chunk: int, dropped: list[str]) -> ChunkCorruptError:
