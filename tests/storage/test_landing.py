@@ -276,3 +276,24 @@ def test_the_piece_a_read_waits_for_is_fetched_first(store_dir: Path) -> None:
         assert origin.offsets[0] // PIECE == 3  # its piece first, then the rest in order
         assert sorted({o // PIECE for o in origin.offsets}) == [0, 1, 2, 3]
         assert tiers.fetch_counters.snapshot()["served"] == 1
+
+
+def test_sweep_removes_dead_arrivals_and_leaves_stray_files_alone(tmp_path: Path) -> None:
+    landing = FileLanding(tmp_path)
+    live = landing.begin(_info(), PIECE)  # this process: alive
+    stray = tmp_path / ".landing"
+    (stray / "notes.txt").write_text("not ours")
+    (stray / "odd.map").mkdir()  # a directory where a map would be
+    dead = ChunkInfo(id=8, name="chunks/y.tar", size=PIECE, checksum=0x99)
+    landing.begin(dead, PIECE).close()
+    dead_map = next(p for p in stray.glob("00000008-*.map"))
+    raw = bytearray(dead_map.read_bytes())
+    raw[4:8] = (2**31 - 2).to_bytes(4, "little")  # an owner pid that does not exist
+    dead_map.write_bytes(bytes(raw))
+    assert landing.sweep() == 1
+    assert not list(stray.glob("00000008-*"))  # its map and its data
+    found = landing.find(live.info)
+    assert landing.find(dead) is None and found is not None
+    assert (stray / "notes.txt").exists() and (stray / "odd.map").is_dir()
+    found.close()
+    live.close()
