@@ -20,6 +20,7 @@ import os
 import resource
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,8 @@ COUNTERS = ("opens", "stats", "reads", "bytes_read")
 class ReadArgs:
     """What `read` is told: the same for every system in a run."""
 
-    data: Path  # the system's converted dataset, under the slowfs mountpoint
-    slowfs: Path  # the slowfs mountpoint (its counters file is read around each epoch)
+    data: str  # the system's converted dataset: under the slowfs mountpoint, or an s3:// URL
+    slowfs: str  # the slowfs mountpoint, or the slowed S3 proxy's URL (counters per epoch)
     cache: Path  # a local directory the system may cache in (empty at the start)
     cache_bytes: int  # the local cache budget
     epochs: int
@@ -52,8 +53,8 @@ class ReadArgs:
 def read_parser(system: str) -> argparse.ArgumentParser:
     """The `read` command line every runner accepts."""
     p = argparse.ArgumentParser(prog=f"run_{system}.py read")
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--slowfs", type=Path, required=True)
+    p.add_argument("--data", required=True, help="a directory, or an s3:// URL")
+    p.add_argument("--slowfs", required=True, help="a slowfs mountpoint, or an S3 proxy's URL")
     p.add_argument("--cache", type=Path, required=True)
     p.add_argument("--cache-bytes", type=int, required=True)
     p.add_argument("--epochs", type=int, default=3)
@@ -70,10 +71,31 @@ def parse_read(system: str, argv: list[str]) -> ReadArgs:
                     a.seed, a.out)  # fmt: skip
 
 
-def origin_counters(slowfs: Path) -> dict[str, int]:
-    """slowfs's counters since it was mounted."""
-    stats = SlowFSStats.from_json((slowfs / STATS).read_bytes())
+def origin_counters(slowfs: str | Path) -> dict[str, int]:
+    """slowfs's counters since it was mounted, or a slowed S3 proxy's (tests/s3proxy.py): its
+    HEADs as stats, GETs as reads, the bytes of their bodies."""
+    where = str(slowfs)
+    if where.startswith("http"):
+        with urllib.request.urlopen(f"{where}/__proxy__/counters", timeout=10) as answer:
+            proxy = json.loads(answer.read())
+        return {"opens": 0, "stats": proxy["heads"], "reads": proxy["gets"],
+                "bytes_read": proxy["bytes_out"]}  # fmt: skip
+    stats = SlowFSStats.from_json((Path(where) / STATS).read_bytes())
     return {k: int(getattr(stats, k)) for k in COUNTERS}
+
+
+def is_url(data: str) -> bool:
+    return data.startswith("s3://")
+
+
+def dataset_bytes(data: str) -> int:
+    """Bytes of a converted dataset: a directory's files, or the objects under a URL."""
+    if not is_url(data):
+        return tree_bytes(Path(data))
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(data)
+    return int(fs.du(root))
 
 
 def random_tree(root: Path, samples: int, nbytes: int, classes: int) -> None:

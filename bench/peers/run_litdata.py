@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import litdata
 import torch
 
-from bench.peers.common import measure, parse_read, raw_samples, run_command, tree_bytes
+from bench.peers.common import is_url, measure, parse_read, raw_samples, run_command, tree_bytes
 
 SYSTEM = "litdata"
 
@@ -36,9 +36,13 @@ def jpeg_and_label(item: tuple[str, int]) -> dict[str, Any]:
         return {"jpg": fh.read(), "label": label}
 
 
-def chunk_count(out: Path) -> int:
-    """Chunks listed in the converted dataset's index.json."""
-    return len(json.loads((out / "index.json").read_text())["chunks"])
+def chunk_count(out: str) -> int:
+    """Chunks listed in the converted dataset's index.json (a directory or a URL)."""
+    if is_url(out):
+        import fsspec
+
+        return len(json.loads(fsspec.open(f"{out}/index.json").open().read())["chunks"])
+    return len(json.loads((Path(out) / "index.json").read_text())["chunks"])
 
 
 def convert(argv: list[str]) -> None:
@@ -71,7 +75,8 @@ def read(argv: list[str]) -> None:
     args = parse_read(SYSTEM, argv)
     torch.set_num_threads(1)
     ds = litdata.StreamingDataset(
-        input_dir="local:" + str(args.data.resolve()),  # a network drive: cached, not read in place
+        # A network drive: cached, not read in place (an s3:// URL: the SDK's own endpoint).
+        input_dir=args.data if is_url(args.data) else "local:" + str(Path(args.data).resolve()),
         cache_dir=str(args.cache),
         shuffle=True,
         seed=args.seed,

@@ -43,7 +43,7 @@ def main() -> None:
     args = parse_read("per-file", sys.argv[2:])
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(args.seed)
-    loader = DataLoader(PerFile(args.data), batch_size=args.batch, shuffle=True,
+    loader = DataLoader(PerFile(Path(args.data)), batch_size=args.batch, shuffle=True,
                         num_workers=args.workers, generator=generator)  # fmt: skip
     measure("per-file", args, lambda epoch: loader)
 

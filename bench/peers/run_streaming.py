@@ -26,6 +26,7 @@ from streaming.base.util import clean_stale_shared_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.peers.common import ReadArgs, measure, parse_read, raw_samples, tree_bytes
+from bench.peers.common import dataset_bytes as stored_bytes
 
 SYSTEM = "streaming"
 COLUMNS = {"jpg": "bytes", "cls": "int"}
@@ -76,10 +77,10 @@ def read(args: ReadArgs) -> None:
     # A killed earlier run may have left its state in /dev/shm (it also unlinks a live one's:
     # run one Streaming process at a time).
     clean_stale_shared_memory()
-    dataset_bytes = tree_bytes(args.data)
+    dataset_bytes = stored_bytes(args.data)
     cache_limit = args.cache_bytes if args.cache_bytes < dataset_bytes else None
     try:
-        ds = LengthLabelDataset(remote=str(args.data), local=str(args.cache), shuffle=True,
+        ds = LengthLabelDataset(remote=args.data, local=str(args.cache), shuffle=True,
                                 shuffle_seed=args.seed, batch_size=args.batch,
                                 cache_limit=cache_limit)  # fmt: skip
     except ValueError as exc:  # e.g. a cache_limit under 4 x the largest shard

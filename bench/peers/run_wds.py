@@ -114,7 +114,7 @@ def read(argv: list[str]) -> None:
     args = parse_read(SYSTEM, argv)
     torch.set_num_threads(1)
     args.cache.mkdir(parents=True, exist_ok=True)
-    urls = shard_urls(args.data)
+    urls = shard_urls(Path(args.data))
     extra = {"shards": len(urls), "opener": "pipe:cat + FileCache"}
     measure(SYSTEM, args, lambda epoch: loader(urls, args, epoch), extra=extra)
 

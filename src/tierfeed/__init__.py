@@ -14,12 +14,12 @@ from tierfeed.errors import TierfeedError
 if TYPE_CHECKING:
     from tierfeed.format.chunkref import ChunkInfo
     from tierfeed.format.index import Index
-    from tierfeed.format.optimize import optimize
-    from tierfeed.format.pack import PackOptions, PackReport, pack
+    from tierfeed.format.pack import PackOptions, PackReport
     from tierfeed.format.shards import index_shards
     from tierfeed.format.verify import verify_store
-    from tierfeed.format.writer import Writer, WriteReport
+    from tierfeed.format.writer import WriteReport
     from tierfeed.loader.compose import open_store
+    from tierfeed.loader.upload import Writer, optimize, pack
     from tierfeed.storage.source import ChunkSource
     from tierfeed.storage.store import PathStat, Sample, Store
     from tierfeed.world import World
@@ -52,10 +52,10 @@ _LAZY = {
     "ChunkInfo": "tierfeed.format.chunkref",
     "ChunkSource": "tierfeed.storage.source",
     "Index": "tierfeed.format.index",
-    "optimize": "tierfeed.format.optimize",
+    "optimize": "tierfeed.loader.upload",
     "PackOptions": "tierfeed.format.pack",
     "PackReport": "tierfeed.format.pack",
-    "pack": "tierfeed.format.pack",
+    "pack": "tierfeed.loader.upload",
     "index_shards": "tierfeed.format.shards",
     "PathStat": "tierfeed.storage.store",
     "Sample": "tierfeed.storage.store",
@@ -63,7 +63,7 @@ _LAZY = {
     "open_store": "tierfeed.loader.compose",
     "verify_store": "tierfeed.format.verify",
     "WriteReport": "tierfeed.format.writer",
-    "Writer": "tierfeed.format.writer",
+    "Writer": "tierfeed.loader.upload",
     "World": "tierfeed.world",
 }
 

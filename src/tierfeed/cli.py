@@ -49,16 +49,16 @@ _OS_ADVICE = {
 # Each summary is the `help=` its module registers (tests/test_cli_startup.py keeps them equal).
 COMMANDS: dict[str, tuple[str, str]] = {
     "pack": (
-        "tierfeed.format.commands:register_pack",
+        "tierfeed.loader.commands:register_pack",
         "pack a directory tree into tar chunks and an index",
     ),
     "index": ("tierfeed.format.commands:register_index", "index existing tar shards in place"),
     "inspect": (
-        "tierfeed.format.commands:register_inspect",
+        "tierfeed.loader.commands:register_inspect",
         "summarise a store: samples, chunks, classes, sizes",
     ),
     "verify": (
-        "tierfeed.format.commands:register_verify",
+        "tierfeed.loader.commands:register_verify",
         "check every chunk checksum and the index; exit 1 if bad",
     ),
     "slowfs": (

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from tests.distributed.ranks import make_store
+from tests.objectstore import env as objectstore_env
+from tests.objectstore import upload
 from tierfeed.cli import main
 from tierfeed.format.index import Index
 from tierfeed.format.verify import verify_store
@@ -53,3 +55,23 @@ def test_stage_under_torchrun_splits_the_work(tmp_path: Path) -> None:
         assert report["chunks_copied"] == ix.num_chunks  # summed over both ranks, once each
     # torchrun puts both ranks on one node: they share one directory.
     assert verify_store(tmp_path / "node0", progress=False) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.dist)])
+def test_stage_from_an_s3_url(tmp_path: Path, s3_endpoint: str, bucket: str, ranks: int) -> None:
+    store = make_store(tmp_path, 64)
+    url = upload(s3_endpoint, store, bucket, "staged")
+    env = dict(os.environ, **objectstore_env(s3_endpoint), TIERFEED_CACHE=str(tmp_path / "cache"))
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    stage = ["-m", "tierfeed", "stage", url, "--to", str(tmp_path / "node{node}"), "--json"]
+    stage += ["--quiet", "--timeout", "60"]
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    cmd = [sys.executable, *(launch if ranks > 1 else []), *stage]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    with Index(store) as ix:
+        assert report["chunks_copied"] == ix.num_chunks  # once each, over every rank
+    assert verify_store(tmp_path / "node0", progress=False) == []
+    assert (tmp_path / "node0" / "index.tfi").read_bytes() == (store / "index.tfi").read_bytes()

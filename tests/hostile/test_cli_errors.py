@@ -260,7 +260,7 @@ def test_simulate_bad_values(tmp_path: Path) -> None:
 PLANTED = """
 import sys
 from tierfeed import cli
-from tierfeed.format import commands
+from tierfeed.loader import commands
 def planted(args):
     raise {exc}("planted for the test")
 commands._run_inspect = planted

@@ -1,46 +1,18 @@
-"""Driver fixtures: every driver the conformance suite runs against, a real S3 server included."""
+"""Driver fixtures: every driver the conformance suite runs against, a real S3 server included
+(`s3_endpoint`, in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.format.conftest import write_tree
+from tests.objectstore import s3_options
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.storage import Driver, LatencyModel, MemoryDriver, PosixDriver, SlowDriver
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server in this process, on loopback only."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-def s3_options(endpoint: str) -> dict[str, object]:
-    return {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        "skip_instance_cache": True,
-    }
 
 
 @pytest.fixture

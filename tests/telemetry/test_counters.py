@@ -68,6 +68,7 @@ def test_every_component_counter_is_one() -> None:
         assert isinstance(counters, Counters)
     assert list(OpCounters().snapshot()) == [
         "opens", "reads", "bytes_read", "writes", "bytes_written", "deletes", "stats", "lists",
+        "retries",
     ]  # fmt: skip
     assert "waits" not in StreamCounters().snapshot()
     assert not hasattr(StreamCounters(), "stall_s")

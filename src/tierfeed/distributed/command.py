@@ -65,7 +65,9 @@ def register(sub: Any) -> None:
             "(rank and world from the environment)."
         ),
     )
-    p.add_argument("store", help="the store at the origin (its directory)")
+    p.add_argument(
+        "store", help="the store at the origin (its directory, or a URL: s3://bucket/ds)"
+    )
     p.add_argument(
         "--to",
         required=True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,10 @@ from tierfeed.format.chunkref import ChunkInfo, checksum_file
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.loader.compose import plan_for
+from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
 from tierfeed.publish import publishing
-from tierfeed.storage import PosixDriver, fetch_verified
+from tierfeed.storage import Driver, fetch_verified
 from tierfeed.world import World
 
 __all__ = ["StageReport", "local_dir_for", "stage"]
@@ -94,7 +96,7 @@ def _verified(path: Path, info: ChunkInfo) -> bool:
         return False
 
 
-def _copy_chunk(origin: PosixDriver, info: ChunkInfo, target: Path, bar: tqdm[Any]) -> None:
+def _copy_chunk(origin: Driver, root: str, info: ChunkInfo, target: Path, bar: tqdm[Any]) -> None:
     """Stream one chunk from the origin to ``target`` with the tier stack's verified copy; it is
     renamed into place only once its size and checksum matched the index."""
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -108,7 +110,7 @@ def _copy_chunk(origin: PosixDriver, info: ChunkInfo, target: Path, bar: tqdm[An
             fetch_verified(origin, info, sink=sink)
     except ChunkCorruptError as exc:
         raise ChunkCorruptError(
-            f"chunk {origin.root / info.name} at the origin does not match the index (size or "
+            f"chunk {root}/{info.name} at the origin does not match the index (size or "
             "checksum); run `tierfeed verify` on the store and re-pack it"
         ) from exc
 
@@ -129,25 +131,29 @@ def stage(
     world: World | None = None,
     comm: Comm | None = None,
     progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> StageReport:
     """Copy this rank's share of the store's chunks into node-local storage.
 
     Call it on every rank (with ``comm``) or in a single process (copies everything).
 
     Args:
-        store: the store at the origin (its directory).
+        store: the store at the origin (its directory, or a URL such as ``s3://bucket/ds``).
         to: the node-local directory; ``{node}`` and ``{rank}`` are filled in.
         plan: the plan the job will read with: partition plans stage each rank's partition.
         world: rank, world size and ranks per node (default: from ``comm``, single process
             without one).
         comm: the job's byte group, to sum the report over ranks and wait for every node.
         progress: show a progress bar of this rank's bytes (on local rank 0 only).
+        storage_options: for a URL, what its fsspec file system takes (by default the
+            environment's credentials and endpoint).
 
     Returns:
         The job-wide report (this rank's ``local_dir``).
     """
     started = time.monotonic()
-    index = Index(Path(store))
+    location = StoreLocation.of(store, storage_options)
+    index = Index(location.index_file())
     world = world or (comm.world() if comm is not None else World())
     if comm is not None and comm.world_size != world.world_size:
         raise ConfigError(f"world of {world.world_size} ranks but the group has {comm.world_size}")
@@ -159,7 +165,7 @@ def stage(
     chunks = index.chunks()
     mine = [chunks[int(c)] for c in holdings.staged_by(world.rank)]
     report = StageReport(local_dir=os.fspath(local))
-    origin = PosixDriver(index.path.parent, read_only=True)
+    origin = location.origin()
     if world.local_rank == 0:
         _copy_index(index.path, local)
     with tqdm(
@@ -176,7 +182,7 @@ def stage(
                 report.bytes_present += info.size
                 bar.update(info.size)
                 continue
-            _copy_chunk(origin, info, target, bar)
+            _copy_chunk(origin, location.root, info, target, bar)
             report.chunks_copied += 1
             report.bytes_copied += info.size
     ops = origin.counters.snapshot()

@@ -1,18 +1,19 @@
-"""CLI subcommands of the format: pack, index, inspect, verify."""
+"""CLI subcommands of the format: pack, index (inspect and verify, which read stores by path
+or URL, are `tierfeed.loader.commands`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from tierfeed.errors import ConfigError
-from tierfeed.format.pack import PackOptions, pack
+from tierfeed.format.pack import PackOptions, PackReport, pack
 from tierfeed.format.shards import index_shards
-from tierfeed.format.verify import summarize, verify_store
 from tierfeed.units import human, parse_size
 
-__all__ = ["register_index", "register_inspect", "register_pack", "register_verify"]
+__all__ = ["register_index", "register_pack", "run_pack"]
 
 Sub = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -32,7 +33,9 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _run_pack(args: argparse.Namespace) -> int:
+def run_pack(args: argparse.Namespace, packer: Callable[..., PackReport] = pack) -> int:
+    """`tierfeed pack` with ``args``, packing with ``packer`` (`tierfeed.loader.commands`
+    gives one that also packs to a URL)."""
     options = PackOptions(
         chunk_size=args.chunk_size,
         workers=args.workers,
@@ -42,7 +45,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    report = pack(args.src, args.dst, options, files=args.files)
+    report = packer(args.src, args.dst, options, files=args.files)
     _print_skipped(report.skipped)
     rate = report.data_bytes / max(report.seconds, 1e-9)
     resumed = f", {report.resumed_chunks} kept from an earlier run" if report.resumed_chunks else ""
@@ -64,7 +67,7 @@ def register_pack(sub: Any) -> None:
     """Add `tierfeed pack`."""
     p = sub.add_parser("pack", help="pack a directory tree into tar chunks and an index")
     p.add_argument("src", help="source directory (ImageFolder layout gives labels)")
-    p.add_argument("dst", help="store directory to create")
+    p.add_argument("dst", help="store directory to create, or a URL (s3://bucket/ds)")
     p.add_argument(
         "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
     )
@@ -87,7 +90,7 @@ def register_pack(sub: Any) -> None:
     p.add_argument("--skip-unreadable", action="store_true", help="skip and list unreadable files")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DST")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run_pack)
+    p.set_defaults(func=run_pack)
 
 
 def _run_index(args: argparse.Namespace) -> int:
@@ -129,50 +132,3 @@ def register_index(sub: Any) -> None:
     p.add_argument("--skip-bad-names", action="store_true", help="skip and count unsafe names")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_index)
-
-
-def _run_inspect(args: argparse.Namespace) -> int:
-    s = summarize(args.store)
-    print(f"store     {args.store}")
-    print(f"samples   {s.samples}")
-    print(f"files     {s.members}")
-    mean_chunk = human(s.chunk_bytes / max(s.chunks, 1))
-    print(f"chunks    {s.chunks} ({human(s.chunk_bytes)}, mean {mean_chunk})")
-    print(
-        f"data      {human(s.data_bytes)} (mean sample {human(s.data_bytes / max(s.samples, 1))})"
-    )
-    shown = ", ".join(s.classes[:8]) + (", ..." if len(s.classes) > 8 else "")
-    print(f"classes   {len(s.classes)}" + (f" ({shown})" if s.classes else ""))
-    print("exts      " + ", ".join(f"{e or '(none)'}: {n}" for e, n in s.exts.items()))
-    print("sample sizes:")
-    peak = max((c for _, c in s.size_histogram), default=1)
-    for bound, count in s.size_histogram:
-        bar = "#" * max(1, round(40 * count / peak))
-        print(f"  <= {human(bound):>10}  {count:>10}  {bar}")
-    return 0
-
-
-def register_inspect(sub: Any) -> None:
-    """Add `tierfeed inspect`."""
-    p = sub.add_parser("inspect", help="summarise a store: samples, chunks, classes, sizes")
-    p.add_argument("store", help="store directory or index file")
-    p.set_defaults(func=_run_inspect)
-
-
-def _run_verify(args: argparse.Namespace) -> int:
-    problems = verify_store(args.store, progress=not args.quiet)
-    for problem in problems:
-        print(f"BAD: {problem}")
-    if problems:
-        print(f"{len(problems)} problem(s) in {args.store}")
-        return 1
-    print(f"ok: {args.store}")
-    return 0
-
-
-def register_verify(sub: Any) -> None:
-    """Add `tierfeed verify`."""
-    p = sub.add_parser("verify", help="check every chunk checksum and the index; exit 1 if bad")
-    p.add_argument("store", help="store directory or index file")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run_verify)

@@ -104,7 +104,7 @@ class PackOptions:
 class PackReport:
     """What a pack did."""
 
-    store: Path
+    store: Path | str  # the directory, or the URL the store was uploaded to
     samples: int
     members: int
     chunks: int

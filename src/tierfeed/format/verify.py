@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,13 +36,10 @@ def _check_structure(ix: Index) -> list[str]:
     return []
 
 
-def _check_chunk(ix: Index, root: Path, chunk: int, bar: tqdm[Any]) -> list[str]:
-    """Size, checksum, and that the tar headers agree with the index's members of the chunk."""
+def _check_chunk(ix: Index, path: Path, chunk: int, bar: tqdm[Any]) -> list[str]:
+    """Size, checksum, and that the tar headers agree with the index's members of the chunk
+    in the file ``path``."""
     info = ix.chunk(chunk)
-    try:
-        path = safe_chunk_path(root, info.name, ix.path)
-    except TierfeedError as exc:
-        return [str(exc)]
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -165,22 +164,48 @@ def _disagree(path: Path, name: bytes, offset: int, length: int) -> str:
     )
 
 
-def verify_store(path: str | os.PathLike[str], progress: bool = True) -> list[str]:
-    """Check the index and every chunk of a store; returns the problems found (empty: good)."""
+# A chunk's (name, size in the index) -> a local file holding its bytes, and how problems
+# name it (a URL).
+ChunkFetch = Callable[[str, int], AbstractContextManager[tuple[Path, str]]]
+
+
+def verify_store(
+    path: str | os.PathLike[str], progress: bool = True, fetch: ChunkFetch | None = None
+) -> list[str]:
+    """Check the index and every chunk of a store; returns the problems found (empty: good).
+
+    Args:
+        path: the store's directory or index file.
+        progress: show a progress bar.
+        fetch: where the chunks are not files beside the index (a store at a URL): gives a
+            local copy of each in turn (and the name problems give it); its errors
+            (TierfeedError) are problems of that chunk.
+    """
     try:
         ix = Index(path)
     except TierfeedError as exc:
         return [str(exc)]
     with ix:
         problems = _check_structure(ix)
-        root = ix.path.parent
         total = int(ix.chunk_size.sum())
         with tqdm(
             total=total, unit="B", unit_scale=True, desc="verify", disable=not progress
         ) as bar:
             for chunk in range(ix.num_chunks):
-                problems.extend(_check_chunk(ix, root, chunk, bar))
+                problems.extend(_check_one(ix, chunk, bar, fetch))
     return problems
+
+
+def _check_one(ix: Index, chunk: int, bar: tqdm[Any], fetch: ChunkFetch | None) -> list[str]:
+    name = ix.chunk_name(chunk)
+    try:
+        if fetch is None:
+            return _check_chunk(ix, safe_chunk_path(ix.path.parent, name, ix.path), chunk, bar)
+        with fetch(name, int(ix.chunk_size[chunk])) as (local, shown):
+            found = _check_chunk(ix, local, chunk, bar)
+            return [problem.replace(str(local), shown) for problem in found]
+    except TierfeedError as exc:
+        return [str(exc)]
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ Classes = str | os.PathLike[str] | Sequence[str] | None
 class WriteReport:
     """What a `Writer` (or `optimize`) wrote."""
 
-    store: Path
+    store: Path | str  # the directory, or the URL the store was uploaded to
     samples: int
     members: int
     chunks: int

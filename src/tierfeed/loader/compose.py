@@ -8,12 +8,15 @@ front, members checked) whichever face reads it. Nothing here imports torch.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tierfeed.format.index import Index
+from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import (
     DirectoryChunks,
@@ -58,14 +61,26 @@ class TierConfig:
             tiers.append(disk_tier(self.disk_dir, self.disk_bytes))
         return tiers
 
-    def build(self, store_path: str | os.PathLike[str]) -> Store:
-        """The store at ``store_path`` read through these tiers (origin read-only)."""
-        return open_store(store_path, self)
+    def build(
+        self,
+        store_path: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Store:
+        """The store at ``store_path`` (a directory or URL) read through these tiers (origin
+        read-only)."""
+        return open_store(store_path, self, storage_options=storage_options)
+
+    def index_cache(self) -> Path | None:
+        """Where a remote store's index is kept on this host: beside the disk tier's chunks
+        (node-local), else None (the user's cache directory)."""
+        if self.disk_dir is not None and self.disk_bytes > 0:
+            return Path(self.disk_dir) / ".index"
+        return None
 
 
 def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) -> TierStack:
-    """A tier stack over ``origin`` (read-only: e.g. a job's namespace), by default over the
-    chunk files beside ``index`` (opened read-only)."""
+    """A tier stack over ``origin`` (read-only: e.g. a job's namespace, or a URL's driver), by
+    default over the chunk files beside ``index`` (opened read-only)."""
     if origin is None:
         origin = PosixDriver(index.path.parent, read_only=True)
     return TierStack(
@@ -74,35 +89,53 @@ def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) ->
 
 
 def open_store(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | StoreLocation,
     tiers: TierConfig | None = None,
     source: ChunkSource | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
-    """Open the store at ``path`` (its directory or its index file).
+    """Open the store at ``path``: its directory, its index file, or a URL (``s3://bucket/ds``
+    and the other fsspec protocols).
+
+    A URL's index is fetched once per host into the local cache (beside the disk tier's
+    chunks, else `tierfeed.config.default_cache_dir`) and mapped from there; chunk bytes are
+    ranged reads of the objects, copied into the tiers as for a directory.
 
     Args:
         path: the store.
         tiers: read it through these cache tiers (RAM, local disk); none by default.
         source: read chunk bytes from here instead (e.g. a job's namespace).
+        storage_options: for a URL, what its fsspec file system takes (credentials,
+            ``client_kwargs={"endpoint_url": ...}``); by default the environment's.
 
     Raises:
         IndexFormatError: no index, another format version, or a damaged index.
+        StorageError: a URL's store cannot be read (access denied, unreachable).
     """
-    index = Index(Path(path))
+    location = StoreLocation.of(path, storage_options)
+    index = Index(location.index_file(tiers.index_cache() if tiers is not None else None))
     if source is None:
-        if tiers is not None:
+        if location.remote:
+            source = tier_stack(index, tiers or TierConfig(), location.origin())
+        elif tiers is not None:
             source = tier_stack(index, tiers)
         else:
             source = DirectoryChunks(index.path.parent, index.chunks(), index.path)
-    return Store(index, source)
+    second: Callable[[], ChunkSource] | None = None
+    if location.remote:  # hedged reads: a second ranged GET, on a driver of their own
+
+        def second() -> ChunkSource:
+            return TierStack(index.chunks(), location.origin())
+
+    return Store(index, source, location=location.root, second_source=second)
 
 
 @dataclass(frozen=True)
 class StoreOpener:
-    """Opens a store by path (through tiers if configured); picklable, so each process
+    """Opens a store by path or URL (through tiers if configured); picklable, so each process
     (DataLoader workers included) opens its own."""
 
-    path: Path
+    path: Path | StoreLocation
     tiers: TierConfig | None = None
 
     def __call__(self) -> Store:
@@ -110,7 +143,8 @@ class StoreOpener:
 
     def index(self) -> Index:
         """The store's index alone: enough to plan, with no tier stack or copy threads."""
-        return Index(self.path)
+        location = StoreLocation.of(self.path)
+        return Index(location.index_file(self.tiers.index_cache() if self.tiers else None))
 
 
 def plan_for(index: Index, spec: PlanSpec | str) -> Plan:

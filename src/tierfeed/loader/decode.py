@@ -24,8 +24,7 @@ __all__ = ["DecodeError", "decode_sample", "describe_sample"]
 
 
 def _chunk_path(store: Store, sample: int) -> str:
-    chunk = store.chunks[int(store.index.sample_chunk[sample])]
-    return str(store.root / chunk.name)
+    return store.chunk_location(int(store.index.sample_chunk[sample]))
 
 
 def describe_sample(store: Store, sample: int) -> str:

@@ -285,6 +285,8 @@ class Feed:
             return None
         if self.hedge_source is not None:
             source = self.hedge_source()
+        elif store.second_source is not None:
+            source = store.second_source()
         else:
             source = DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
         return Store(store.index, source)

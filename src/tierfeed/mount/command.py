@@ -108,7 +108,7 @@ def serve(
     """Serve the store at ``mountpoint`` in this process until unmounted or signalled.
 
     Args:
-        store_path: the store directory.
+        store_path: the store directory or URL.
         mountpoint: an existing empty directory.
         allow_other: let other users see the mount.
         tiers: (RAM bytes, disk directory or None, disk bytes, placement policy).
@@ -158,7 +158,7 @@ def _fuse_options(store_path: str, allow_other: bool) -> dict[str, Any]:
         "foreground": True,
         "ro": True,
         # libfuse splits options at commas; a backslash keeps one in the name.
-        "fsname": _FSNAME_PREFIX + os.path.abspath(store_path).replace(",", "\\,"),
+        "fsname": _FSNAME_PREFIX + _named(store_path).replace(",", "\\,"),
         "subtype": FUSE_SUBTYPE,
         "attr_timeout": 3600.0,  # the tree never changes while mounted
         "entry_timeout": 3600.0,
@@ -166,6 +166,13 @@ def _fuse_options(store_path: str, allow_other: bool) -> dict[str, Any]:
     if allow_other:
         options["allow_other"] = True
     return options
+
+
+def _named(store_path: str) -> str:
+    """The store as the mount table names it: its absolute path, or its URL."""
+    from tierfeed.loader.location import is_url
+
+    return store_path if is_url(store_path) else os.path.abspath(store_path)
 
 
 def _unmount_quietly(mountpoint: str) -> None:
@@ -184,8 +191,12 @@ def _run_mount(args: argparse.Namespace) -> int:
         return 0
     from tierfeed.format.index import Index
     from tierfeed.fuse.process import FuseProcess
+    from tierfeed.loader.compose import TierConfig
+    from tierfeed.loader.location import StoreLocation
 
-    Index(args.store).close()  # a bad store fails here, with its own message
+    # A bad store fails here, with its own message (a URL's index lands where serve looks).
+    cache = TierConfig(disk_dir=args.disk, disk_bytes=tiers[2]).index_cache()
+    Index(StoreLocation.of(args.store).index_file(cache)).close()
     mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
 
     argv = [sys.executable, "-m", "tierfeed", "mount", args.store, mountpoint, "--foreground"]
@@ -204,7 +215,7 @@ def _run_mount(args: argparse.Namespace) -> int:
 def register_mount(sub: Any) -> None:
     """Add `tierfeed mount`."""
     p = sub.add_parser("mount", help="mount a store read-only as its original directory tree")
-    p.add_argument("store", help="store directory or index file")
+    p.add_argument("store", help="store directory, index file, or URL (s3://bucket/ds)")
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument(
         "--nonempty", action="store_true", help="mount even if the directory is not empty"

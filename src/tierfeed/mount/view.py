@@ -305,7 +305,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         corrupt = isinstance(exc, ChunkCorruptError)
         _log.error(
             "%s: %s of member %r in chunk %s; answered EIO: %s",
-            self.store.root,
+            self.store.location,
             "checksum mismatch" if corrupt else "read failed",
             path.lstrip("/"),
             chunk,

@@ -25,6 +25,7 @@ class OpCounters(Counters[int]):
     deletes: int = 0
     stats: int = 0
     lists: int = 0
+    retries: int = 0  # transient failures tried again (throttling, timeouts)
 
 
 class Driver(ABC):
@@ -86,6 +87,11 @@ class Driver(ABC):
         self._write(path, data)
         self.counters.add(writes=1, bytes_written=len(data))
 
+    def put_file(self, local: Path, path: str) -> None:
+        """Store the file ``local`` at ``path`` atomically (an upload). Raises ReadOnlyError on
+        read-only storage. The default reads the file whole and writes it."""
+        self.write(path, local.read_bytes())
+
     def delete(self, path: str) -> None:
         """Remove the object at ``path``. Raises ReadOnlyError on read-only storage."""
         if self.read_only:
@@ -103,6 +109,11 @@ class Driver(ABC):
     def open_ahead(self, paths: Sequence[str]) -> None:
         """Hint: these objects are read next, in this order; open them in the background.
         The default opens nothing."""
+        return None
+
+    def etag(self, path: str) -> str | None:
+        """The version tag of object ``path`` (an object store's ETag), or None where the store
+        keeps none (files: their size and the index's checksums tell a change)."""
         return None
 
     def holds_whole(self, path: str) -> bool:

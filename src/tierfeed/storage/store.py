@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
@@ -56,12 +57,25 @@ class Store:
         source: where chunk bytes come from (e.g. `tierfeed.storage.DirectoryChunks` over
             the chunk files beside the index, or a `TierStack`).
         verify_reads: check every member read against its xxh3 checksum (~GB/s per core).
+        location: the store's directory or URL, as errors name it (default: the index's
+            directory).
+        second_source: makes a second, independent way to the origin's chunks, for hedged
+            reads (None: the chunk files beside the index, opened ``O_DIRECT``).
     """
 
-    def __init__(self, index: Index, source: ChunkSource, verify_reads: bool = True) -> None:
+    def __init__(
+        self,
+        index: Index,
+        source: ChunkSource,
+        verify_reads: bool = True,
+        location: str | None = None,
+        second_source: Callable[[], ChunkSource] | None = None,
+    ) -> None:
         self.index = index
         self.verify_reads = verify_reads
         self.root = index.path.parent
+        self.location = location or str(self.root)
+        self.second_source = second_source
         self.chunks: list[ChunkInfo] = index.chunks()
         self.source = source
         self._index_mtime_ns = os.stat(index.path).st_mtime_ns
@@ -73,6 +87,10 @@ class Store:
     def classes(self) -> list[str]:
         """Class names; a sample's label indexes this list."""
         return self.index.classes
+
+    def chunk_location(self, chunk: int) -> str:
+        """Where chunk ``chunk`` of the origin lives (its path or URL), for messages."""
+        return f"{self.location}/{self.chunks[chunk].name}"
 
     def read_member(self, member: int) -> bytes:
         """The bytes of one member (one range read), checked against the member's checksum.
@@ -106,7 +124,7 @@ class Store:
 
     def _corrupt(self, member: int, chunk: int, dropped: list[str]) -> ChunkCorruptError:
         name = os.fsdecode(self.index.member_path_bytes(member))
-        origin = self.root / self.chunks[chunk].name
+        origin = self.chunk_location(chunk)
         if not dropped:
             return ChunkCorruptError(
                 f"chunk {origin}: member {name!r} fails its checksum (the chunk was altered or "
@@ -175,7 +193,9 @@ class Store:
         i = ix.bisect_path(prefix)
         if i < ix.num_members and ix.sorted_path(i).startswith(prefix):
             return self._dir_stat(None)
-        raise NotFoundError(f"{self.root}: no file or directory {os.fsdecode(raw)!r} in the store")
+        raise NotFoundError(
+            f"{self.location}: no file or directory {os.fsdecode(raw)!r} in the store"
+        )
 
     def _table_children(self, prefix: bytes) -> list[bytes]:
         """Names of the directories directly under ``prefix`` in the directory table (sorted,
@@ -236,7 +256,7 @@ class Store:
                 i = max(after, i + 1)  # always forward: the next path is checked above
         names.extend(n for n in self._table_children(prefix) if n not in seen)
         if not names and raw and not self.stat(raw).is_dir:
-            raise NotFoundError(f"{self.root}: {os.fsdecode(raw)!r} is not a directory")
+            raise NotFoundError(f"{self.location}: {os.fsdecode(raw)!r} is not a directory")
         return [os.fsdecode(n) for n in sorted(names)]
 
     def close(self) -> None:

@@ -8,8 +8,7 @@ collate, and the rank from torch.distributed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -19,6 +18,7 @@ from tierfeed.config import world_for, world_from_env
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for
 from tierfeed.loader.feed import Batch, EpochExchange, Feed, OrderPlan
+from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
@@ -35,8 +35,8 @@ class Dataset(Feed, IterableDataset[Batch]):
     """Yields collated batches of decoded samples in the plan's order (guard permitting).
 
     Args:
-        store: a store directory, or a function returning a ChunkSource-backed Store for this
-            process (e.g. over a tier stack).
+        store: a store directory or URL (``s3://bucket/ds``), or a function returning a
+            ChunkSource-backed Store for this process (e.g. over a tier stack).
         plan: the sampling plan: a `PlanSpec`, its text (``"global"``, ``"local"``,
             ``"partial:0.1"``, ``"global,chunkwise:8"``) or any object with ``order()``.
         batch_size: samples per batch.
@@ -56,11 +56,14 @@ class Dataset(Feed, IterableDataset[Batch]):
             when hedging is on and none is given, late reads are re-issued on the store's
             own chunk files with O_DIRECT (bypassing the pages the first read holds).
         exchange: the rank's sample exchange, paced by the Loader (`tierfeed.distributed`).
+        storage_options: for a store given by URL (``s3://bucket/ds``), what its fsspec file
+            system takes (credentials, ``client_kwargs={"endpoint_url": ...}``); by default
+            the environment's (``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...).
     """
 
     def __init__(
         self,
-        store: str | os.PathLike[str] | Callable[[], Store],
+        store: str | os.PathLike[str] | StoreLocation | Callable[[], Store],
         plan: OrderPlan | PlanSpec | str = "global",
         batch_size: int = 32,
         decode: Callable[[Sample], Any] = _identity,
@@ -72,8 +75,12 @@ class Dataset(Feed, IterableDataset[Batch]):
         hedge_source: Callable[[], ChunkSource] | None = None,
         tiers: TierConfig | None = None,
         exchange: EpochExchange | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        opener = store if callable(store) else StoreOpener(Path(store).absolute(), tiers)
+        if callable(store):
+            opener: Callable[[], Store] = store
+        else:
+            opener = StoreOpener(StoreLocation.of(store, storage_options), tiers)
         super().__init__(
             opener,
             _NoPlan(),

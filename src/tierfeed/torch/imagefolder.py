@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from tierfeed.errors import ConfigError, DecodeError, NotFoundError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.loader.compose import open_store
+from tierfeed.loader.location import StoreLocation
 from tierfeed.storage.store import Store
 
 __all__ = [
@@ -66,7 +67,7 @@ def find_classes(store: Store) -> tuple[list[str], dict[str, int]]:
     classes = sorted(name for name in store.listdir("") if store.stat(name).is_dir)
     if not classes:
         raise NotFoundError(
-            f"{store.root}: couldn't find any class folder in the store's tree (an ImageFolder "
+            f"{store.location}: couldn't find any class folder in the store's tree (an ImageFolder "
             "tree holds one directory per class); use tierfeed.torch.Dataset for other data"
         )
     return classes, {c: i for i, c in enumerate(classes)}
@@ -125,7 +126,7 @@ def make_dataset(
             rule = f"supported extensions are {listed}"
         named = ", ".join(empty[:20]) + (f" and {len(empty) - 20} more" if len(empty) > 20 else "")
         raise NotFoundError(
-            f"{store.root}: found no valid file for the classes {named} ({rule}); "
+            f"{store.location}: found no valid file for the classes {named} ({rule}); "
             "pass allow_empty=True to keep empty classes"
         )
     return samples, members[mask]
@@ -244,7 +245,8 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         targets: the class index of each sample.
 
     Args:
-        root: a store directory (made by ``tierfeed pack`` from an ImageFolder tree).
+        root: a store directory or URL (``s3://bucket/ds``), made by ``tierfeed pack`` from
+            an ImageFolder tree.
         transform: applied to the decoded image.
         target_transform: applied to the label.
         loader: bytes -> image; PIL RGB by default.
@@ -252,6 +254,8 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         allow_empty: keep classes without a valid file instead of raising.
         extensions: the suffixes of kept files (default `IMG_EXTENSIONS`), as torchvision's
             ``DatasetFolder`` takes them.
+        storage_options: for a URL, what its fsspec file system takes (credentials,
+            ``client_kwargs={"endpoint_url": ...}``); by default the environment's.
 
     Raises:
         ConfigError: ``root`` is not a store, or both ``extensions`` and ``is_valid_file``.
@@ -269,9 +273,11 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         allow_empty: bool = False,
         *,
         extensions: str | Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.root = Path(root)
-        if not (self.root / INDEX_NAME).exists():
+        self._location = StoreLocation.of(root, storage_options)
+        self.root: str | Path = self._location.text if self._location.remote else Path(root)
+        if not self._location.remote and not (Path(self.root) / INDEX_NAME).exists():
             raise ConfigError(
                 f"{self.root}: not a tierfeed store; pack your ImageFolder tree once with "
                 f"`tierfeed pack {self.root} STORE_DIR` and pass STORE_DIR here"
@@ -292,7 +298,7 @@ class ImageFolder(Dataset[tuple[Any, int]]):
 
     def _open(self) -> Store:
         if self._store is None or self._pid != os.getpid():
-            self._store = open_store(self.root)  # a forked worker opens its own
+            self._store = open_store(self._location)  # a forked worker opens its own
             self._pid = os.getpid()
         return self._store
 
@@ -307,7 +313,7 @@ class ImageFolder(Dataset[tuple[Any, int]]):
             image = self.loader(data)
         except Exception as exc:  # PIL names a BytesIO; the user needs the file
             path, _ = self.samples[index]
-            chunk = store.root / store.chunks[int(store.index.member_chunk[member])].name
+            chunk = store.chunk_location(int(store.index.member_chunk[member]))
             raise DecodeError(
                 f"{path!r} (chunk {chunk}): the loader failed with {type(exc).__name__}: {exc} "
                 "(its bytes match the checksum taken when it was packed, so the file itself is "

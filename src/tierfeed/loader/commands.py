@@ -1,0 +1,129 @@
+"""CLI subcommands that take a store by path or URL: pack (its destination), inspect, verify.
+
+A URL (``s3://bucket/ds``) is read with the environment's credentials and endpoint
+(``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...): its index is fetched into the user's cache
+(`tierfeed.loader.location`), and `verify` copies each chunk in turn to a temporary file
+there, checks it as it checks a local one, and names the chunk by its URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tierfeed.config import default_cache_dir
+from tierfeed.errors import ChunkCorruptError, StorageError, TierfeedError
+from tierfeed.format.commands import register_pack as register_local_pack
+from tierfeed.format.commands import run_pack
+from tierfeed.format.verify import ChunkFetch, summarize, verify_store
+from tierfeed.loader import upload
+from tierfeed.loader.location import StoreLocation
+from tierfeed.publish import publishing
+from tierfeed.storage import Driver
+from tierfeed.units import human
+
+__all__ = ["register_inspect", "register_pack", "register_verify", "verify_location"]
+
+_PIECE = 16 * 2**20  # bytes per ranged read of a chunk being verified
+
+
+def register_pack(sub: Any) -> None:
+    """Add `tierfeed pack`, to a directory or a URL (built locally, then uploaded)."""
+    register_local_pack(sub)
+    sub.choices["pack"].set_defaults(func=lambda args: run_pack(args, upload.pack))
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    s = summarize(StoreLocation.of(args.store).index_file())
+    print(f"store     {args.store}")
+    print(f"samples   {s.samples}")
+    print(f"files     {s.members}")
+    mean_chunk = human(s.chunk_bytes / max(s.chunks, 1))
+    print(f"chunks    {s.chunks} ({human(s.chunk_bytes)}, mean {mean_chunk})")
+    print(
+        f"data      {human(s.data_bytes)} (mean sample {human(s.data_bytes / max(s.samples, 1))})"
+    )
+    shown = ", ".join(s.classes[:8]) + (", ..." if len(s.classes) > 8 else "")
+    print(f"classes   {len(s.classes)}" + (f" ({shown})" if s.classes else ""))
+    print("exts      " + ", ".join(f"{e or '(none)'}: {n}" for e, n in s.exts.items()))
+    print("sample sizes:")
+    peak = max((c for _, c in s.size_histogram), default=1)
+    for bound, count in s.size_histogram:
+        bar = "#" * max(1, round(40 * count / peak))
+        print(f"  <= {human(bound):>10}  {count:>10}  {bar}")
+    return 0
+
+
+def register_inspect(sub: Any) -> None:
+    """Add `tierfeed inspect`."""
+    p = sub.add_parser("inspect", help="summarise a store: samples, chunks, classes, sizes")
+    p.add_argument("store", help="store directory, index file, or URL (s3://bucket/ds)")
+    p.set_defaults(func=_run_inspect)
+
+
+def verify_location(location: StoreLocation, progress: bool = True) -> list[str]:
+    """`verify_store` for a store by path or URL: the problems found (empty: good)."""
+    if not location.remote:
+        return verify_store(location.text, progress)
+    try:
+        index_file = location.index_file()
+    except TierfeedError as exc:
+        return [str(exc)]
+    scratch = default_cache_dir()
+    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with (
+        location.origin() as origin,
+        tempfile.TemporaryDirectory(dir=scratch, prefix=".verify-") as tmp,
+    ):
+        return verify_store(index_file, progress, _fetcher(origin, location.root, Path(tmp)))
+
+
+def _fetcher(origin: Driver, root: str, scratch: Path) -> ChunkFetch:
+    """Copies of the chunks at ``origin`` in ``scratch``, one at a time."""
+
+    @contextlib.contextmanager
+    def fetch(name: str, want: int) -> Iterator[tuple[Path, str]]:
+        local = scratch / "chunk.tar"
+        size = origin.size(name)
+        if size != want:  # checked before a byte is copied: the listing may be hostile
+            raise ChunkCorruptError(
+                f"chunk {root}/{name}: size {size} bytes, the index says {want} (truncated?)"
+            )
+        try:
+            with publishing(local, mode=0o600, fsync=False) as out:
+                for offset in range(0, size, _PIECE):
+                    out.write(origin.read_range(name, offset, min(_PIECE, size - offset)))
+        except OSError as exc:
+            raise StorageError(
+                f"{scratch}: cannot hold a copy of {root}/{name} to check it ({exc.strerror}); "
+                "free space or point TIERFEED_CACHE at a larger local directory"
+            ) from None
+        try:
+            yield local, f"{root}/{name}"
+        finally:
+            local.unlink(missing_ok=True)
+
+    return fetch
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    problems = verify_location(StoreLocation.of(args.store), progress=not args.quiet)
+    for problem in problems:
+        print(f"BAD: {problem}")
+    if problems:
+        print(f"{len(problems)} problem(s) in {args.store}")
+        return 1
+    print(f"ok: {args.store}")
+    return 0
+
+
+def register_verify(sub: Any) -> None:
+    """Add `tierfeed verify`."""
+    p = sub.add_parser("verify", help="check every chunk checksum and the index; exit 1 if bad")
+    p.add_argument("store", help="store directory, index file, or URL (s3://bucket/ds)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_verify)

@@ -1,0 +1,115 @@
+"""Writing stores to a URL (moto's S3 on loopback): `pack`, `Writer`, `optimize`, the CLI."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.format.conftest import QUIET, write_tree
+from tests.objectstore import client, env, s3_options
+from tests.s3proxy import Fault, S3Proxy
+from tierfeed import Writer, open_store, optimize, pack
+from tierfeed.cli import main
+from tierfeed.errors import PackError, StorageError
+from tierfeed.format.layout import INDEX_NAME
+from tierfeed.format.pack import PackOptions
+from tierfeed.loader.upload import staging_dir
+
+pytestmark = pytest.mark.timeout(120)
+
+FILES = {f"c{i % 2}/f{i:03d}.bin".encode(): os.urandom(3000 + 11 * i) for i in range(40)}
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIERFEED_CACHE", str(tmp_path / "cache"))
+
+
+def keys(s3_endpoint: str, bucket: str) -> list[str]:
+    listed = client(s3_endpoint).list_objects_v2(Bucket=bucket).get("Contents", [])
+    return sorted(o["Key"] for o in listed)
+
+
+def test_pack_to_a_url_reads_back_and_leaves_no_staging(
+    tmp_path: Path, s3_endpoint: str, bucket: str
+) -> None:
+    write_tree(tmp_path / "src", FILES)
+    url, options = f"s3://{bucket}/packed", s3_options(s3_endpoint)
+    report = pack(tmp_path / "src", url, QUIET, storage_options=options)
+    assert report.store == url and report.samples == len(FILES)
+    stored = keys(s3_endpoint, bucket)
+    assert f"packed/{INDEX_NAME}" in stored and len(stored) == report.chunks + 1
+    with open_store(url, storage_options=options) as store:
+        got = {store.index.key(i): store.read_sample(i) for i in range(len(store))}
+    assert {k: next(iter(s.fields.values())) for k, s in got.items()} == {
+        os.fsdecode(p).rsplit(".", 1)[0]: data for p, data in FILES.items()
+    }
+    assert not staging_dir(url).exists()
+    # A URL that holds a store is refused before anything is built; --overwrite replaces it
+    # and removes the chunks the new store does not name.
+    with pytest.raises(PackError, match="already holds a store; pass --overwrite"):
+        pack(tmp_path / "src", url, QUIET, storage_options=options)
+    write_tree(tmp_path / "small", dict(list(FILES.items())[:3]))
+    big = PackOptions(chunk_size=1 << 20, progress=False, overwrite=True)
+    pack(tmp_path / "small", url, big, storage_options=options)
+    assert len(keys(s3_endpoint, bucket)) == 2  # one chunk and the index
+    with open_store(url, storage_options=options) as store:
+        assert len(store) == 3
+
+
+def test_an_upload_that_fails_announces_no_store(
+    tmp_path: Path, s3_endpoint: str, bucket: str
+) -> None:
+    write_tree(tmp_path / "src", FILES)
+    with S3Proxy(s3_endpoint) as proxy:
+        proxy.inject(Fault(method="PUT", key_contains="/chunks/", status=403, code="AccessDenied"))
+        url = f"s3://{bucket}/denied"
+        with pytest.raises(StorageError, match="access denied"):
+            pack(tmp_path / "src", url, QUIET, storage_options=s3_options(proxy.url))
+    assert f"denied/{INDEX_NAME}" not in keys(s3_endpoint, bucket)  # no index: no store
+    # Run again: the store built locally is built anew and uploaded whole.
+    pack(tmp_path / "src", url, QUIET, storage_options=s3_options(s3_endpoint))
+    with open_store(url, storage_options=s3_options(s3_endpoint)) as store:
+        assert len(store) == len(FILES)
+
+
+def test_writer_to_a_url(s3_endpoint: str, bucket: str) -> None:
+    url, options = f"s3://{bucket}/written", s3_options(s3_endpoint)
+    with Writer(url, chunk_size=8192, storage_options=options) as w:
+        for i in range(30):
+            w.write({"__key__": f"k{i % 3}/s{i:02d}", "txt": str(i), "cls": i % 3})
+    assert w.report is not None and w.report.samples == 30
+    with open_store(url, storage_options=options) as store:
+        assert [store.read_sample(i).fields["txt"] for i in range(3)] == [b"0", b"1", b"2"]
+        assert store.read_sample(4).label == 1
+    assert not staging_dir(url).exists()
+
+
+def sample_of(i: int) -> dict[str, object]:
+    return {"__key__": f"s{i:03d}", "bin": bytes([i]) * 100}
+
+
+def test_optimize_to_a_url(s3_endpoint: str, bucket: str) -> None:
+    url, options = f"s3://{bucket}/optimized", s3_options(s3_endpoint)
+    report = optimize(sample_of, list(range(20)), url, workers=2, chunk_size=4096,
+                      storage_options=options)  # fmt: skip
+    assert report.samples == 20
+    with open_store(url, storage_options=options) as store:
+        assert store.read_sample(7).fields["bin"] == bytes([7]) * 100
+
+
+def test_the_pack_command_to_a_url(
+    tmp_path: Path, s3_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    for name, value in env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    write_tree(tmp_path / "src", FILES)
+    url = f"s3://{bucket}/cli"
+    assert main(["pack", str(tmp_path / "src"), url, "-q", "--chunk-size", "64KiB"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"-> {url}")
+    assert main(["verify", "-q", url]) == 0
+    assert main(["pack", str(tmp_path / "src"), url, "-q"]) == 1
+    assert "already holds a store" in capsys.readouterr().err

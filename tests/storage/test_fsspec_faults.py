@@ -1,0 +1,99 @@
+"""The fsspec driver against an S3 server that misbehaves on purpose (tests/s3proxy.py in front
+of moto): throttling, refusals, stalls and a bucket that vanishes each end in a counted retry
+or one clear error, within a time bound, never a hang."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.objectstore import client, s3_options
+from tests.s3proxy import Fault, S3Proxy
+from tierfeed.errors import NotFoundError, StorageError
+from tierfeed.storage.fsspec_driver import FsspecDriver, RetryPolicy
+
+pytestmark = pytest.mark.timeout(60)
+
+DATA = bytes(range(256)) * 64  # 16 KiB
+
+
+@pytest.fixture
+def proxy(s3_endpoint: str, bucket: str) -> Iterator[S3Proxy]:
+    client(s3_endpoint).put_object(Bucket=bucket, Key="root/obj.bin", Body=DATA)
+    with S3Proxy(s3_endpoint) as running:
+        yield running
+
+
+def driver(proxy: S3Proxy, bucket: str, **config: float) -> FsspecDriver:
+    return FsspecDriver(f"s3://{bucket}/root", True, **s3_options(proxy.url, **config))
+
+
+def test_throttling_is_retried_and_counted(proxy: S3Proxy, bucket: str) -> None:
+    d = driver(proxy, bucket)
+    assert d.read_range("obj.bin", 0, 10) == DATA[:10]
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", status=503, code="SlowDown", times=2))
+    assert d.read_range("obj.bin", 100, 50) == DATA[100:150]
+    assert d.counters.retries == 2
+    assert proxy.count("GET", "obj.bin", ranged=True) == 4  # one, then three for the second
+
+
+def test_endless_throttling_gives_up_in_bounded_time(proxy: S3Proxy, bucket: str) -> None:
+    d = driver(proxy, bucket)
+    d.retry = RetryPolicy(attempts=4, base_s=0.05, cap_s=0.2)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", status=503, code="SlowDown", times=-1))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"gave up after 4 tries .*SlowDown.*throttling"):
+        d.read_range("obj.bin", 0, 10)
+    assert time.monotonic() - started < 5 and d.counters.retries == 3
+
+
+def test_access_denied_is_one_clear_error_and_not_retried(proxy: S3Proxy, bucket: str) -> None:
+    proxy.inject(Fault(key_contains="obj.bin", status=403, code="AccessDenied", times=-1))
+    d = driver(proxy, bucket)
+    with pytest.raises(StorageError, match=r"obj.bin: access denied .*check the credentials"):
+        d.read_range("obj.bin", 0, 10)
+    assert d.counters.retries == 0
+
+
+def test_a_stalled_request_times_out_and_is_tried_again(proxy: S3Proxy, bucket: str) -> None:
+    d = driver(proxy, bucket, read_timeout=0.5, connect_timeout=0.5)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", delay_s=5.0, times=1))
+    started = time.monotonic()
+    assert d.read_range("obj.bin", 0, 100) == DATA[:100]
+    assert time.monotonic() - started < 3 and d.counters.retries == 1
+
+
+def test_a_store_that_never_answers_is_an_error_not_a_hang(proxy: S3Proxy, bucket: str) -> None:
+    d = driver(proxy, bucket, read_timeout=0.3, connect_timeout=0.3)
+    d.retry = RetryPolicy(attempts=3, base_s=0.05, cap_s=0.1)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", delay_s=30.0, times=-1))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=r"gave up after 3 tries .*timed out"):
+        d.read_range("obj.bin", 0, 100)
+    assert time.monotonic() - started < 5
+
+
+def test_an_unreachable_endpoint_is_an_error_not_a_hang(bucket: str) -> None:
+    from tests.objectstore import free_port
+
+    d = FsspecDriver(
+        f"s3://{bucket}/root", True,
+        **s3_options(f"http://127.0.0.1:{free_port()}", connect_timeout=0.3, read_timeout=0.3),
+    )  # fmt: skip
+    d.retry = RetryPolicy(attempts=2, base_s=0.01, cap_s=0.02)
+    with pytest.raises(StorageError, match="gave up after 2 tries"):
+        d.size("obj.bin")
+
+
+def test_a_missing_object_and_a_vanished_bucket(proxy: S3Proxy, bucket: str) -> None:
+    d = driver(proxy, bucket)
+    with pytest.raises(NotFoundError, match=r"root/nope.bin: no such object"):
+        d.read_range("nope.bin", 0, 1)
+    proxy.inject(Fault(status=404, code="NoSuchBucket", times=-1))
+    with pytest.raises(NotFoundError, match="no such bucket"):
+        driver(proxy, bucket).size("obj.bin")
