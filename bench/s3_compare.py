@@ -9,13 +9,16 @@ Steps: generate an ImageFolder tree of real JPEGs (as `bench/compare.py`); conve
 system's own tool; start moto's S3 server (its own process, on loopback) and upload each
 converted dataset to ``s3://bench/<system>``; start the slowing proxy in front of it
 (`tests/s3proxy.py`, its own process: ``--latency-ms`` before every request, each response's
-body at most ``--mbps`` MB/s, as one connection to S3 is); run each system's loader in a fresh
-process for ``--epochs`` epochs with the same workers, batch size and a local cache with room
-for everything, pointed at the proxy by the SDKs' own settings (``AWS_ENDPOINT_URL``, and
-Streaming's ``S3_ENDPOINT_URL``). Per epoch: samples/s, batch waits, and the GET requests and
-bytes the proxy served. The origin's own limit: N threads of 8 MiB ranged GETs of tierfeed's
-chunk objects through the proxy, the best N. Results: JSON lines per epoch, a markdown table
-and a plot under ``--out``.
+body at most ``--mbps`` MB/s, as one connection to S3 is). The proxy answers GET and HEAD of the
+uploaded objects from the same files itself (ETags, ranges, If-Match), because moto copies a
+whole object for every ranged GET under a lock per object (moto/s3/models.py, FakeKey.value),
+which no real S3 does and which would penalise ranged readers; lists and writes go to moto. Run
+each system's loader in a fresh process for ``--epochs`` epochs with the same workers, batch
+size and a local cache with room for everything, pointed at the proxy by the SDKs' own settings
+(``AWS_ENDPOINT_URL``, and Streaming's ``S3_ENDPOINT_URL``). Per epoch: samples/s, batch waits,
+and the GET requests and bytes the proxy served. The origin's own limit: N threads of 8 MiB
+ranged GETs of tierfeed's chunk objects through the proxy, the best N. Results: JSON lines per
+epoch, a markdown table and a plot under ``--out``.
 """
 
 from __future__ import annotations
@@ -193,7 +196,8 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
                 upload_tree(endpoint, origin / name, name)
         proxy_process = subprocess.Popen(
             [sys.executable, "-m", "tests.s3proxy", "--upstream", endpoint, "--latency-ms",
-             str(args.latency_ms), "--mbps", str(args.mbps), "--url-file", str(url_file)],
+             str(args.latency_ms), "--mbps", str(args.mbps), "--url-file", str(url_file),
+             "--serve", f"{BUCKET}={origin}"],
             cwd=ROOT,
         )  # fmt: skip
         deadline = time.monotonic() + 30

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.client
 import json
+import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, replace
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -100,10 +103,54 @@ class _Handler(BaseHTTPRequestHandler):
         proxy._sleep(proxy.latency_s + (fault.delay_s if fault else 0.0))
         if fault is not None and fault.status:
             self._answer_error(fault, path)
-        else:
+        elif not self._serve_file(path):
             self._forward(body)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve  # noqa: N815
+
+    def _serve_file(self, path: str) -> bool:
+        """GET or HEAD of an object the proxy serves from a file itself (``serve``): True if
+        answered, False to forward the request."""
+        bucket, _, key = path.lstrip("/").partition("/")
+        root = self.server.proxy.serve.get(bucket)
+        if root is None or self.command not in ("GET", "HEAD") or not key:
+            return False
+        file = root / key
+        try:
+            st = file.stat()
+        except OSError:
+            return False
+        if not file.is_file() or not file.resolve().is_relative_to(root.resolve()):
+            return False
+        etag = '"' + hashlib.md5(f"{key}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest() + '"'
+        wanted = self.headers.get("If-Match")
+        if wanted and wanted.strip('"') != etag.strip('"'):
+            self._answer_error(Fault(status=412, code="PreconditionFailed"), path)
+            return True
+        start, end, status = 0, st.st_size, 200
+        spec = self.headers.get("Range", "")
+        if spec.startswith("bytes=") and "," not in spec:
+            first, _, last = spec[6:].partition("-")
+            start = int(first) if first else max(0, st.st_size - int(last))
+            end = min(st.st_size, int(last) + 1) if first and last else st.st_size
+            status = 206
+        data = b""
+        if self.command == "GET":
+            with file.open("rb") as f:
+                data = os.pread(f.fileno(), max(0, end - start), start)
+        self.send_response(status)
+        self.send_header("ETag", etag)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Type", "binary/octet-stream")
+        self.send_header("Last-Modified", formatdate(st.st_mtime, usegmt=True))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{st.st_size}")
+        self.send_header("Content-Length", str(end - start))
+        self.end_headers()
+        with self.server.proxy._lock:
+            self.server.proxy.bytes_out += len(data)
+        self._write_paced(data)
+        return True
 
     def _answer_json(self, value: object) -> None:
         payload = json.dumps(value).encode()
@@ -174,12 +221,22 @@ class _Server(ThreadingHTTPServer):
 class S3Proxy:
     """A threaded HTTP proxy on 127.0.0.1 forwarding to `upstream` (e.g. "http://127.0.0.1:PORT")."""
 
-    def __init__(self, upstream: str, latency_s: float = 0.0, bandwidth_bps: float = 0.0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        latency_s: float = 0.0,
+        bandwidth_bps: float = 0.0,
+        serve: dict[str, Path] | None = None,
+    ) -> None:
         parts = urlsplit(upstream)
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 80
         self.latency_s = latency_s
         self.bandwidth_bps = bandwidth_bps
+        # bucket -> directory: GET and HEAD of the objects there are answered from the files
+        # (moto copies a whole object for every ranged GET, under a lock per object: a
+        # benchmark of ranged readers would measure that); everything else goes upstream.
+        self.serve = dict(serve or {})
         self.url = ""
         self.requests: list[tuple[str, str, str]] = []
         self.bytes_out = 0  # body bytes sent to clients (GET data)
@@ -299,8 +356,13 @@ def main() -> None:
     p.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
     p.add_argument("--mbps", type=float, default=0.0, help="MB/s per response (0: no cap)")
     p.add_argument("--url-file", type=Path, required=True)
+    p.add_argument(
+        "--serve", action="append", default=[], metavar="BUCKET=DIR",
+        help="answer GET and HEAD of BUCKET's objects from the files under DIR",
+    )  # fmt: skip
     a = p.parse_args()
-    proxy = S3Proxy(a.upstream, a.latency_ms / 1e3, a.mbps * 1e6).start()
+    serve = {b: Path(d) for b, _, d in (item.partition("=") for item in a.serve)}
+    proxy = S3Proxy(a.upstream, a.latency_ms / 1e3, a.mbps * 1e6, serve).start()
     a.url_file.write_text(proxy.url)
     try:
         threading.Event().wait()

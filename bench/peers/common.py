@@ -84,8 +84,8 @@ def origin_counters(slowfs: str | Path) -> dict[str, int]:
     return {k: int(getattr(stats, k)) for k in COUNTERS}
 
 
-def is_url(data: str) -> bool:
-    return data.startswith("s3://")
+def is_url(data: str | Path) -> bool:
+    return str(data).startswith("s3://")
 
 
 def dataset_bytes(data: str) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,12 +37,13 @@ def jpeg_and_label(item: tuple[str, int]) -> dict[str, Any]:
         return {"jpg": fh.read(), "label": label}
 
 
-def chunk_count(out: str) -> int:
+def chunk_count(out: str | Path) -> int:
     """Chunks listed in the converted dataset's index.json (a directory or a URL)."""
     if is_url(out):
         import fsspec
 
-        return len(json.loads(fsspec.open(f"{out}/index.json").open().read())["chunks"])
+        with fsspec.open(f"{out}/index.json") as index:
+            return len(json.loads(index.read())["chunks"])
     return len(json.loads((Path(out) / "index.json").read_text())["chunks"])
 
 
@@ -74,6 +76,13 @@ def check_epochs(rows: list[dict[str, Any]], expected: int) -> None:
 def read(argv: list[str]) -> None:
     args = parse_read(SYSTEM, argv)
     torch.set_num_threads(1)
+    if is_url(args.data) and os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        # The benchmark's S3 endpoint is plain http on loopback; LitData's obstore path (what
+        # its users get from real S3, over https) refuses http unless told.
+        from litdata.streaming import downloader
+
+        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS,
+                                              "allow_http": "true"}  # fmt: skip
     ds = litdata.StreamingDataset(
         # A network drive: cached, not read in place (an s3:// URL: the SDK's own endpoint).
         input_dir=args.data if is_url(args.data) else "local:" + str(Path(args.data).resolve()),

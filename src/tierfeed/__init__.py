@@ -15,11 +15,10 @@ if TYPE_CHECKING:
     from tierfeed.format.chunkref import ChunkInfo
     from tierfeed.format.index import Index
     from tierfeed.format.pack import PackOptions, PackReport
-    from tierfeed.format.shards import index_shards
     from tierfeed.format.verify import verify_store
     from tierfeed.format.writer import WriteReport
     from tierfeed.loader.compose import open_store
-    from tierfeed.loader.upload import Writer, optimize, pack
+    from tierfeed.loader.upload import Writer, index_shards, optimize, pack
     from tierfeed.storage.source import ChunkSource
     from tierfeed.storage.store import PathStat, Sample, Store
     from tierfeed.world import World
@@ -56,7 +55,7 @@ _LAZY = {
     "PackOptions": "tierfeed.format.pack",
     "PackReport": "tierfeed.format.pack",
     "pack": "tierfeed.loader.upload",
-    "index_shards": "tierfeed.format.shards",
+    "index_shards": "tierfeed.loader.upload",
     "PathStat": "tierfeed.storage.store",
     "Sample": "tierfeed.storage.store",
     "Store": "tierfeed.storage.store",

@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tierfeed.loader.commands:register_pack",
         "pack a directory tree into tar chunks and an index",
     ),
-    "index": ("tierfeed.format.commands:register_index", "index existing tar shards in place"),
+    "index": ("tierfeed.loader.commands:register_index", "index existing tar shards in place"),
     "inspect": (
         "tierfeed.loader.commands:register_inspect",
         "summarise a store: samples, chunks, classes, sizes",

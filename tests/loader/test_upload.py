@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.format.conftest import QUIET, write_tree
-from tests.objectstore import client, env, s3_options
+from tests.objectstore import client, env, s3_options, upload
 from tests.s3proxy import Fault, S3Proxy
 from tierfeed import Writer, open_store, optimize, pack
 from tierfeed.cli import main
@@ -113,3 +113,32 @@ def test_the_pack_command_to_a_url(
     assert main(["verify", "-q", url]) == 0
     assert main(["pack", str(tmp_path / "src"), url, "-q"]) == 1
     assert "already holds a store" in capsys.readouterr().err
+
+
+def test_index_shards_at_a_url_uploads_only_the_index(
+    tmp_path: Path, s3_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from tests.format.test_shards import make_shard
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for s in range(3):
+        members = [(f"k{s}{i:02d}.{ext}", f"{s}-{i}-{ext}".encode()) for i in range(5)
+                   for ext in ("jpg", "cls")]  # fmt: skip
+        members = [(n, str(int(n[2:4]) % 2).encode() if n.endswith(".cls") else d)
+                   for n, d in members]  # fmt: skip
+        make_shard(shards / f"shard-{s}.tar", members)
+    url = upload(s3_endpoint, shards, bucket, "wds")
+    before = keys(s3_endpoint, bucket)
+    for name, value in env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    assert main(["index", f"{url}/shard-*.tar", "--out", url, "-q"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"-> {url}/{INDEX_NAME}")
+    assert keys(s3_endpoint, bucket) == sorted([*before, f"wds/{INDEX_NAME}"])
+    with open_store(url) as store:
+        assert len(store) == 15 and store.read_sample(0).fields["jpg"] == b"0-0-jpg"
+        assert sorted({store.read_sample(i).label for i in range(15)}) == [0, 1]
+    assert main(["verify", "-q", url]) == 0
+    assert main(["index", f"{url}/nothing-*.tar", "--out", url, "-q"]) == 1
+    assert "no object matches" in capsys.readouterr().err

@@ -53,6 +53,14 @@ def test_the_piece_makes_latency_a_small_share(latency: float, per_stream: float
     assert 0.05 <= share <= 0.1 + 1e-3 or tuner.piece in (limits.min_piece, limits.max_piece)
 
 
+def test_a_piece_lands_in_the_time_the_fit_predicts() -> None:
+    tuner = FetchTuner(FetchLimits(min_inflight=1, max_inflight=1), piece=1 * MiB, inflight=1)
+    assert tuner.piece_seconds() == 0.0  # nothing fitted yet: no prediction
+    origin = ModelOrigin(0.02, 25e6, link=25e6)  # an object store's GET: 20 ms, 25 MB/s
+    run(tuner, origin, 64, [20_000, 1 * MiB, 300_000, 4 * MiB])
+    assert tuner.piece_seconds() == pytest.approx(origin.seconds(tuner.piece, 1), rel=0.05)
+
+
 def test_one_size_alone_does_not_move_the_piece() -> None:
     tuner = FetchTuner(piece=4 * MiB)
     run(tuner, ModelOrigin(0.01, 50e6, 50e6), 200, [4 * MiB])

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_sample_once_per_epoch_and_the_second_from_the_disk_tier(
-    store_dir: Path, s3_endpoint: str, bucket: str, tmp_path: Path, workers: int
-) -> None:
+    store_dir: Path, s3_endpoint: str, bucket: str, tmp_path: Path, workers: int,
+    capfd: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     url = upload(s3_endpoint, store_dir, bucket, "numbers")
     tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
     ds = Dataset(url, "global", batch_size=16, decode=decode, tiers=tiers,
@@ -38,6 +39,9 @@ def test_every_sample_once_per_epoch_and_the_second_from_the_disk_tier(
             ds.store().source.drain(30)  # type: ignore[attr-defined]
             time.sleep(0.2)  # the workers' last copies land too
     assert origin_bytes[0] > 0 and origin_bytes[1] == 0
+    # The parent's S3 clients were closed before the workers forked: none of them is closed
+    # again on a worker's event loop (which printed tracebacks).
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_imagefolder_at_a_url(tmp_path: Path, s3_endpoint: str, bucket: str) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 from tierfeed.errors import ConfigError
 from tierfeed.format.pack import PackOptions, PackReport, pack
-from tierfeed.format.shards import index_shards
+from tierfeed.format.shards import IndexReport, index_shards
 from tierfeed.units import human, parse_size
 
-__all__ = ["register_index", "register_pack", "run_pack"]
+__all__ = ["register_index", "register_pack", "run_index", "run_pack"]
 
 Sub = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -93,8 +93,10 @@ def register_pack(sub: Any) -> None:
     p.set_defaults(func=run_pack)
 
 
-def _run_index(args: argparse.Namespace) -> int:
-    report = index_shards(
+def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] = index_shards) -> int:
+    """`tierfeed index` with ``args``, indexing with ``indexer`` (`tierfeed.loader.commands`
+    gives one that also indexes shards at a URL)."""
+    report = indexer(
         args.shards,
         args.out,
         args.labels,
@@ -113,8 +115,11 @@ def _run_index(args: argparse.Namespace) -> int:
 def register_index(sub: Any) -> None:
     """Add `tierfeed index`."""
     p = sub.add_parser("index", help="index existing tar shards in place")
-    p.add_argument("shards", nargs="+", help="uncompressed .tar shards inside --out")
-    p.add_argument("--out", required=True, help="store directory holding the shards")
+    p.add_argument(
+        "shards", nargs="+",
+        help="uncompressed .tar shards inside --out (URLs: quoted glob patterns work)",
+    )  # fmt: skip
+    p.add_argument("--out", required=True, help="store directory holding the shards, or its URL")
     p.add_argument(
         "--labels",
         choices=["auto", "cls", "folder", "none"],
@@ -131,4 +136,4 @@ def register_index(sub: Any) -> None:
     )
     p.add_argument("--skip-bad-names", action="store_true", help="skip and count unsafe names")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run_index)
+    p.set_defaults(func=run_index)

@@ -40,7 +40,7 @@ __all__ = ["IndexReport", "index_shards"]
 class IndexReport:
     """What `index_shards` indexed and what it skipped."""
 
-    index: Path
+    index: Path | str  # the index file, or its URL
     samples: int
     members: int
     chunks: int

@@ -1,4 +1,5 @@
-"""CLI subcommands that take a store by path or URL: pack (its destination), inspect, verify.
+"""CLI subcommands that take a store by path or URL: pack (its destination), index (where
+the shards lie), inspect, verify.
 
 A URL (``s3://bucket/ds``) is read with the environment's credentials and endpoint
 (``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...): its index is fetched into the user's cache
@@ -17,8 +18,9 @@ from typing import Any
 
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ChunkCorruptError, StorageError, TierfeedError
+from tierfeed.format.commands import register_index as register_local_index
 from tierfeed.format.commands import register_pack as register_local_pack
-from tierfeed.format.commands import run_pack
+from tierfeed.format.commands import run_index, run_pack
 from tierfeed.format.verify import ChunkFetch, summarize, verify_store
 from tierfeed.loader import upload
 from tierfeed.loader.location import StoreLocation
@@ -26,9 +28,22 @@ from tierfeed.publish import publishing
 from tierfeed.storage import Driver
 from tierfeed.units import human
 
-__all__ = ["register_inspect", "register_pack", "register_verify", "verify_location"]
+__all__ = [
+    "register_index",
+    "register_inspect",
+    "register_pack",
+    "register_verify",
+    "verify_location",
+]
 
 _PIECE = 16 * 2**20  # bytes per ranged read of a chunk being verified
+
+
+def register_index(sub: Any) -> None:
+    """Add `tierfeed index`, of shards in a directory or at a URL (only the index is
+    uploaded)."""
+    register_local_index(sub)
+    sub.choices["index"].set_defaults(func=lambda args: run_index(args, upload.index_shards))
 
 
 def register_pack(sub: Any) -> None:

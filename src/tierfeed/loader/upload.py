@@ -1,4 +1,5 @@
-"""Writing a store to a URL: `pack`, `Writer` and `optimize` with an ``s3://...`` destination.
+"""Writing a store to a URL: `pack`, `Writer`, `optimize` and `index_shards` with an
+``s3://...`` destination.
 
 The store is built as it is for a directory, in a staging directory on local disk (under the
 user's cache, `tierfeed.config.default_cache_dir`, so set ``TIERFEED_CACHE`` to a disk with
@@ -11,6 +12,7 @@ staging directory is removed once the store is uploaded.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import os
 import shutil
@@ -23,21 +25,25 @@ from typing import Any
 from tqdm import tqdm
 
 from tierfeed.config import default_cache_dir
-from tierfeed.errors import NotFoundError, PackError
+from tierfeed.errors import ConfigError, NotFoundError, PackError
 from tierfeed.format import optimize as local_optimize
 from tierfeed.format import pack as local_pack
+from tierfeed.format import shards as local_shards
 from tierfeed.format import writer as local_writer
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.optimize import Fn
 from tierfeed.format.pack import PackOptions, PackReport
+from tierfeed.format.shards import IndexReport
 from tierfeed.format.writer import Classes, WriteReport
 from tierfeed.loader.location import StoreLocation, is_url
+from tierfeed.publish import publishing
 from tierfeed.storage import Driver, driver_for
 
-__all__ = ["Writer", "optimize", "pack", "staging_dir", "upload_store"]
+__all__ = ["Writer", "index_shards", "optimize", "pack", "staging_dir", "upload_store"]
 
 _THREADS = 8  # chunks uploaded at once
+_PIECE = 64 * 2**20  # bytes per ranged read of a shard copied to be indexed
 _HOLDS_A_STORE = "{url}: already holds a store; pass --overwrite to replace it"
 
 
@@ -132,6 +138,63 @@ def _refuse_existing(url: str, storage_options: Mapping[str, Any] | None, overwr
     with driver_for(location.text, read_only=True, **location.storage_options) as target:
         if target.exists(INDEX_NAME):
             raise PackError(_HOLDS_A_STORE.format(url=url))
+
+
+def index_shards(
+    shards: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    labels: str = "auto",
+    skip_bad_names: bool = False,
+    progress: bool = True,
+    classes: str | os.PathLike[str] | Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> IndexReport:
+    """`tierfeed.format.shards.index_shards`, in a directory or at a URL.
+
+    At a URL (``out="s3://bucket/shards"``; ``shards`` are URLs under it, or glob patterns
+    such as ``"s3://bucket/shards/*.tar"``), each shard is copied to `staging_dir` (its
+    checksums need every byte), indexed there, and only the index is uploaded: the shards stay
+    where they are. See the local function for the rest."""
+    if not is_url(os.fspath(out)):
+        return local_shards.index_shards(shards, out, labels, skip_bad_names, progress, classes)
+    location = StoreLocation.of(out, storage_options)
+    root = location.text
+    staging = staging_dir(root)
+    shutil.rmtree(staging, ignore_errors=True)
+    with driver_for(root, read_only=True, **location.storage_options) as origin:
+        names = _shard_names(origin, root, [os.fspath(s) for s in shards])
+        local = []
+        for name in names:
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with publishing(target, mode=0o600, fsync=False) as copy:
+                size = origin.size(name)
+                for offset in range(0, size, _PIECE):
+                    copy.write(origin.read_range(name, offset, min(_PIECE, size - offset)))
+            local.append(target)
+    report = local_shards.index_shards(local, staging, labels, skip_bad_names, progress, classes)
+    with driver_for(root, read_only=False, **location.storage_options) as destination:
+        destination.put_file(staging / INDEX_NAME, INDEX_NAME)
+    shutil.rmtree(staging, ignore_errors=True)
+    report.index = f"{root}/{INDEX_NAME}"
+    return report
+
+
+def _shard_names(origin: Driver, root: str, shards: list[str]) -> list[str]:
+    """The shards' names under ``root``: URLs under it, glob patterns expanded (sorted)."""
+    names: list[str] = []
+    for shard in shards:
+        if not shard.startswith(root + "/"):
+            raise ConfigError(f"{shard}: a shard must lie under --out {root}")
+        pattern = shard[len(root) + 1 :]
+        if any(c in pattern for c in "*?["):
+            found = [p for p in origin.list() if fnmatch.fnmatchcase(p, pattern)]
+            if not found:
+                raise ConfigError(f"{shard}: no object matches")
+            names += sorted(found)
+        else:
+            names.append(pattern)
+    return names
 
 
 class Writer(local_writer.Writer):

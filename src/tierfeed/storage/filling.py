@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TierFilling"]
 
+_WAIT_MAX_S = 5.0  # a read waits for its piece of a copy in flight at most this long
+
 
 class TierFilling(ABC):
     """The copy side of a tier stack (a base of `TierStack`, which provides what is declared
@@ -100,11 +102,17 @@ class TierFilling(ABC):
         if not self.tiers or info.id in self._shunned:
             return None
         started = time.perf_counter()
-        arrival = self._arrival(info, offset, started + self.options.landing_wait_s)
+        # A piece that takes longer than the set wait to land (an object store's GET at tens
+        # of MB/s) is waited for up to twice its time: reading the range apart from the copy
+        # would only add requests and bytes (late reads are the guard's to defer).
+        wait = self.options.landing_wait_s
+        if wait > 0:  # 0: never wait (set so)
+            wait = max(wait, min(2 * self.tuner.piece_seconds(), _WAIT_MAX_S))
+        arrival = self._arrival(info, offset, started + wait)
         if arrival is None:
             return None
         try:
-            left = self.options.landing_wait_s - (time.perf_counter() - started)
+            left = wait - (time.perf_counter() - started)
             data = arrival.read(offset, length, max(0.0, left))
         except OSError:
             data = None

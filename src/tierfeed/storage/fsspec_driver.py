@@ -10,6 +10,7 @@ that says so, never a mix of old and new bytes (S3 reads ask ``If-Match`` the pi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -129,6 +130,7 @@ class FsspecDriver(Driver):
         self.root = root.rstrip("/")
         self._pins: dict[str, tuple[int, str | None]] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     def _full(self, path: str) -> str:
         parts = relative_parts(
@@ -283,6 +285,18 @@ class FsspecDriver(Driver):
         self._call(path, lambda: self.fs.rm_file(self._full(path)))
         with self._lock:
             self._pins.pop(path, None)
+
+    def close(self) -> None:
+        """Close the store's connections now. An S3 client left to close at garbage
+        collection may be collected in a forked DataLoader worker, where closing it on the
+        worker's event loop fails with tracebacks on stderr."""
+        creator = getattr(self.fs, "_s3creator", None)
+        if creator is not None and not self._closed:
+            from fsspec.asyn import sync
+
+            with contextlib.suppress(Exception):  # closing is best effort: never an error
+                sync(self.fs.loop, creator.__aexit__, None, None, None, timeout=5)
+        self._closed = True
 
     def exists(self, path: str) -> bool:
         # Asked afresh (not the pin): existence is what a writer checks before it writes.

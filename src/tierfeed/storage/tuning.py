@@ -90,6 +90,15 @@ class FetchTuner:
         with self._lock:
             return self._inflight
 
+    def piece_seconds(self) -> float:
+        """How long one piece takes to land, by the last fit (0 before there is one)."""
+        with self._lock:
+            fitted, piece = self.fitted, self._piece
+        if fitted is None:
+            return 0.0
+        latency, per_request = fitted
+        return latency + piece / per_request
+
     def fit(self) -> tuple[float, float] | None:
         """``(latency s, bytes/s per request)`` fitted to the recent requests, or None while
         they do not tell the two apart (too few, or all of one size)."""
