@@ -73,10 +73,13 @@ def convert_all(raw: Path, origin: Path, systems: list[str]) -> dict[str, Any]:
     return out
 
 
-def read_run(system: str, mnt: Path, work: Path, budget: int, args: argparse.Namespace,
-             tag: str) -> list[dict[str, Any]]:  # fmt: skip
-    """One system, one configuration, in a fresh process with an empty cache."""
-    runner, name = SYSTEMS[system]
+def read_run(system: str, data: str, origin: str, work: Path, budget: int,
+             args: argparse.Namespace, tag: str,
+             env: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One system, one configuration, in a fresh process with an empty cache: its dataset at
+    ``data`` (under a slowfs mount, or a URL), the origin's counters at ``origin`` (the mount,
+    or a slowed S3 proxy's URL)."""
+    runner, _ = SYSTEMS[system]
     cache = work / "cache" / f"{system}-{tag}"
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
@@ -84,11 +87,13 @@ def read_run(system: str, mnt: Path, work: Path, budget: int, args: argparse.Nam
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     argv = [sys.executable, str(HERE / "peers" / runner), "read",
-            "--data", str(mnt / (name or "raw")), "--slowfs", str(mnt), "--cache", str(cache),
+            "--data", data, "--slowfs", origin, "--cache", str(cache),
             "--cache-bytes", str(budget), "--epochs", str(args.epochs),
             "--workers", str(args.workers), "--batch", str(args.batch),
             "--out", str(out)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.run_timeout)
+    environment = None if env is None else dict(os.environ, **env, TIERFEED_CACHE=str(cache))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.run_timeout,
+                          env=environment)  # fmt: skip
     if done.returncode != 0:
         print(f"{system} {tag}: failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         return [{"system": system, "config": tag, "failed": done.stderr[-500:]}]
@@ -212,7 +217,8 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
             for system in systems:
                 if system == "per-file" and cache == "half":
                     continue  # no cache of its own: the same as full
-                rows = read_run(system, mnt, work, budget, args, config)
+                data = str(mnt / (SYSTEMS[system][1] or "raw"))
+                rows = read_run(system, data, str(mnt), work, budget, args, config)
                 result["rows"] += rows
     sequential(chunks, samples, "warm-up", None)
     local = sequential(chunks, samples, "physical limit (local disk, sequential)", None)

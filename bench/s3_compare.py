@@ -12,9 +12,12 @@ converted dataset to ``s3://bench/<system>``; start the slowing proxy in front o
 body at most ``--mbps`` MB/s, as one connection to S3 is). The proxy answers GET and HEAD of the
 uploaded objects from the same files itself (ETags, ranges, If-Match), because moto copies a
 whole object for every ranged GET under a lock per object (moto/s3/models.py, FakeKey.value),
-which no real S3 does and which would penalise ranged readers; lists and writes go to moto. Run
-each system's loader in a fresh process for ``--epochs`` epochs with the same workers, batch
-size and a local cache with room for everything, pointed at the proxy by the SDKs' own settings
+which no real S3 does and which would penalise ranged readers; lists and writes go to moto. Like
+moto's server, the proxy closes each connection after its response: Streaming's downloader
+fetches index.json before the DataLoader forks, and its forked workers then share that pooled
+connection, whose responses interleave (a corrupted shard, or a 60 s read timeout). Run each
+system's loader in a fresh process for ``--epochs`` epochs with the same workers, batch size and
+a local cache with room for everything, pointed at the proxy by the SDKs' own settings
 (``AWS_ENDPOINT_URL``, and Streaming's ``S3_ENDPOINT_URL``). Per epoch: samples/s, batch waits,
 and the GET requests and bytes the proxy served. The origin's own limit: N threads of 8 MiB
 ranged GETs of tierfeed's chunk objects through the proxy, the best N. Results: JSON lines per
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.compare import SYSTEMS, convert_all, plot, render  # noqa: E402
+from bench.compare import SYSTEMS, convert_all, plot, read_run, render  # noqa: E402
 from bench.peers.common import origin_counters  # noqa: E402
 from tierfeed.synth import SynthSpec, make_imagefolder  # noqa: E402
 
@@ -89,32 +91,6 @@ def upload_tree(endpoint: str, local: Path, prefix: str) -> int:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, files))
     return sum(p.stat().st_size for p in files)
-
-
-def read_run(system: str, proxy: str, work: Path, budget: int, args: argparse.Namespace,
-             tag: str) -> list[dict[str, Any]]:  # fmt: skip
-    """One system from the slowed endpoint, in a fresh process with an empty cache."""
-    runner, name = SYSTEMS[system]
-    cache = work / "cache" / f"{system}-{tag}"
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.mkdir(parents=True)
-    out = work / "rows" / f"{system}-{tag}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.unlink(missing_ok=True)
-    env = dict(os.environ, **KEYS, AWS_ENDPOINT_URL=proxy, S3_ENDPOINT_URL=proxy,
-               TIERFEED_CACHE=str(cache / ".tierfeed"))  # fmt: skip
-    argv = [sys.executable, str(HERE / "peers" / runner), "read",
-            "--data", f"s3://{BUCKET}/{name}", "--slowfs", proxy, "--cache", str(cache),
-            "--cache-bytes", str(budget), "--epochs", str(args.epochs),
-            "--workers", str(args.workers), "--batch", str(args.batch),
-            "--out", str(out)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.run_timeout, env=env)
-    if done.returncode != 0:
-        print(f"{system} {tag}: failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-        return [{"system": system, "config": tag, "failed": done.stderr[-500:]}]
-    rows = [dict(json.loads(line), config=tag) for line in out.read_text().splitlines()]
-    shutil.rmtree(cache, ignore_errors=True)
-    return rows
 
 
 def origin_limit(proxy: str, keys: list[tuple[str, int]], samples: int,
@@ -197,7 +173,7 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
         proxy_process = subprocess.Popen(
             [sys.executable, "-m", "tests.s3proxy", "--upstream", endpoint, "--latency-ms",
              str(args.latency_ms), "--mbps", str(args.mbps), "--url-file", str(url_file),
-             "--serve", f"{BUCKET}={origin}"],
+             "--serve", f"{BUCKET}={origin}", "--no-keep-alive"],
             cwd=ROOT,
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -208,7 +184,9 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
                   for c in sorted((origin / "tierfeed" / "chunks").glob("*.tar"))]  # fmt: skip
         result["limits"].append(dict(origin_limit(proxy, chunks, samples), config=config))
         for system in systems:
-            result["rows"] += read_run(system, proxy, work, raw_bytes * 4, args, config)
+            data = f"s3://{BUCKET}/{SYSTEMS[system][1]}"
+            env = {**KEYS, "AWS_ENDPOINT_URL": proxy, "S3_ENDPOINT_URL": proxy}
+            result["rows"] += read_run(system, data, proxy, work, raw_bytes * 4, args, config, env)
     finally:
         for process in (proxy_process, server):
             if process is not None:

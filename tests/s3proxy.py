@@ -62,6 +62,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def end_headers(self) -> None:
+        if not self.server.proxy.keep_alive:  # one request per connection, as moto's server
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        super().end_headers()
+
     def setup(self) -> None:
         super().setup()
         self.server.proxy._track(self.connection, add=True)
@@ -227,6 +233,7 @@ class S3Proxy:
         latency_s: float = 0.0,
         bandwidth_bps: float = 0.0,
         serve: dict[str, Path] | None = None,
+        keep_alive: bool = True,
     ) -> None:
         parts = urlsplit(upstream)
         self._host = parts.hostname or "127.0.0.1"
@@ -237,6 +244,11 @@ class S3Proxy:
         # (moto copies a whole object for every ranged GET, under a lock per object: a
         # benchmark of ranged readers would measure that); everything else goes upstream.
         self.serve = dict(serve or {})
+        # False: close every connection after its response. A client made before a fork
+        # shares its pooled connection with the forked processes (MosaicML Streaming's
+        # downloader does: it fetches index.json in the parent), whose responses then
+        # interleave on the one socket; moto's own server never keeps a connection open.
+        self.keep_alive = keep_alive
         self.url = ""
         self.requests: list[tuple[str, str, str]] = []
         self.bytes_out = 0  # body bytes sent to clients (GET data)
@@ -360,9 +372,11 @@ def main() -> None:
         "--serve", action="append", default=[], metavar="BUCKET=DIR",
         help="answer GET and HEAD of BUCKET's objects from the files under DIR",
     )  # fmt: skip
+    p.add_argument("--no-keep-alive", action="store_true", help="one request per connection")
     a = p.parse_args()
     serve = {b: Path(d) for b, _, d in (item.partition("=") for item in a.serve)}
-    proxy = S3Proxy(a.upstream, a.latency_ms / 1e3, a.mbps * 1e6, serve).start()
+    proxy = S3Proxy(a.upstream, a.latency_ms / 1e3, a.mbps * 1e6, serve, not a.no_keep_alive)
+    proxy.start()
     a.url_file.write_text(proxy.url)
     try:
         threading.Event().wait()

@@ -235,3 +235,15 @@ def test_serves_objects_from_files_with_ranges_etags_and_if_match(
         with pytest.raises(ClientError):  # not a file there: forwarded, and moto has none
             s3.head_object(Bucket=bucket, Key="dir/missing.bin")
         assert proxy.counters()["bytes_out"] == 10 + 5 + len(data)
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_keep_alive_or_one_request_per_connection(upstream: str, keep_alive: bool) -> None:
+    with S3Proxy(upstream, keep_alive=keep_alive) as proxy:
+        conn = http.client.HTTPConnection(proxy.url.removeprefix("http://"), timeout=5)
+        conn.request("GET", "/__proxy__/counters")
+        answer = conn.getresponse()
+        assert json.loads(answer.read())["requests"] == 0
+        assert answer.will_close is not keep_alive
+        assert (answer.getheader("Connection") == "close") is not keep_alive
+        conn.close()

@@ -8,7 +8,7 @@ front, members checked) whichever face reads it. Nothing here imports torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,19 +113,39 @@ def open_store(
         StorageError: a URL's store cannot be read (access denied, unreachable).
     """
     location = StoreLocation.of(path, storage_options)
-    index = Index(location.index_file(tiers.index_cache() if tiers is not None else None))
+    cache = tiers.index_cache() if tiers is not None else None
+    if location.remote:
+        return _open_remote(location, cache, tiers, source)
+    index = Index(location.index_file(cache))
     if source is None:
-        if location.remote:
-            source = tier_stack(index, tiers or TierConfig(), location.origin())
-        elif tiers is not None:
+        if tiers is not None:
             source = tier_stack(index, tiers)
         else:
             source = DirectoryChunks(index.path.parent, index.chunks(), index.path)
-    second: Callable[[], ChunkSource] | None = None
-    if location.remote:  # hedged reads: a second ranged GET, on a driver of their own
+    return Store(index, source)
 
-        def second() -> ChunkSource:
-            return TierStack(index.chunks(), location.origin())
+
+def _open_remote(
+    location: StoreLocation,
+    cache: Path | None,
+    tiers: TierConfig | None,
+    source: ChunkSource | None,
+) -> Store:
+    """A store at a URL: one driver (one client) checks the index and reads the chunks; a
+    hedged read gets a driver of its own (a second ranged GET)."""
+    origin = location.origin()
+    try:
+        index = Index(location.index_file(cache, origin))
+    except BaseException:
+        origin.close()
+        raise
+    if source is None:
+        source = tier_stack(index, tiers or TierConfig(), origin)
+    else:
+        origin.close()  # the chunks come from the caller's source
+
+    def second() -> ChunkSource:
+        return TierStack(index.chunks(), location.origin())
 
     return Store(index, source, location=location.root, second_source=second)
 

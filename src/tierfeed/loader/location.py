@@ -89,10 +89,13 @@ class StoreLocation:
             return driver_for(self.text, read_only=True, **self.storage_options)
         return PosixDriver(self.root, read_only=True)
 
-    def index_file(self, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    def index_file(
+        self, cache_dir: str | os.PathLike[str] | None = None, origin: Driver | None = None
+    ) -> Path:
         """A local file holding the store's index: the store's own, or, for a URL, the copy in
         ``cache_dir`` (default: the user's cache, see `tierfeed.config.default_cache_dir`),
-        fetched if this host has none of the store's current index.
+        fetched if this host has none of the store's current index, through ``origin`` if
+        given (else a driver of its own).
 
         Raises:
             IndexFormatError: the store has no index (nothing packed there, or a wrong URL).
@@ -101,8 +104,10 @@ class StoreLocation:
         if not self.remote:
             return Path(self.text)
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "index"
-        with self.origin() as origin:
+        if origin is not None:  # the caller's own driver, which it goes on using
             return fetch_index(origin, self.text, cache)
+        with self.origin() as own:
+            return fetch_index(own, self.text, cache)
 
     def __str__(self) -> str:
         return self.text

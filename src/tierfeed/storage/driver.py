@@ -111,6 +111,10 @@ class Driver(ABC):
         The default opens nothing."""
         return None
 
+    # Origin requests in flight that this store serves well at once: where the fetch tuner
+    # starts (a file system: a few; an object store, whose each connection is slow: many).
+    parallel_requests = 4
+
     def etag(self, path: str) -> str | None:
         """The version tag of object ``path`` (an object store's ETag), or None where the store
         keeps none (files: their size and the index's checksums tell a change)."""

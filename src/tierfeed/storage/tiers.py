@@ -127,10 +127,15 @@ class TierStack(TierFilling, ChunkSource):
         self.landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
         self.landing.sweep()
         self.fetch_counters = FetchCounters()
+        # Requests in flight start where the origin says it does well (a few for a file
+        # system, many for an object store, whose every connection is slow); the tuner climbs
+        # or steps down from there, within the fetch threads (more for a store that wants more).
+        parallel = max(1, origin.parallel_requests)
+        fetch_threads = max(self.options.fetch_threads, parallel)
         self.tuner = FetchTuner(
-            FetchLimits(max_inflight=self.options.fetch_threads),
+            FetchLimits(max_inflight=fetch_threads),
             piece=self.options.piece_bytes,
-            inflight=min(4, self.options.fetch_threads),
+            inflight=min(parallel, fetch_threads),
         )
         self._gate = Gate()
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
@@ -138,7 +143,7 @@ class TierStack(TierFilling, ChunkSource):
         # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
         self._looks_ahead = any(isinstance(p, Clairvoyant) for p in self.policies)
         self._fetches = ThreadPoolExecutor(
-            self.options.fetch_threads if self.tiers else 1, thread_name_prefix="tierfeed-fetch"
+            fetch_threads if self.tiers else 1, thread_name_prefix="tierfeed-fetch"
         )
         threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
         self._copier = Copier(
