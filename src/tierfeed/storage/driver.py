@@ -114,6 +114,9 @@ class Driver(ABC):
     # Origin requests in flight that this store serves well at once: where the fetch tuner
     # starts (a file system: a few; an object store, whose each connection is slow: many).
     parallel_requests = 4
+    # Each request is slow or billed (an object store's GET): a read of a chunk whose copy is
+    # in flight waits for the copy (boundedly) rather than make a request of its own.
+    costly_requests = False
 
     def etag(self, path: str) -> str | None:
         """The version tag of object ``path`` (an object store's ETag), or None where the store

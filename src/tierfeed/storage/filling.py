@@ -56,6 +56,7 @@ class TierFilling(ABC):
     options: TierOptions
     _shunned: set[int]
     _demanded: dict[int, int]
+    _elsewhere: set[int]
     _gate: Gate
     tuner: FetchTuner
     _copier: Copier
@@ -107,7 +108,10 @@ class TierFilling(ABC):
         # would only add requests and bytes (late reads are the guard's to defer).
         wait = self.options.landing_wait_s
         if wait > 0:  # 0: never wait (set so)
-            wait = max(wait, min(2 * self.tuner.piece_seconds(), _WAIT_MAX_S))
+            # An origin whose every request is slow or billed (an object store): wait for the
+            # copy as long as it may take, rather than make a request of one's own beside it.
+            longest = _WAIT_MAX_S if self.origin.costly_requests else 2 * self.tuner.piece_seconds()
+            wait = max(wait, min(longest, _WAIT_MAX_S))
         arrival = self._arrival(info, offset, started + wait)
         if arrival is None:
             return None
@@ -134,14 +138,28 @@ class TierFilling(ABC):
         self._demanded.setdefault(info.id, offset)
         self._copier.schedule(info.id, urgent=True)
         pause = 0.001
-        # Queued in this process, or claimed by another whose arrival appears at once.
-        while self._copier.pending(info.id) and time.perf_counter() < deadline:
+        # Queued in this process; or claimed by another, whose arrival appears once that
+        # process has begun it (between its claim and its map, this one's copy found the claim
+        # taken and ended: the arrival is still awaited, unless the chunk lands meanwhile).
+        while time.perf_counter() < deadline:
+            if not self._copier.pending(info.id) and not self._awaited_elsewhere(info):
+                return None
             time.sleep(pause)
             pause = min(2 * pause, 0.01)
             arrival = self.landing.find(info)
             if arrival is not None:
                 return arrival
+        self._elsewhere.discard(info.id)  # the next read asks for a copy (and a claim) anew
         return None
+
+    def _awaited_elsewhere(self, info: ChunkInfo) -> bool:
+        """Whether another process claimed the chunk's copy and it has not landed yet."""
+        if info.id not in self._elsewhere:
+            return False
+        if self._appeared(info):
+            self._elsewhere.discard(info.id)
+            return False
+        return True
 
     def _appeared(self, info: ChunkInfo) -> bool:
         """Whether a shared tier that this process thinks lacks the chunk has it now (a copy
@@ -197,7 +215,9 @@ class TierFilling(ABC):
         claims = next((t.files for t in self.tiers if t.shared), self.tiers[0].files)
         with claims.claim(cache_key(info)) as mine:
             if not mine:
-                return  # another process copies it now; a later miss finds it landed
+                self._elsewhere.add(chunk)  # another process copies it now
+                return
+            self._elsewhere.discard(chunk)
             # Another process (a sibling DataLoader worker) may have copied it already: take
             # it from the shared directory rather than from the origin.
             data = self._from_tiers(info)

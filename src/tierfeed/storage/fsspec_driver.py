@@ -102,6 +102,7 @@ class FsspecDriver(Driver):
     # ones. Measured on bench/s3_compare.py's slowed endpoint (20 ms, 25 MB/s per GET): a cold
     # epoch 1.8-2.0 s starting at 16 in flight, 2.6-2.8 s starting at 4.
     parallel_requests = 16
+    costly_requests = True
 
     def __init__(
         self,

@@ -139,6 +139,7 @@ class TierStack(TierFilling, ChunkSource):
         )
         self._gate = Gate()
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
+        self._elsewhere: set[int] = set()  # chunks whose copy another process claimed
         self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
         # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
         self._looks_ahead = any(isinstance(p, Clairvoyant) for p in self.policies)
