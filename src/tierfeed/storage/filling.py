@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["TierFilling"]
 
 _WAIT_MAX_S = 5.0  # a read waits for its piece of a copy in flight at most this long
+_SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at most
 
 
 class TierFilling(ABC):
@@ -57,6 +58,7 @@ class TierFilling(ABC):
     _shunned: set[int]
     _demanded: dict[int, int]
     _elsewhere: set[int]
+    _splits: int
     _gate: Gate
     tuner: FetchTuner
     _copier: Copier
@@ -263,9 +265,14 @@ class TierFilling(ABC):
 
     def _fetch_piece(self, arrival: Arrival, index: int) -> None:
         offset, length = arrival.span(index)
-        # Until the tuner can tell latency from bandwidth, one piece in two is read as two
-        # halves: requests of two sizes are what the fit needs.
-        halves = 2 if self.tuner.fitted is None and index % 2 and length > 1 else 1
+        # Until the tuner can tell latency from bandwidth, a few pieces are read as two halves:
+        # requests of two sizes are what the fit needs. A few: all of a chunk's pieces may
+        # start before the first ends, and each split is one request more (an object store
+        # bills it).
+        halves = 1
+        if self.tuner.fitted is None and index % 2 and length > 1 and self._splits < _SPLITS:
+            self._splits += 1
+            halves = 2
         cut = [offset + length * k // halves for k in range(halves + 1)]
         parts = [self._origin_read(arrival.info, a, b - a) for a, b in itertools.pairwise(cut)]
         data = parts[0] if halves == 1 else b"".join(parts)

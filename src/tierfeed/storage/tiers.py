@@ -140,6 +140,7 @@ class TierStack(TierFilling, ChunkSource):
         self._gate = Gate()
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
         self._elsewhere: set[int] = set()  # chunks whose copy another process claimed
+        self._splits = 0  # pieces read as halves for the tuner's fit (a few)
         self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
         # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
         self._looks_ahead = any(isinstance(p, Clairvoyant) for p in self.policies)
