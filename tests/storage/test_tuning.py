@@ -115,3 +115,11 @@ def test_look_ahead_comes_every_50_ms_with_the_lead_of_the_read_rate() -> None:
     assert 3 <= len(due) <= 4  # every 50 ms of reads
     assert all(h == pytest.approx(lead_reads(2000, 64 * MiB, 320e6), rel=0.02) for h in due)
     assert ahead.due(0.3, origin_rate=1.0, queued=0) == 8192  # a slow origin: capped
+
+
+def test_a_tuner_starts_where_its_origin_does_well() -> None:
+    files = FetchTuner.starting(0, threads=8, piece=MiB)  # no preference: a few, within 8
+    assert (files.inflight, files.limits.max_inflight) == (4, 8)
+    assert FetchTuner.starting(0, threads=2, piece=MiB).limits.max_inflight == 2  # as set
+    store = FetchTuner.starting(16, threads=8, piece=MiB)  # an object store: many at once
+    assert (store.inflight, store.limits.max_inflight) == (16, 16)

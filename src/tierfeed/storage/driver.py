@@ -111,9 +111,10 @@ class Driver(ABC):
         The default opens nothing."""
         return None
 
-    # Origin requests in flight that this store serves well at once: where the fetch tuner
-    # starts (a file system: a few; an object store, whose each connection is slow: many).
-    parallel_requests = 4
+    # Origin requests in flight that this store serves well at once, where the fetch tuner
+    # starts: 0 (no preference, a few: a file system); many for an object store, whose every
+    # connection is slow.
+    parallel_requests = 0
     # Each request is slow or billed (an object store's GET): a read of a chunk whose copy is
     # in flight waits for the copy (boundedly) rather than make a request of its own.
     costly_requests = False

@@ -43,7 +43,7 @@ from tierfeed.storage.filling import TierFilling
 from tierfeed.storage.landing import FetchCounters, landing_for
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
 from tierfeed.storage.source import ChunkSource
-from tierfeed.storage.tuning import FetchLimits, FetchTuner, LookAhead
+from tierfeed.storage.tuning import FetchTuner, LookAhead
 
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 
@@ -127,16 +127,10 @@ class TierStack(TierFilling, ChunkSource):
         self.landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
         self.landing.sweep()
         self.fetch_counters = FetchCounters()
-        # Requests in flight start where the origin says it does well (a few for a file
-        # system, many for an object store, whose every connection is slow); the tuner climbs
-        # or steps down from there, within the fetch threads (more for a store that wants more).
-        parallel = max(1, origin.parallel_requests)
-        fetch_threads = max(self.options.fetch_threads, parallel)
-        self.tuner = FetchTuner(
-            FetchLimits(max_inflight=fetch_threads),
-            piece=self.options.piece_bytes,
-            inflight=min(parallel, fetch_threads),
+        self.tuner = FetchTuner.starting(
+            origin.parallel_requests, self.options.fetch_threads, self.options.piece_bytes
         )
+        fetch_threads = self.tuner.limits.max_inflight
         self._gate = Gate()
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
         self._elsewhere: set[int] = set()  # chunks whose copy another process claimed

@@ -78,6 +78,16 @@ class FetchTuner:
         self.rate = 0.0  # the origin's aggregate throughput over the last round (bytes/s)
         self.fitted: tuple[float, float] | None = None  # the last fit, see `fit`
 
+    @classmethod
+    def starting(cls, parallel: int, threads: int, piece: int) -> FetchTuner:
+        """A tuner whose requests in flight move within ``threads`` fetch threads, starting at
+        a few; or, for an origin that does well with ``parallel`` > 0 at once (an object store,
+        whose every connection is slow), starting there, with as many threads if need be."""
+        if parallel <= 0:
+            return cls(FetchLimits(max_inflight=threads), piece=piece, inflight=min(4, threads))
+        most = max(threads, parallel)
+        return cls(FetchLimits(max_inflight=most), piece=piece, inflight=parallel)
+
     @property
     def piece(self) -> int:
         """Bytes per origin request of a chunk copy."""
