@@ -18,6 +18,7 @@ from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
+from tierfeed.storage.disktier import cache_key
 from tierfeed.storage.landing import FileLanding, MemoryLanding
 from tierfeed.storage.tiers import TierOptions, disk_tier
 
@@ -297,3 +298,22 @@ def test_sweep_removes_dead_arrivals_and_leaves_stray_files_alone(tmp_path: Path
     assert (stray / "notes.txt").exists() and (stray / "odd.map").is_dir()
     found.close()
     live.close()
+
+
+def test_a_claim_found_taken_is_awaited_briefly_not_for_the_whole_wait(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # Another process claimed chunk 0's copy; its arrival never appears (it was refused, or
+    # it ended). A read waits for that arrival only as long as a claim takes to become a map,
+    # then reads the origin, though the stack would wait 5 s for a copy in flight.
+    origin = PosixDriver(store_dir, read_only=True)
+    options = TierOptions(piece_bytes=PIECE, landing_wait_s=5)
+    disk = disk_tier(tmp_path / "disk", 10**9)
+    with TierStack(Index(store_dir).chunks(), origin, [disk], options=options) as tiers:
+        with disk.files.claim(cache_key(tiers.chunks[0])) as mine:
+            assert mine  # held here: this stack's own copier finds it taken
+            started = time.monotonic()
+            data = tiers.read_range(0, 0, 100)
+            took = time.monotonic() - started
+        assert data == (store_dir / tiers.chunks[0].name).read_bytes()[:100]
+        assert 0.1 < took < 2.0  # awaited ~0.2 s, not the 5 s wait for a copy in flight

@@ -36,6 +36,9 @@ __all__ = ["TierFilling"]
 
 _WAIT_MAX_S = 5.0  # a read waits for its piece of a copy in flight at most this long
 _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at most
+# A process that claims a copy writes its arrival's map at once: a claim found taken more than
+# this long ago is over (its copy placed, refused or failed), not about to begin.
+_CLAIM_TO_MAP_S = 0.2
 
 
 class TierFilling(ABC):
@@ -57,7 +60,7 @@ class TierFilling(ABC):
     options: TierOptions
     _shunned: set[int]
     _demanded: dict[int, int]
-    _elsewhere: set[int]
+    _elsewhere: dict[int, float]
     _splits: int
     _gate: Gate
     tuner: FetchTuner
@@ -151,15 +154,17 @@ class TierFilling(ABC):
             arrival = self.landing.find(info)
             if arrival is not None:
                 return arrival
-        self._elsewhere.discard(info.id)  # the next read asks for a copy (and a claim) anew
+        self._elsewhere.pop(info.id, None)  # the next read asks for a copy (and a claim) anew
         return None
 
     def _awaited_elsewhere(self, info: ChunkInfo) -> bool:
-        """Whether another process claimed the chunk's copy and it has not landed yet."""
-        if info.id not in self._elsewhere:
+        """Whether another process claimed the chunk's copy just now (its arrival is about to
+        appear) and the chunk has not landed."""
+        found = self._elsewhere.get(info.id)
+        if found is None:
             return False
-        if self._appeared(info):
-            self._elsewhere.discard(info.id)
+        if time.monotonic() - found > _CLAIM_TO_MAP_S or self._appeared(info):
+            self._elsewhere.pop(info.id, None)
             return False
         return True
 
@@ -217,9 +222,9 @@ class TierFilling(ABC):
         claims = next((t.files for t in self.tiers if t.shared), self.tiers[0].files)
         with claims.claim(cache_key(info)) as mine:
             if not mine:
-                self._elsewhere.add(chunk)  # another process copies it now
+                self._elsewhere[chunk] = time.monotonic()  # another process copies it now
                 return
-            self._elsewhere.discard(chunk)
+            self._elsewhere.pop(chunk, None)
             # Another process (a sibling DataLoader worker) may have copied it already: take
             # it from the shared directory rather than from the origin.
             data = self._from_tiers(info)

@@ -133,7 +133,7 @@ class TierStack(TierFilling, ChunkSource):
         fetch_threads = self.tuner.limits.max_inflight
         self._gate = Gate()
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
-        self._elsewhere: set[int] = set()  # chunks whose copy another process claimed
+        self._elsewhere: dict[int, float] = {}  # chunk -> when its claim was found taken
         self._splits = 0  # pieces read as halves for the tuner's fit (a few)
         self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
         # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
