@@ -317,3 +317,23 @@ def test_a_claim_found_taken_is_awaited_briefly_not_for_the_whole_wait(
             took = time.monotonic() - started
         assert data == (store_dir / tiers.chunks[0].name).read_bytes()[:100]
         assert 0.1 < took < 2.0  # awaited ~0.2 s, not the 5 s wait for a copy in flight
+
+
+class CostlyOrigin(PosixDriver):
+    """An origin whose every request is billed, as an object store's."""
+
+    costly_requests = True
+
+
+def test_a_costly_origin_is_read_once_per_piece_and_never_to_measure(store_dir: Path) -> None:
+    origin = CostlyOrigin(store_dir, read_only=True)
+    options = TierOptions(piece_bytes=PIECE, landing_wait_s=5)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with TierStack(Index(store_dir).chunks(), origin, [ram], options=options) as tiers:
+        with open_store(store_dir, source=tiers) as store:
+            read_all(store)
+        tiers.drain(timeout=30)
+        # No piece read as halves for the tuner, no read beside a copy: one request per piece,
+        # each byte of the store once.
+        assert origin.counters.reads == tiers.fetch_counters.snapshot()["pieces"]
+        assert origin.counters.bytes_read == sum(c.size for c in tiers.chunks)

@@ -272,10 +272,12 @@ class TierFilling(ABC):
         offset, length = arrival.span(index)
         # Until the tuner can tell latency from bandwidth, a few pieces are read as two halves:
         # requests of two sizes are what the fit needs. A few: all of a chunk's pieces may
-        # start before the first ends, and each split is one request more (an object store
-        # bills it).
+        # start before the first ends, and each split is one request more. None from a store
+        # that bills requests: there the fit takes the sizes that occur (each chunk's shorter
+        # last piece, sample reads).
+        splits = 0 if self.origin.costly_requests else _SPLITS
         halves = 1
-        if self.tuner.fitted is None and index % 2 and length > 1 and self._splits < _SPLITS:
+        if self.tuner.fitted is None and index % 2 and length > 1 and self._splits < splits:
             self._splits += 1
             halves = 2
         cut = [offset + length * k // halves for k in range(halves + 1)]
