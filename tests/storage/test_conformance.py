@@ -33,6 +33,23 @@ def test_write_read_range_size(make_driver: Callable[..., Driver]) -> None:
     assert d.exists("chunks/000001.tar") and not d.exists("chunks/nope.tar")
 
 
+def test_get_file_copies_an_object_whole(
+    make_driver: Callable[..., Driver], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tierfeed.storage.driver as driver_module
+
+    monkeypatch.setattr(driver_module, "GET_BLOCK", 1000)  # several ranged reads
+    d = make_driver()
+    data = bytes(range(256)) * 13
+    d.write("chunks/000002.tar", data)
+    ro = make_driver(read_only=True)  # a reader's driver: the origin is never written
+    local = tmp_path / "local"
+    local.mkdir()
+    assert ro.get_file("chunks/000002.tar", local / "copy.tar") == len(data)
+    assert (local / "copy.tar").read_bytes() == data
+    assert [p.name for p in local.iterdir()] == ["copy.tar"]  # no temporary left
+
+
 def test_overwrite_is_whole(make_driver: Callable[..., Driver]) -> None:
     d = make_driver()
     d.write("a.bin", b"first version")

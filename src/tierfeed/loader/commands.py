@@ -24,7 +24,6 @@ from tierfeed.format.commands import run_index, run_pack
 from tierfeed.format.verify import ChunkFetch, summarize, verify_store
 from tierfeed.loader import upload
 from tierfeed.loader.location import StoreLocation
-from tierfeed.publish import publishing
 from tierfeed.storage import Driver
 from tierfeed.units import human
 
@@ -35,8 +34,6 @@ __all__ = [
     "register_verify",
     "verify_location",
 ]
-
-_PIECE = 16 * 2**20  # bytes per ranged read of a chunk being verified
 
 
 def register_index(sub: Any) -> None:
@@ -109,10 +106,10 @@ def _fetcher(origin: Driver, root: str, scratch: Path) -> ChunkFetch:
                 f"chunk {root}/{name}: size {size} bytes, the index says {want} (truncated?)"
             )
         try:
-            with publishing(local, mode=0o600, fsync=False) as out:
-                for offset in range(0, size, _PIECE):
-                    out.write(origin.read_range(name, offset, min(_PIECE, size - offset)))
-        except OSError as exc:
+            origin.get_file(name, local)
+        except StorageError:  # the store's own error (an OSError too): as it is
+            raise
+        except OSError as exc:  # the local copy
             raise StorageError(
                 f"{scratch}: cannot hold a copy of {root}/{name} to check it ({exc.strerror}); "
                 "free space or point TIERFEED_CACHE at a larger local directory"

@@ -24,12 +24,11 @@ from typing import Any
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ConfigError, IndexFormatError, NotFoundError, StorageError
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.publish import publishing, sweep_stale
+from tierfeed.publish import sweep_stale
 from tierfeed.storage import Driver, PosixDriver, driver_for
 
 __all__ = ["StoreLocation", "fetch_index", "is_url"]
 
-_PIECE = 64 * 2**20  # bytes per ranged read of an index
 _LOCK_WAIT_S = 900.0  # at most this long for another process of the host fetching the index
 
 
@@ -139,7 +138,7 @@ def fetch_index(origin: Driver, url: str, cache: Path) -> Path:
         raise StorageError(f"{folder}: cannot cache the index of {url} ({exc.strerror})") from None
     with _host_lock(folder / ".lock", url):
         if not _whole(target, size):  # another process of the host fetched it meanwhile
-            _download(origin, url, target, size)
+            _download(origin, url, target)
     _drop_older(folder, keep=target.name)
     return target
 
@@ -150,20 +149,13 @@ def _whole(path: Path, size: int) -> bool:
     return False
 
 
-def _download(origin: Driver, url: str, target: Path, size: int) -> None:
+def _download(origin: Driver, url: str, target: Path) -> None:
     sweep_stale(target.parent)  # left by a process killed mid-fetch
     try:
-        with publishing(target, mode=0o600) as out:
-            for offset in range(0, size, _PIECE):
-                want = min(_PIECE, size - offset)
-                data = origin.read_range(INDEX_NAME, offset, want)
-                if len(data) != want:
-                    raise StorageError(
-                        f"{url}/{INDEX_NAME}: {size} bytes listed, but the read at {offset} gave "
-                        f"{len(data)} of {want}; the index changed or the store is damaged"
-                    )
-                out.write(data)
-    except OSError as exc:
+        origin.get_file(INDEX_NAME, target, fsync=True)
+    except StorageError:  # the store's own error (an OSError too): as it is
+        raise
+    except OSError as exc:  # the local copy
         raise StorageError(
             f"{target}: cannot cache the index of {url} ({exc.strerror}); free space or point "
             "TIERFEED_CACHE at a writable local directory"

@@ -37,13 +37,11 @@ from tierfeed.format.pack import PackOptions, PackReport
 from tierfeed.format.shards import IndexReport
 from tierfeed.format.writer import Classes, WriteReport
 from tierfeed.loader.location import StoreLocation, is_url
-from tierfeed.publish import publishing
 from tierfeed.storage import Driver, driver_for
 
 __all__ = ["Writer", "index_shards", "optimize", "pack", "staging_dir", "upload_store"]
 
 _THREADS = 8  # chunks uploaded at once
-_PIECE = 64 * 2**20  # bytes per ranged read of a shard copied to be indexed
 _HOLDS_A_STORE = "{url}: already holds a store; pass --overwrite to replace it"
 
 
@@ -167,10 +165,7 @@ def index_shards(
         for name in names:
             target = staging / name
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with publishing(target, mode=0o600, fsync=False) as copy:
-                size = origin.size(name)
-                for offset in range(0, size, _PIECE):
-                    copy.write(origin.read_range(name, offset, min(_PIECE, size - offset)))
+            origin.get_file(name, target)
             local.append(target)
     report = local_shards.index_shards(local, staging, labels, skip_bad_names, progress, classes)
     with driver_for(root, read_only=False, **location.storage_options) as destination:

@@ -7,10 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.errors import NotFoundError, ReadOnlyError
+from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
+from tierfeed.publish import publishing
 from tierfeed.telemetry.counters import Counters
 
-__all__ = ["Driver", "OpCounters"]
+__all__ = ["GET_BLOCK", "Driver", "OpCounters"]
+
+GET_BLOCK = 16 * 2**20  # bytes per ranged read of `Driver.get_file`
 
 
 @dataclass
@@ -86,6 +89,28 @@ class Driver(ABC):
             raise ReadOnlyError(f"{self}: read-only; refusing to write {path}")
         self._write(path, data)
         self.counters.add(writes=1, bytes_written=len(data))
+
+    def get_file(self, path: str, local: Path, fsync: bool = False) -> int:
+        """Copy object ``path`` to the file ``local`` (temporary name, then rename: whole or
+        absent), in ranged reads of `GET_BLOCK`; returns its size.
+
+        Raises:
+            StorageError: a read returned fewer bytes than the object's size says (it changed
+                while copied, or the store is damaged), or the store could not be read.
+            OSError: ``local`` could not be written (the caller names it).
+        """
+        size = self.size(path)
+        with publishing(local, mode=0o600, fsync=fsync) as out:
+            for offset in range(0, size, GET_BLOCK):
+                want = min(GET_BLOCK, size - offset)
+                data = self.read_range(path, offset, want)
+                if len(data) != want:
+                    raise StorageError(
+                        f"{self}: {path}: {size} bytes listed, but the read at {offset} gave "
+                        f"{len(data)} of {want}; the object changed or the store is damaged"
+                    )
+                out.write(data)
+        return size
 
     def put_file(self, local: Path, path: str) -> None:
         """Store the file ``local`` at ``path`` atomically (an upload). Raises ReadOnlyError on
