@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 PIP     := $(BIN)/python -m pip
 CONSTR  := constraints.txt
 
-.PHONY: demo test test-fast lint format bench bench-all bench-env sysdeps clean
+.PHONY: demo test test-fast lint format bench bench-all bench-env sysdeps emulators clean
 
 $(STAMP): pyproject.toml $(CONSTR)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,10 +22,21 @@ sysdeps:
 	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null; \
 	    else echo "tierfeed: install fuse3 (apt-get install fuse3) for the FUSE features"; fi; }
 
+# Azurite (Microsoft's Azure Storage emulator) for the az:// tests, from the npm registry; the
+# S3 (moto) and GCS emulators come with the Python dev dependencies.
+AZURITE := .cache/azurite/node_modules/.bin/azurite-blob
+$(AZURITE):
+	@command -v npm >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	npm install --prefix .cache/azurite --no-audit --no-fund --loglevel=error azurite@3.37.0
+	test -x $(AZURITE)
+
+emulators: $(AZURITE)
+
 demo: sysdeps $(STAMP)
 	$(BIN)/python -m tierfeed.demo
 
-test: sysdeps $(STAMP)
+test: sysdeps $(STAMP) $(AZURITE)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
@@ -65,4 +76,4 @@ bench-all: bench $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) demo-data bench-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .cache demo-data bench-out .pytest_cache .mypy_cache .ruff_cache

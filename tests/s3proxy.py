@@ -115,8 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve  # noqa: N815
 
     def _serve_file(self, path: str) -> bool:
-        """GET or HEAD of an object the proxy serves from a file itself (``serve``): True if
-        answered, False to forward the request."""
+        """GET or HEAD of an object the proxy serves from a file itself (``serve``; a key with
+        no such file there is answered 404): True if answered, False to forward the request."""
         bucket, _, key = path.lstrip("/").partition("/")
         root = self.server.proxy.serve.get(bucket)
         if root is None or self.command not in ("GET", "HEAD") or not key:
@@ -125,9 +125,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             st = file.stat()
         except OSError:
-            return False
-        if not file.is_file() or not file.resolve().is_relative_to(root.resolve()):
-            return False
+            st = None
+        if st is None or not file.is_file() or not file.resolve().is_relative_to(root.resolve()):
+            self._answer_error(Fault(status=404, code="NoSuchKey"), path)
+            return True
         etag = '"' + hashlib.md5(f"{key}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest() + '"'
         wanted = self.headers.get("If-Match")
         if wanted and wanted.strip('"') != etag.strip('"'):

@@ -77,7 +77,7 @@ def test_quota_is_never_exceeded(name: str, accesses: list[int], quota: int, siz
 
 @settings(max_examples=100)
 @given(accesses=st.lists(st.integers(0, 9), min_size=1, max_size=60), quota=st.integers(1, 6))
-def test_clairvoyant_never_caches_a_chunk_not_read_again(accesses, quota) -> None:
+def test_clairvoyant_never_displaces_for_a_chunk_not_read_again(accesses, quota) -> None:
     policy = Clairvoyant()
     policy.set_future(accesses)
     cached: dict[int, int] = {}
@@ -85,9 +85,11 @@ def test_clairvoyant_never_caches_a_chunk_not_read_again(accesses, quota) -> Non
         policy.accessed(chunk)
         if chunk in cached:
             continue
+        room = len(cached) < quota
         ok, victims = policy.choose(cached, chunk, 1, quota)
+        if policy.next_use(chunk) == float("inf"):  # free room only, nothing displaced
+            assert ok == room and victims == []
         if ok:
-            assert policy.next_use(chunk) != float("inf")
             # Belady: every victim is needed later than the chunk that displaces it.
             assert all(policy.next_use(v) > policy.next_use(chunk) for v in victims)
             for v in victims:
@@ -124,3 +126,15 @@ def test_clairvoyant_clock_survives_reads_out_of_plan_order(seed: int, window: i
     later = set(np.concatenate(epochs[1:]).tolist())
     assert all(policy.next_use(c) != float("inf") for c in later)
     assert all(policy.next_use(c) >= len(first) for c in later)
+
+
+def test_clairvoyant_takes_free_room_for_a_chunk_not_read_again_and_gives_it_up_first() -> None:
+    # Chunk 0 is not read again in the known future (this process's share of this epoch): it
+    # takes free room (the next epoch, or another process sharing the tier, may read it) ...
+    policy = Clairvoyant()
+    policy.set_future([0, 1, 2, 1, 2])
+    policy.accessed(0)
+    assert policy.choose({}, 0, 1, 2) == (True, [])
+    assert policy.choose({5: 1, 6: 1}, 0, 1, 2) == (False, [])  # ... but displaces nothing
+    # ... and is the first victim, free of cost: chunk 1, read twice, displaces it at once.
+    assert policy.choose({0: 1, 2: 1}, 1, 1, 2) == (True, [0])

@@ -129,12 +129,11 @@ def pack(
 
 
 def _refuse_existing(url: str, storage_options: Mapping[str, Any] | None, overwrite: bool) -> None:
-    """Before anything is built: a URL that holds a store is refused without ``overwrite``."""
-    if overwrite:
-        return
+    """Before anything is built: a URL that cannot be written (http), or that holds a store
+    and ``overwrite`` is not given, is refused."""
     location = StoreLocation.of(url, storage_options)
-    with driver_for(location.text, read_only=True, **location.storage_options) as target:
-        if target.exists(INDEX_NAME):
+    with driver_for(location.text, read_only=False, **location.storage_options) as target:
+        if not overwrite and target.exists(INDEX_NAME):
             raise PackError(_HOLDS_A_STORE.format(url=url))
 
 
@@ -157,6 +156,7 @@ def index_shards(
         return local_shards.index_shards(shards, out, labels, skip_bad_names, progress, classes)
     location = StoreLocation.of(out, storage_options)
     root = location.text
+    _refuse_existing(root, storage_options, overwrite=True)  # a URL that cannot be written
     staging = staging_dir(root)
     shutil.rmtree(staging, ignore_errors=True)
     with driver_for(root, read_only=True, **location.storage_options) as origin:

@@ -2,10 +2,11 @@
 
 Reads are ranged requests (an S3 ranged GET). Library errors are translated here, once: a
 missing bucket or object is `NotFoundError`, a refusal names the credentials to check, and
-throttling (S3's 503 SlowDown), server errors and network timeouts are retried with backoff,
-a bounded number of times, and counted (``counters.retries``). The first look at an object
-pins its size and ETag for this process: an object replaced under a running job is an error
-that says so, never a mix of old and new bytes (S3 reads ask ``If-Match`` the pinned ETag).
+throttling (S3's 503 SlowDown, 429), server errors and network timeouts are retried with
+backoff, a bounded number of times, and counted (``counters.retries``). The first look at an
+object pins its size and version for this process: an object replaced under a running job is
+an error that says so, never a mix of old and new bytes (S3, Azure and HTTP reads ask
+``If-Match`` the pinned ETag; GCS reads name the pinned generation).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from tierfeed.errors import ConfigError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.relpath import relative_parts
@@ -28,25 +29,41 @@ __all__ = ["FsspecDriver", "RetryPolicy", "error_code"]
 T = TypeVar("T")
 
 # S3 error codes and HTTP statuses worth another try: throttling, a server's own trouble.
+# S3 and Azure error codes and HTTP statuses worth another try: throttling, a server's own
+# trouble.
 _TRANSIENT = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-    "ServiceUnavailable", "InternalError", "RequestTimeout", "500", "502", "503", "504",
+    "ServiceUnavailable", "InternalError", "RequestTimeout", "ServerBusy", "OperationTimedOut",
+    "429", "500", "502", "503", "504",
 }  # fmt: skip
-_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
-_CHANGED = {"PreconditionFailed", "412"}
+_DENIED = {
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+    "AuthenticationFailed", "AuthorizationFailure", "401", "403",
+}  # fmt: skip
+_MISSING = {"NoSuchKey", "NoSuchBucket", "BlobNotFound", "ContainerNotFound", "404"}
+_NO_BUCKET = {"NoSuchBucket", "ContainerNotFound"}
+_CHANGED = {"PreconditionFailed", "ConditionNotMet", "412"}
 
 
 def error_code(exc: BaseException) -> str:
-    """The S3 error code (or HTTP status) behind ``exc``, following its causes; "" if none."""
+    """The store's error code (S3's or Azure's) or else the HTTP status behind ``exc``,
+    following its causes; "" if none."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             break
         response = getattr(seen, "response", None)
-        if isinstance(response, Mapping):
+        if isinstance(response, Mapping):  # botocore
             error = response.get("Error") or {}
             status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", "")
             return str(error.get("Code") or status)
+        azure = getattr(seen, "error_code", None)
+        if isinstance(azure, str) and azure:  # azure.core's HttpResponseError
+            return azure
+        for name in ("status_code", "status", "code"):  # azure.core, aiohttp, gcsfs
+            status = getattr(seen, name, None)
+            if isinstance(status, int) and 100 <= status <= 599:
+                return str(status)
         seen = seen.__cause__ or seen.__context__
     return ""
 
@@ -121,10 +138,15 @@ class FsspecDriver(Driver):
             ) from None
         self.url = url.rstrip("/")
         self.name = f"fsspec:{self.url}"
-        self.retry = retry or RetryPolicy()
-        self._s3 = url.startswith(("s3://", "s3a://"))
-        if self._s3:
-            storage_options = _s3_defaults(storage_options)
+        self.scheme = _scheme(url)
+        # gcsfs tries each request 6 times itself (its backoff is not configurable per
+        # instance): retrying here too would multiply the tries.
+        self.retry = retry or RetryPolicy(attempts=1 if self.scheme == "gs" else 6)
+        self._s3 = self.scheme == "s3"
+        storage_options = _defaults(self.scheme, storage_options)
+        if self.scheme == "http" and not read_only:
+            raise ReadOnlyError(f"{url}: an http(s) store is read-only; write to a path or to "
+                                "s3://, gs:// or az:// and serve that over http(s)")  # fmt: skip
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         except ImportError as exc:
@@ -134,7 +156,7 @@ class FsspecDriver(Driver):
         if self._s3:
             self.fs.retries = 1  # tried again here, counted
         self.root = root.rstrip("/")
-        self._pins: dict[str, tuple[int, str | None]] = {}
+        self._pins: dict[str, _Pin] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -150,12 +172,10 @@ class FsspecDriver(Driver):
 
     def _fail(self, path: str, exc: BaseException) -> StorageError:
         where, code = self.where(path), error_code(exc)
-        if isinstance(exc, FileNotFoundError) or code in ("NoSuchKey", "NoSuchBucket", "404"):
-            what = (
-                "no such bucket"
-                if code == "NoSuchBucket" or self._no_bucket()
-                else "no such object"
-            )
+        if isinstance(exc, FileNotFoundError) or code in _MISSING:
+            if path in self._pins:  # it was there when this job first looked
+                return self._changed(path)
+            what = "no such bucket" if code in _NO_BUCKET or self._no_bucket() else "no such object"
             return NotFoundError(f"{where}: {what}")
         if isinstance(exc, PermissionError) or code in _DENIED:
             return StorageError(
@@ -166,7 +186,7 @@ class FsspecDriver(Driver):
 
     def _no_bucket(self) -> bool:
         """Whether the bucket itself is missing (asked only once an object was not found)."""
-        if not self._s3:
+        if self.scheme not in ("s3", "gs", "az"):
             return False
         bucket = self.root.split("/", 1)[0]
         try:
@@ -200,38 +220,52 @@ class FsspecDriver(Driver):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _changed(self, path: str) -> StorageError:
-        size, etag = self._pins.get(path, (-1, None))
+        pin = self._pins.get(path, _Pin(-1, None, None))
         return StorageError(
             f"{self.where(path)}: the object changed while this job read it (it had ETag "
-            f"{etag}, {size} bytes); the store was rewritten under a running job: restart the "
-            "job once the store is whole again"
+            f"{pin.etag}, {pin.size} bytes); the store was rewritten under a running job: restart "
+            "the job once the store is whole again"
         )
 
-    def _pin(self, path: str) -> tuple[int, str | None]:
-        """The object's size and ETag, as first seen by this process."""
+    def _pin(self, path: str) -> _Pin:
+        """The object's size and version, as first seen by this process."""
         pinned = self._pins.get(path)
         if pinned is not None:
             return pinned
         self.counters.add(stats=1)
         info = self._call(path, lambda: self.fs.info(self._full(path)))
         etag = info.get("ETag") or info.get("etag")
-        seen = (int(info["size"]), str(etag) if etag else None)
+        generation = info.get("generation") if self.scheme == "gs" else None
+        seen = _Pin(int(info["size"]), str(etag) if etag else None, generation or None)
         with self._lock:
             return self._pins.setdefault(path, seen)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        size, etag = self._pin(path)
-        end = min(offset + length, size)
+        pin = self._pin(path)
+        end = min(offset + length, pin.size)
         if end <= offset:
             return b""  # at or past the end: an empty range is no request
-        full = self._full(path)
-        if self._s3:
-            data = self._call(path, lambda: self._s3_range(full, offset, end, etag))
-        else:
-            data = self._call(path, lambda: self.fs.cat_file(full, start=offset, end=end))
-        data = bytes(data)
+        data = bytes(self._call(path, lambda: self._get(self._full(path), offset, end, pin)))
+        if len(data) != end - offset:  # a store that ignored the range, or a cut answer
+            raise StorageError(
+                f"{self.where(path)}: asked for bytes {offset}-{end - 1}, got {len(data)} bytes"
+            )
         self.counters.add(reads=1, bytes_read=len(data))
         return data
+
+    def _get(self, full: str, start: int, end: int, pin: _Pin) -> bytes:
+        """One ranged GET of the pinned version: the store refuses it (412) or, for GCS, finds
+        no such generation, if the object was replaced."""
+        if self._s3:
+            return self._s3_range(full, start, end, pin.etag)
+        if self.scheme == "az" and pin.etag:
+            return self._az_range(full, start, end, pin.etag)
+        pinned: dict[str, Any] = {}
+        if self.scheme == "gs" and pin.generation:
+            pinned["generation"] = pin.generation
+        elif self.scheme == "http" and pin.etag:
+            pinned["headers"] = {"If-Match": pin.etag}
+        return bytes(self.fs.cat_file(full, start=start, end=end, **pinned))
 
     def _s3_range(self, full: str, start: int, end: int, etag: str | None) -> bytes:
         """One ranged GET, on the pinned ETag (S3 answers 412 if the object changed)."""
@@ -254,13 +288,32 @@ class FsspecDriver(Driver):
 
         return bytes(sync(fs.loop, get))
 
+    def _az_range(self, full: str, start: int, end: int, etag: str) -> bytes:
+        """One ranged GET of a blob, on the pinned ETag (adlfs's ``cat_file`` cannot ask it)."""
+        from azure.core import MatchConditions
+        from fsspec.asyn import sync
+
+        fs: Any = self.fs
+
+        async def get() -> bytes:
+            container, blob, _ = fs.split_path(full)
+            async with fs.service_client.get_blob_client(container=container, blob=blob) as bc:
+                stream = await bc.download_blob(
+                    offset=start, length=end - start, etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                    retry_total=0,  # tried again here, counted
+                )  # fmt: skip
+                return bytes(await stream.readall())
+
+        return bytes(sync(fs.loop, get))
+
     def size(self, path: str) -> int:
         """The object's size (as pinned: the first look of this process)."""
-        return self._pin(path)[0]
+        return self._pin(path).size
 
     def etag(self, path: str) -> str | None:
         """The object's ETag as pinned (None where the store has none)."""
-        return self._pin(path)[1]
+        return self._pin(path).etag
 
     def list(self, prefix: str = "") -> list[str]:
         self.counters.add(lists=1)
@@ -293,16 +346,18 @@ class FsspecDriver(Driver):
             self._pins.pop(path, None)
 
     def close(self) -> None:
-        """Close the store's connections now. An S3 client left to close at garbage
-        collection may be collected in a forked DataLoader worker, where closing it on the
-        worker's event loop fails with tracebacks on stderr."""
-        creator = getattr(self.fs, "_s3creator", None)
-        if creator is not None and not self._closed:
+        """Close the store's connections now. A client or HTTP session left to close at
+        garbage collection may be collected in a forked DataLoader worker, where closing it on
+        the worker's copy of the parent's event loop fails (tracebacks on stderr) or hangs."""
+        if self._closed:
+            return
+        self._closed = True
+        closing = _closer(self.fs)
+        if closing is not None:
             from fsspec.asyn import sync
 
             with contextlib.suppress(Exception):  # closing is best effort: never an error
-                sync(self.fs.loop, creator.__aexit__, None, None, None, timeout=5)
-        self._closed = True
+                sync(self.fs.loop, closing, timeout=5)
 
     def exists(self, path: str) -> bool:
         # Asked afresh (not the pin): existence is what a writer checks before it writes.
@@ -311,6 +366,36 @@ class FsspecDriver(Driver):
             return bool(self._call(path, lambda: self.fs.exists(self._full(path))))
         except NotFoundError:
             return False
+
+
+class _Pin(NamedTuple):
+    """An object as this process first saw it."""
+
+    size: int
+    etag: str | None
+    generation: str | None  # GCS's version of the object
+
+
+def _closer(fs: Any) -> Callable[[], Any] | None:
+    """The coroutine function that closes ``fs``'s connections (S3's client, an HTTP or GCS
+    session, Azure's service client), or None if it holds none."""
+    creator = getattr(fs, "_s3creator", None)
+    if creator is not None:
+        return lambda: creator.__aexit__(None, None, None)
+    session = getattr(fs, "_session", None)
+    if session is not None and hasattr(session, "close"):
+        return cast("Callable[[], Any]", session.close)
+    client = getattr(fs, "service_client", None)
+    if client is not None and hasattr(client, "close"):
+        return cast("Callable[[], Any]", client.close)
+    return None
+
+
+def _scheme(url: str) -> str:
+    """The store's kind: s3, gs, az, http, or the URL's own scheme."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
+    kinds = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "https": "http"}
+    return kinds.get(scheme, scheme)
 
 
 _sessions: dict[int, Any] = {}  # pid -> this process's aiobotocore session
@@ -329,12 +414,32 @@ def _session() -> Any:
     return _sessions[pid]
 
 
-def _s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
-    """S3 options with this driver's defaults where the caller set none: its own instance
-    (retries are set on it) from the process's one session, one try per request in botocore,
-    bounded timeouts."""
+def _defaults(scheme: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options with this driver's defaults where the caller set none: a file system instance
+    of its own (fsspec's are shared by default; this driver closes its own at `close`), and
+    bounded connect and read timeouts."""
     out = dict(options)
     out.setdefault("skip_instance_cache", True)
+    if scheme == "s3":
+        return _s3_defaults(out)
+    if scheme == "http":
+        import aiohttp
+
+        client = dict(out.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(sock_connect=10, sock_read=60))
+        out["client_kwargs"] = client
+    elif scheme == "gs":
+        out.setdefault("requests_timeout", 60)
+    elif scheme == "az":
+        out.setdefault("connection_timeout", 10)
+        out.setdefault("read_timeout", 60)
+    return out
+
+
+def _s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """S3 options with this driver's defaults where the caller set none: the process's one
+    session, one try per request in botocore (retries are counted here), bounded timeouts."""
+    out = dict(options)
     if "profile" not in out:  # a profile makes its own session
         out.setdefault("session", _session())
     config = dict(out.get("config_kwargs") or {})

@@ -134,9 +134,15 @@ class Clairvoyant(Placement):
     def choose(
         self, cached: Mapping[int, int], chunk: int, size: int, quota: int, fetched: bool = False
     ) -> tuple[bool, list[int]]:
-        if size > quota or self.next_use(chunk) == NEVER:
-            return False, []  # never needed again: caching it can only displace something
+        if size > quota:
+            return False, []
         free = quota - sum(cached.values())
+        if self.next_use(chunk) == NEVER:
+            # Not read again in the known future (this process's share of the plan): it may
+            # take free room, which costs no read of the future (it is the first victim when
+            # room is needed), and serves what lies beyond (the next epoch; the other
+            # processes sharing the tier); it displaces nothing.
+            return free >= size, []
         victims = []
         for victim in sorted(cached, key=self.next_use, reverse=True):
             if free >= size:
@@ -150,8 +156,9 @@ class Clairvoyant(Placement):
         until = min((self.next_use(v) for v in victims), default=NEVER)
         payoff = max(1.0, size / self.read_bytes) if self.read_bytes > 0 else 1.0
         # Its copy (unless the bytes are already here: then only keeping it is decided), and
-        # each victim copied back and read.
-        needed = payoff * ((0 if fetched else 1) + 2 * len(victims))
+        # each victim read again copied back and read (one never read again costs nothing).
+        again = sum(1 for v in victims if self.next_use(v) != NEVER)
+        needed = payoff * ((0 if fetched else 1) + 2 * again)
         return (True, victims) if self.uses_before(chunk, until) >= needed else (False, [])
 
     def prefetch(self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int],
