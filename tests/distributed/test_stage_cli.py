@@ -75,3 +75,35 @@ def test_stage_from_an_s3_url(tmp_path: Path, s3_endpoint: str, bucket: str, ran
         assert report["chunks_copied"] == ix.num_chunks  # once each, over every rank
     assert verify_store(tmp_path / "node0", progress=False) == []
     assert (tmp_path / "node0" / "index.tfi").read_bytes() == (store / "index.tfi").read_bytes()
+
+
+@pytest.mark.timeout(120)
+def test_stage_with_a_damaged_chunk_at_the_origin_keeps_the_good_ones(
+    tmp_path: Path, s3_endpoint: str, bucket: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # Chunks are copied several at once: one that fails its checksum names itself, leaves no
+    # file (whole-and-verified or absent), and the next run copies only what is missing.
+    store = make_store(tmp_path, 64)
+    with Index(store) as ix:
+        chunks, bad = ix.num_chunks, ix.chunk_name(1)
+    good = (store / bad).read_bytes()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF
+    (store / bad).write_bytes(bytes(damaged))
+    url = upload(s3_endpoint, store, bucket, "damaged")
+    for name, value in {**objectstore_env(s3_endpoint), "TIERFEED_CACHE": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    local = tmp_path / "local"
+    assert main(["stage", url, "--to", str(local), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"{url}/{bad}" in err and "does not match the index" in err
+    assert not (local / bad).exists()
+    assert not [p for p in local.rglob("*") if p.name.startswith(".tmp.")]
+    (store / bad).write_bytes(good)
+    upload(s3_endpoint, store, bucket, "damaged")
+    assert main(["stage", url, "--to", str(local), "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chunks_copied"] + report["chunks_present"] == chunks
+    assert report["chunks_copied"] >= 1 and report["chunks_present"] >= 1  # good ones kept
+    assert verify_store(local, progress=False) == []

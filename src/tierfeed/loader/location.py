@@ -23,6 +23,7 @@ from typing import Any
 
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ConfigError, IndexFormatError, NotFoundError, StorageError
+from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.publish import sweep_stale
 from tierfeed.storage import Driver, PosixDriver, driver_for
@@ -130,23 +131,50 @@ def fetch_index(origin: Driver, url: str, cache: Path) -> Path:
     version = hashlib.sha256(f"{origin.etag(INDEX_NAME)}:{size}".encode()).hexdigest()[:16]
     folder = cache / hashlib.sha256(url.encode()).hexdigest()[:24]
     target = folder / f"{version}-{INDEX_NAME}"
-    if _whole(target, size):
+    if _usable(target, size):
         return target
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise StorageError(f"{folder}: cannot cache the index of {url} ({exc.strerror})") from None
     with _host_lock(folder / ".lock", url):
-        if not _whole(target, size):  # another process of the host fetched it meanwhile
+        if not _usable(target, size):  # another process of the host fetched it meanwhile
             _download(origin, url, target)
+            _check_fetched(target, url)
     _drop_older(folder, keep=target.name)
     return target
 
 
-def _whole(path: Path, size: int) -> bool:
-    with contextlib.suppress(OSError):
-        return path.stat().st_size == size
-    return False
+def _usable(path: Path, size: int) -> bool:
+    """Whether the cached copy is whole and opens; one damaged in place (bit rot, another
+    hand) is removed, to be fetched again."""
+    try:
+        if path.stat().st_size != size:
+            return False
+        Index(path).close()
+    except OSError:
+        return False
+    except IndexFormatError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+    return True
+
+
+def _check_fetched(path: Path, url: str) -> None:
+    """A fetched index is checked in full (its checksum too) once, before any process of
+    the host maps it; a damaged one is removed and named by its URL."""
+    try:
+        with Index(path) as index:
+            index.check_checksum()
+    except IndexFormatError as exc:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise IndexFormatError(
+            f"{url}/{INDEX_NAME}: {reason.split('; re-create it')[0]}; the store at this URL is "
+            f"damaged: pack or upload it again"
+        ) from None
 
 
 def _download(origin: Driver, url: str, target: Path) -> None:

@@ -17,7 +17,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 from tqdm import tqdm
 
 from tierfeed.config import default_cache_dir
-from tierfeed.errors import ConfigError, NotFoundError, PackError
+from tierfeed.errors import ConfigError, NotFoundError, PackError, StorageError
 from tierfeed.format import optimize as local_optimize
 from tierfeed.format import pack as local_pack
 from tierfeed.format import shards as local_shards
@@ -119,13 +119,30 @@ def pack(
     staging.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if (staging / INDEX_NAME).exists():  # built before, but its upload failed: build anew
         shutil.rmtree(staging)
-    report = local_pack.pack(src, staging, options, files)  # resumes an interrupted build
+    with _staging_errors(staging, url):
+        report = local_pack.pack(src, staging, options, files)  # resumes an interrupted build
     started = time.perf_counter()
     upload_store(staging, url, storage_options, options.overwrite, options.progress)
     shutil.rmtree(staging, ignore_errors=True)
     report.seconds += time.perf_counter() - started
     report.store = url
     return report
+
+
+@contextlib.contextmanager
+def _staging_errors(staging: Path, url: str) -> Iterator[None]:
+    """A local error in the staging directory says where that is and how to move it (the
+    user named a URL, not this directory)."""
+    try:
+        yield
+    except (PackError, StorageError) as exc:
+        text = str(exc)
+        if str(staging) not in text:
+            raise
+        hint = (f"a store bound for {url} is built in {staging} first: free space there or "
+                "point TIERFEED_CACHE at a local disk with room for the whole store")  # fmt: skip
+        text = text.replace("free some space there or choose a DST on another file system", hint)
+        raise PackError(text if hint in text else f"{text} ({hint})") from None
 
 
 def _refuse_existing(url: str, storage_options: Mapping[str, Any] | None, overwrite: bool) -> None:
@@ -247,9 +264,10 @@ def optimize(
     _refuse_existing(url, storage_options, overwrite)
     staging = staging_dir(url)
     staging.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    report = local_optimize.optimize(
-        fn, inputs, staging, workers, chunk_size, labels, classes, True, start_method
-    )
+    with _staging_errors(staging, url):
+        report = local_optimize.optimize(
+            fn, inputs, staging, workers, chunk_size, labels, classes, True, start_method
+        )
     upload_store(staging, url, storage_options, overwrite, progress=False)
     shutil.rmtree(staging, ignore_errors=True)
     return report
