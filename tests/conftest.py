@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.format.conftest import QUIET, Tree, write_tree
 from tests.objectstore import SCHEMES, Remote, client, free_port, make_remote
 from tests.s3proxy import S3Proxy
+from tierfeed.format.pack import PackOptions, pack
 
 # gcsfs asks Google's control plane (gRPC, 60 s timeout, never cached on failure) for every
 # bucket's layout unless told not to: against an emulator, every call would wait for it.
@@ -37,6 +39,19 @@ settings.register_profile(
     "explore", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> Callable[..., Path]:
+    """Write a tree and pack it; returns the store directory."""
+
+    def make(files: Tree, options: PackOptions = QUIET) -> Path:
+        src, dst = tmp_path / "src", tmp_path / "store"
+        write_tree(src, files)
+        pack(src, dst, options)
+        return dst
+
+    return make
 
 
 @pytest.fixture(scope="session")

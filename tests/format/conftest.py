@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-import pytest
-
-from tierfeed.format.pack import PackOptions, pack
+from tierfeed.format.pack import PackOptions
 
 Tree = Mapping[bytes, bytes]
 
@@ -36,19 +34,6 @@ def read_tree(root: Path) -> dict[bytes, bytes]:
 
 
 QUIET = PackOptions(chunk_size=64 * 1024, workers=4, progress=False)
-
-
-@pytest.fixture
-def packed(tmp_path: Path) -> Callable[..., Path]:
-    """Write a tree and pack it; returns the store directory."""
-
-    def make(files: Tree, options: PackOptions = QUIET) -> Path:
-        src, dst = tmp_path / "src", tmp_path / "store"
-        write_tree(src, files)
-        pack(src, dst, options)
-        return dst
-
-    return make
 
 
 # A messy tree: files and directories of several modes and distinct mtimes, empty directories

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.format.conftest import packed, read_tree, write_tree  # noqa: F401 - fixtures
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent

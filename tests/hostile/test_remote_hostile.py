@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.format.conftest import QUIET, write_tree
 from tests.objectstore import client, env, s3_options, upload
 from tests.s3proxy import Fault, S3Proxy
 from tierfeed.errors import IndexFormatError, StorageError, TierfeedError
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.pack import pack as local_pack
 from tierfeed.loader.compose import open_store
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,10 +25,8 @@ FILES = {f"c{i % 2}/f{i:03d}.bin".encode(): os.urandom(3000 + 7 * i) for i in ra
 
 
 @pytest.fixture
-def local(tmp_path: Path) -> Path:
-    write_tree(tmp_path / "src", FILES)
-    local_pack(tmp_path / "src", tmp_path / "store", QUIET)
-    return tmp_path / "store"
+def local(packed: Callable[..., Path]) -> Path:
+    return packed(FILES)
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,8 @@ FILES = {f"c{i % 3}/f{i:03d}.bin".encode(): os.urandom(1500 + 61 * i) for i in r
 
 
 @pytest.fixture
-def local_store(tmp_path: Path) -> Path:
-    write_tree(tmp_path / "src", FILES)
-    pack(tmp_path / "src", tmp_path / "store", QUIET)
-    return tmp_path / "store"
+def local_store(packed: Callable[..., Path]) -> Path:
+    return packed(FILES)
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def test_pack_to_a_url_reads_back_and_leaves_no_staging(
     assert not staging_dir(url).exists()
     # A URL that holds a store is refused before anything is built; --overwrite replaces it
     # and removes the chunks the new store does not name.
-    with pytest.raises(PackError, match="already holds a store; pass --overwrite"):
+    with pytest.raises(PackError, match=r"pass --overwrite \(PackOptions\(overwrite=True\)"):
         pack(tmp_path / "src", url, QUIET, storage_options=options)
     write_tree(tmp_path / "small", dict(list(FILES.items())[:3]))
     big = PackOptions(chunk_size=1 << 20, progress=False, overwrite=True)
@@ -85,6 +85,9 @@ def test_writer_to_a_url(s3_endpoint: str, bucket: str) -> None:
         assert [store.read_sample(i).fields["txt"] for i in range(3)] == [b"0", b"1", b"2"]
         assert store.read_sample(4).label == 1
     assert not staging_dir(url).exists()
+    # The error names the Python spelling: Writer has no --overwrite.
+    with pytest.raises(PackError, match="already holds a store; pass overwrite=True"):
+        Writer(url, storage_options=options)
 
 
 def sample_of(i: int) -> dict[str, object]:

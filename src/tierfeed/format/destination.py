@@ -61,4 +61,13 @@ def check_destination(src: Path, dst: Path, overwrite: bool = False) -> None:
         why = "Read-only file system" if readonly else "Permission denied"
         raise PackError(f"{existing}: cannot write there ({why}); choose a writable DST")
     if existing == real and (real / INDEX_NAME).exists() and not overwrite:
-        raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
+        raise already_holds_a_store(dst)
+
+
+def already_holds_a_store(dst: object, how: str = "--overwrite") -> PackError:
+    """The error for a destination (a path or a URL) that holds a store, and ``how`` to replace it:
+    ``--overwrite`` for pack (``PackOptions(overwrite=True)`` from Python), ``overwrite=True``
+    for `Writer` and `optimize`."""
+    if how == "--overwrite":
+        how = "--overwrite (PackOptions(overwrite=True) from Python)"
+    return PackError(f"{dst}: already holds a store; pass {how} to replace it")

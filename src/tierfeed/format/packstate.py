@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tierfeed.errors import PackError
+from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.publish import is_temporary
 
@@ -65,7 +66,7 @@ def clear_replaced_store(dst: Path, overwrite: bool) -> None:
     index = dst / INDEX_NAME
     if index.exists():
         if not overwrite:
-            raise PackError(f"{dst}: already holds a store; pass --overwrite to replace it")
+            raise already_holds_a_store(dst)
         index.unlink()  # first, so that an interrupted re-pack leaves no store that opens
         with contextlib.suppress(FileNotFoundError):
             (dst / JOURNAL).unlink()

@@ -28,6 +28,7 @@ from tierfeed.errors import (
     PackError,
 )
 from tierfeed.format.chunksink import ChunkRecord, ChunkSink
+from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.encode import KEY_FIELD, encode_sample
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import LABEL_MODES, load_classes, resolve_labels
@@ -89,7 +90,7 @@ def claim_destination(dst: Path, overwrite: bool) -> int:
         raise cannot_write(dst, exc) from None
     try:
         if (dst / INDEX_NAME).exists() and not overwrite:
-            raise PackError(f"{dst}: already holds a store; pass overwrite=True to replace it")
+            raise already_holds_a_store(dst, "overwrite=True")
         names = sorted(p.name for p in (dst / "chunks").iterdir())
         left = [f"chunks/{n}" for n in names if _is_chunk_file(n)]
         left += [JOURNAL] if (dst / JOURNAL).exists() else []

@@ -30,6 +30,7 @@ from tierfeed.format import optimize as local_optimize
 from tierfeed.format import pack as local_pack
 from tierfeed.format import shards as local_shards
 from tierfeed.format import writer as local_writer
+from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.optimize import Fn
@@ -42,7 +43,6 @@ from tierfeed.storage import Driver, driver_for
 __all__ = ["Writer", "index_shards", "optimize", "pack", "staging_dir", "upload_store"]
 
 _THREADS = 8  # chunks uploaded at once
-_HOLDS_A_STORE = "{url}: already holds a store; pass --overwrite to replace it"
 
 
 def staging_dir(url: str) -> Path:
@@ -71,7 +71,7 @@ def upload_store(
     target = driver_for(location.text, read_only=False, **location.storage_options)
     with target, Index(Path(local)) as ix:
         if target.exists(INDEX_NAME) and not overwrite:
-            raise PackError(_HOLDS_A_STORE.format(url=location.text))
+            raise already_holds_a_store(location.text, "overwrite=True")
         root = ix.path.parent
         names = [ix.chunk_name(c) for c in range(ix.num_chunks)]
         total = int(ix.chunk_size.sum()) + ix.path.stat().st_size
@@ -145,13 +145,15 @@ def _staging_errors(staging: Path, url: str) -> Iterator[None]:
         raise PackError(text if hint in text else f"{text} ({hint})") from None
 
 
-def _refuse_existing(url: str, storage_options: Mapping[str, Any] | None, overwrite: bool) -> None:
+def _refuse_existing(
+    url: str, storage_options: Mapping[str, Any] | None, overwrite: bool, how: str = "--overwrite"
+) -> None:
     """Before anything is built: a URL that cannot be written (http), or that holds a store
     and ``overwrite`` is not given, is refused."""
     location = StoreLocation.of(url, storage_options)
     with driver_for(location.text, read_only=False, **location.storage_options) as target:
         if not overwrite and target.exists(INDEX_NAME):
-            raise PackError(_HOLDS_A_STORE.format(url=url))
+            raise already_holds_a_store(url, how)
 
 
 def index_shards(
@@ -226,7 +228,7 @@ class Writer(local_writer.Writer):
         self.url = StoreLocation.of(dst).text if is_url(os.fspath(dst)) else None
         self.storage_options = dict(storage_options or {})
         if self.url is not None:
-            _refuse_existing(self.url, storage_options, overwrite)
+            _refuse_existing(self.url, storage_options, overwrite, "overwrite=True")
             dst = staging_dir(self.url)
             dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         super().__init__(dst, chunk_size, labels, classes, overwrite or self.url is not None)
@@ -261,7 +263,7 @@ def optimize(
             fn, inputs, dst, workers, chunk_size, labels, classes, overwrite, start_method
         )
     url = StoreLocation.of(dst).text
-    _refuse_existing(url, storage_options, overwrite)
+    _refuse_existing(url, storage_options, overwrite, "overwrite=True")
     staging = staging_dir(url)
     staging.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with _staging_errors(staging, url):
