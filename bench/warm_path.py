@@ -26,6 +26,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 from bench.peers.common import random_tree  # noqa: E402
 from tierfeed.format.pack import PackOptions, pack  # noqa: E402
+from tierfeed.loader import PrefetchOptions  # noqa: E402
 from tierfeed.storage.store import Sample  # noqa: E402
 from tierfeed.torch import Dataset, Loader, TierConfig  # noqa: E402
 
@@ -68,6 +69,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument(
+        "--threads-only", action="store_true",
+        help="PrefetchOptions(inline_local=False): every read on the reader threads",
+    )  # fmt: skip
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -76,13 +81,18 @@ def main() -> None:
         pack(base / "raw", store, PackOptions(chunk_size=64 * 2**20, progress=False))
         cache = base / "cache"
         tiers = TierConfig(disk_dir=str(cache), disk_bytes=2**40)
-        ds = Dataset(store, "global", batch_size=args.batch, decode=length_and_label, tiers=tiers)
+        prefetch = PrefetchOptions(inline_local=not args.threads_only)
+        ds = Dataset(
+            store, "global", batch_size=args.batch, decode=length_and_label, tiers=tiers,
+            prefetch=prefetch,
+        )  # fmt: skip
         rows = epochs(ds, args.workers, args.epochs)
         limits = [local_limit(cache, args.samples) for _ in range(3)]
     rate = statistics.median(r for r, _ in rows)
     limit = statistics.median(r for r, _ in limits)
     print(json.dumps({
         "samples": args.samples, "kb": args.kb, "workers": args.workers,
+        "inline_local": not args.threads_only,
         "warm_samples_per_s": [round(r) for r, _ in rows],
         "warm_cpu_us_per_sample": [round(c * 1e6, 1) for _, c in rows],
         "local_limit_samples_per_s": [round(r) for r, _ in limits],

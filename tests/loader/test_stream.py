@@ -150,20 +150,60 @@ def test_resume_with_deferred_samples_in_flight(gate: Callable[[set[int]], Gate]
     assert sorted(taken + rest) == list(range(30))
 
 
+def test_local_samples_are_read_on_the_consumers_thread() -> None:
+    threads: dict[int, str] = {}
+
+    def read(i: int) -> int:
+        threads[i] = threading.current_thread().name
+        return i * 10
+
+    local = {0, 3, 4, 9}
+    with GuardedStream(list(range(12)), read, local=local.__contains__, deadline=FAST) as s:
+        got = list(s)
+    assert sorted(got) == [(i, i * 10) for i in range(12)]
+    here = threading.current_thread().name
+    assert {i for i, name in threads.items() if name == here} == local
+    # Switched off, every read goes to the reader threads.
+    threads.clear()
+    off = PrefetchOptions(inline_local=False)
+    with GuardedStream(list(range(12)), read, local=local.__contains__, prefetch=off) as s:
+        assert sorted(i for i, _ in s) == list(range(12))
+    assert here not in threads.values()
+
+
+def test_an_inline_read_that_fails_raises_at_its_turn() -> None:
+    def read(i: int) -> int:
+        if i == 5:
+            raise OSError("tier disk on fire")
+        return i
+
+    prefetch = PrefetchOptions(window=8)
+    got = []
+    stream = GuardedStream(list(range(10)), read, local=lambda i: True, prefetch=prefetch)
+    with stream, pytest.raises(OSError, match="tier disk on fire"):
+        for i, _ in stream:
+            got.append(i)
+    assert got == [0, 1, 2, 3, 4]  # read ahead, raised when delivered: as on a thread
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 60),
     window=st.integers(1, 16),
     stalls=st.sets(st.integers(0, 59), max_size=5),
+    local=st.sets(st.integers(0, 59), max_size=30),
     seed=st.integers(0, 2**16),
     stop=st.integers(0, 60),
 )
-def test_exactly_once_under_injected_late_reads(n, window, stalls, seed, stop) -> None:
+def test_exactly_once_under_injected_late_reads(n, window, stalls, local, seed, stop) -> None:
     rng = np.random.default_rng(seed)
     delay = rng.exponential(0.0005, size=n)
     for s in stalls:
-        if s < n:
+        if s < n and s not in local:
             delay[s] = 0.03  # a stall: late against the 2 ms deadline below
+    for s in local:
+        if s < n:
+            delay[s] = 0.0  # held locally: read on the consumer's thread
 
     def read(i: int) -> int:
         time.sleep(delay[i])
@@ -172,9 +212,12 @@ def test_exactly_once_under_injected_late_reads(n, window, stalls, seed, stop) -
     order = [int(x) for x in rng.permutation(n)]
     options = DeadlineOptions(fixed_ms=2, hard_timeout_s=20)
     prefetch = PrefetchOptions(window=window, threads=8)
-    with GuardedStream(order, read, deadline=options, prefetch=prefetch) as s:
+    held = local.__contains__
+    with GuardedStream(order, read, local=held, deadline=options, prefetch=prefetch) as s:
         first = [i for i, _ in itertools.islice(iter(s), stop)]
         state = s.state()
-    with GuardedStream(order, read, deadline=options, prefetch=prefetch, state=state) as s:
+    with GuardedStream(
+        order, read, local=held, deadline=options, prefetch=prefetch, state=state
+    ) as s:
         rest = ids(s)  # type: ignore[arg-type]
     assert sorted(first + rest) == list(range(n))

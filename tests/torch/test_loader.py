@@ -155,18 +155,34 @@ def test_tiers_serve_the_second_epoch(store_dir: Path, tmp_path: Path, workers: 
     tiers = TierConfig(ram_bytes=10**8, disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
     ds = Dataset(store_dir, "global", batch_size=16, decode=decode, tiers=tiers)
     loader = Loader(ds, num_workers=workers)
-    origin_bytes = []
+    origin_bytes, inline = [], []
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert sorted(values(list(loader))) == list(range(N))
         assert loader.last_epoch is not None
         origin_bytes.append(loader.last_epoch["tiers"]["origin"]["bytes"])
+        inline.append(loader.last_epoch["guard"]["inline"])
         time.sleep(0.2)  # let the last background copies land
     loader.close()
     # Later epochs come from RAM or local disk; a copy that would not pay for itself may be
     # skipped. Epoch 2's first window may still come from the origin: it is read ahead as
     # epoch 1 ends, before that epoch's last copies have landed.
     assert origin_bytes[0] > 0 and origin_bytes[2] <= origin_bytes[0] // 10
+    # What the tiers hold is read on the consumer's thread, not handed to reader threads.
+    assert inline[2] >= 0.8 * N
+
+
+def test_inline_reads_can_be_switched_off(store_dir: Path, tmp_path: Path) -> None:
+    from tierfeed.torch import TierConfig
+
+    tiers = TierConfig(ram_bytes=10**8)
+    off = PrefetchOptions(inline_local=False)
+    ds = Dataset(store_dir, "global", batch_size=16, decode=decode, tiers=tiers, prefetch=off)
+    with Loader(ds) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert sorted(values(list(loader))) == list(range(N))
+            assert loader.last_epoch is not None and loader.last_epoch["guard"]["inline"] == 0
 
 
 def test_live_figures_are_served_for_prometheus(store_dir: Path) -> None:

@@ -243,6 +243,7 @@ class Feed:
             order,
             lambda i: decode_sample(self.decode, store, i),
             hedge=hedge,
+            local=store.local,
             size_of=lambda i: int(sizes[i]),
             describe=lambda i: describe_sample(store, i),
             prefetch=self.prefetch,
@@ -343,6 +344,7 @@ class Feed:
             "deferred": c.deferred,
             "hedges": c.hedges,
             "hedge_wins": c.hedge_wins,
+            "inline": c.inline,
             "assemble_s": time.perf_counter() - started,
         }
         tiers = self.store().source.stats() or None  # {}: a source without tiers

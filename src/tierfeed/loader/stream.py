@@ -42,11 +42,17 @@ class PrefetchOptions:
         window: samples in flight or ready ahead of the consumer.
         window_bytes: bytes in flight or ready ahead of the consumer.
         threads: reader threads (reads release the GIL while they wait on storage).
+        inline_local: read a sample whose chunk this host holds (a RAM or disk tier) on the
+            consumer's own thread, as a DataLoader worker reads a file: no thread hand-off,
+            no future. Only what is not local goes to the reader threads and the guard.
+            Turn it off to decode on the reader threads in parallel (a decoder that releases
+            the GIL, with few workers), or for a disk tier on a device that stalls.
     """
 
     window: int = 64
     window_bytes: int = 256 * 2**20
     threads: int = 16
+    inline_local: bool = True
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.window_bytes < 1 or self.threads < 1:
@@ -63,6 +69,7 @@ class StreamCounters(Counters[int]):
     deferred: int = 0  # samples delivered after a younger one took their place
     hedges: int = 0  # second reads issued
     hedge_wins: int = 0  # second reads that landed first
+    inline: int = 0  # local samples read on the consumer's thread (`inline_local`)
     waits: list[float] = field(default_factory=list)  # per-sample wait of the consumer (s)
 
 
@@ -83,20 +90,28 @@ class StreamState:
         return cls(int(d["cursor"]), tuple(int(p) for p in d["ahead"]))
 
 
+_READ_INLINE: Future[Any] = Future()  # the primary of an entry read inline: already done
+_READ_INLINE.set_result(None)
+
+
 class _Entry(Generic[T]):
-    __slots__ = ("hedge", "nbytes", "primary", "running_since", "submitted")
+    __slots__ = ("hedge", "inline", "nbytes", "primary", "running_since", "submitted", "value")
 
     def __init__(self, nbytes: int) -> None:
-        self.primary: Future[T] = Future()
+        self.primary: Future[T] = _READ_INLINE
         self.hedge: Future[T] | None = None
         self.submitted = time.monotonic()
         self.running_since: float | None = None  # set when a thread starts the read
         self.nbytes = nbytes
+        self.inline = False  # read on the consumer's thread: ``value`` holds the result
+        self.value: T | None = None
 
     def futures(self) -> list[Future[T]]:
         return [self.primary] if self.hedge is None else [self.primary, self.hedge]
 
     def done(self) -> bool:
+        if self.inline:
+            return True
         return any(f.done() and f.exception() is None for f in self.futures()) or all(
             f.done() for f in self.futures()
         )
@@ -110,6 +125,9 @@ class GuardedStream(Generic[T]):
         read: reads one sample (called on the pool's threads).
         hedge: a second, independent way to read a sample (another tier, or the origin);
             used only when ``deadline.hedge_after_ms`` is set.
+        local: says a sample is held on this host (a tier holds its chunk): with
+            ``prefetch.inline_local``, such a sample is read on the consumer's thread as its
+            position enters the window, and only the others go to the reader threads.
         size_of: bytes a sample will take, for the byte bound of the window.
         describe: names a sample in errors (e.g. its key and chunk).
         prefetch: window and thread settings.
@@ -127,6 +145,7 @@ class GuardedStream(Generic[T]):
         read: Callable[[int], T],
         *,
         hedge: Callable[[int], T] | None = None,
+        local: Callable[[int], bool] | None = None,
         size_of: Callable[[int], int] | None = None,
         describe: Callable[[int], str] | None = None,
         prefetch: PrefetchOptions | None = None,
@@ -137,9 +156,10 @@ class GuardedStream(Generic[T]):
     ) -> None:
         self.order = order
         self._read, self._hedge = read, hedge
+        self.prefetch = prefetch or PrefetchOptions()
+        self._local = local if self.prefetch.inline_local else None
         self._size_of = size_of or (lambda _: 1)
         self._describe = describe or (lambda i: f"sample {i}")
-        self.prefetch = prefetch or PrefetchOptions()
         self.deadline = deadline or DeadlineOptions()
         self.tracker = LatencyTracker(self.deadline)
         self.counters = StreamCounters()
@@ -206,11 +226,26 @@ class GuardedStream(Generic[T]):
             self._next += 1
             if pos in self._done:
                 continue
-            nbytes = self._size_of(int(self.order[pos]))
+            sample = int(self.order[pos])
+            nbytes = self._size_of(sample)
             entry: _Entry[T] = _Entry(nbytes)
-            entry.primary = self._submit(entry, pos, self._read, self._pool)
+            if self._local is not None and self._local(sample):
+                self._read_inline(entry, sample)
+            else:
+                entry.primary = self._submit(entry, pos, self._read, self._pool)
             self._window[pos] = entry
             self._inflight_bytes += nbytes
+
+    def _read_inline(self, entry: _Entry[T], sample: int) -> None:
+        """Read a local sample here; a failure is kept for its delivery, as a thread's is."""
+        entry.running_since = entry.submitted
+        try:
+            entry.value, entry.inline = self._read(sample), True
+            self.counters.inline += 1
+        except Exception as exc:
+            failed: Future[T] = Future()
+            failed.set_exception(exc)
+            entry.primary = failed
 
     def _take(self, pos: int) -> tuple[int, T]:
         entry = self._window.pop(pos)
@@ -228,6 +263,8 @@ class GuardedStream(Generic[T]):
         return int(self.order[pos]), value
 
     def _result(self, entry: _Entry[T]) -> T:
+        if entry.inline:
+            return entry.value  # type: ignore[return-value]  # set with inline
         ok = [f for f in entry.futures() if f.done() and f.exception() is None]
         if ok:
             if ok[0] is entry.hedge or (entry.hedge is not None and entry.primary not in ok):
@@ -270,8 +307,12 @@ class GuardedStream(Generic[T]):
 
     def _pick(self) -> int:
         """The position to deliver next: the head if in time, else the oldest ready one."""
-        head = min(self._window)
+        # The window holds exactly the positions of [cursor, next) not yet delivered, and the
+        # cursor is never a delivered one: the head is the cursor (no scan of the window).
+        head = self._cursor
         entry = self._window[head]
+        if entry.done():
+            return head  # in time (the common case): no deadline to work out
         if not self.deadline.enabled:
             while not entry.done():
                 self._check_stuck(head, time.monotonic())

@@ -74,13 +74,14 @@ class FdCache:
     @contextlib.contextmanager
     def fd(self, path: str) -> Iterator[int]:
         """A descriptor of ``path`` for the duration of the block (OSError if it won't open)."""
-        entry = self._acquire(path)
+        entry = self.acquire(path)
         try:
             yield entry.fd
         finally:
-            self._release(entry)
+            self.release(entry)
 
-    def _acquire(self, path: str) -> _Fd:
+    def acquire(self, path: str) -> _Fd:
+        """A descriptor entry of ``path``, held until `release` (OSError if it won't open)."""
         while True:
             with self._mutex:
                 entry = self._open.get(path)
@@ -113,7 +114,8 @@ class FdCache:
         opening.set()
         return entry
 
-    def _release(self, entry: _Fd) -> None:
+    def release(self, entry: _Fd) -> None:
+        """Give back an entry from `acquire` (its descriptor closes if evicted meanwhile)."""
         with self._mutex:
             entry.refs -= 1
             if entry.evicted and entry.refs == 0:

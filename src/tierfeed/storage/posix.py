@@ -93,9 +93,13 @@ class PosixDriver(Driver):
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         full = self._resolved(path)
+        fds = self._fds
         try:
-            with self._fds.fd(full) as fd:
-                data = pread(fd, full, length, offset, self._fds.flags)
+            entry = fds.acquire(full)  # not `with fds.fd(...)`: a generator per read costs ~2 us
+            try:
+                data = pread(entry.fd, full, length, offset, fds.flags)
+            finally:
+                fds.release(entry)
         except OSError as exc:
             raise self._fail(path, exc) from None
         self.counters.add(reads=1, bytes_read=len(data))

@@ -47,6 +47,12 @@ class ChunkSource(ABC):
         """
         return None
 
+    def local(self, chunk: int) -> bool:
+        """Whether a read of ``chunk`` is served now from this host's memory or disk (a tier
+        holding a checked copy), without waiting on the origin: such a read is cheap enough
+        to run on the consumer's thread. The default holds nothing locally."""
+        return False
+
     def open_ahead(self, chunks: Sequence[int]) -> None:
         """Hint: these chunks are read next, in this order; open them in the background so a
         stalled lookup or open is paid off the read path. The default opens nothing."""

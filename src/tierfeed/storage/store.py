@@ -77,6 +77,7 @@ class Store:
         self.location = location or str(self.root)
         self.second_source = second_source
         self.chunks: list[ChunkInfo] = index.chunks()
+        self._field_names = [field_name(ext) for ext in index.exts]  # by extension id
         self.source = source
         self._index_mtime_ns = os.stat(index.path).st_mtime_ns
 
@@ -136,15 +137,18 @@ class Store:
             "run `tierfeed verify` on the store and re-pack or restore it"
         )
 
+    def local(self, sample: int) -> bool:
+        """Whether ``sample`` is read now from this host's memory or disk (see
+        `ChunkSource.local`): its members all lie in its chunk."""
+        return self.source.local(int(self.index.sample_chunk[sample]))
+
     def read_sample(self, sample: int) -> Sample:
         """Sample ``sample`` with every member's bytes, one range read per member."""
         ix = self.index
         if not 0 <= sample < ix.num_samples:
             raise IndexError(f"sample {sample} out of range [0, {ix.num_samples})")
-        fields = {
-            field_name(ix.exts[int(ix.member_ext[m])]): self.read_member(m)
-            for m in ix.members(sample)
-        }
+        names, ext_of = self._field_names, ix.member_ext
+        fields = {names[int(ext_of[m])]: self.read_member(m) for m in ix.members(sample)}
         return Sample(ix.key(sample), int(ix.sample_label[sample]), fields)
 
     # --- the original tree, answered from the snapshot ---------------------------------

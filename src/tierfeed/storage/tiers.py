@@ -111,6 +111,7 @@ class TierStack(TierFilling, ChunkSource):
         self.policies: list[Placement] = [make_policy(policy) for _ in self.tiers]
         self.origin_counters = TierCounters()
         self._by_key = {cache_key(c): c for c in self.chunks}
+        self._keys = [cache_key(c) for c in self.chunks]  # by chunk id, formatted once
         self._sizes = {c.id: c.size for c in self.chunks}
         # The bookkeeping lock: tiers' held/verified/counters, the policies, corrupt chunks.
         # Held for bookkeeping only, never across I/O (the copier keeps its own in-flight set).
@@ -170,6 +171,17 @@ class TierStack(TierFilling, ChunkSource):
         else from the origin."""
         return self._read(chunk, offset, length, look_again=True)
 
+    def local(self, chunk: int) -> bool:
+        """A tier holds a copy of ``chunk`` that is checked (or needs no check) and not known
+        bad. No lock: a membership test is atomic, and a copy evicted meanwhile is read by
+        the ordinary path (`_read_copy` finds it gone and the read goes one level down)."""
+        if chunk in self._corrupt:
+            return False
+        verify = self.options.verify_cached
+        return any(
+            chunk in tier.held and (not verify or chunk in tier.verified) for tier in self.tiers
+        )
+
     def _read(self, chunk: int, offset: int, length: int, look_again: bool) -> bytes:
         info = self.chunks[chunk]
         with self._mutex:
@@ -224,7 +236,7 @@ class TierStack(TierFilling, ChunkSource):
     def _read_copy(self, tier: Tier, info: ChunkInfo, offset: int, length: int) -> bytes | None:
         """The range from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
         try:
-            data = tier.driver.read_range(cache_key(info), offset, length)
+            data = tier.driver.read_range(self._keys[info.id], offset, length)
         except NotFoundError:  # evicted by another process just now
             with self._mutex:
                 tier.held.pop(info.id, None)
@@ -238,11 +250,8 @@ class TierStack(TierFilling, ChunkSource):
     def _usable(self, tier: Tier, info: ChunkInfo) -> bool:
         """A cached copy is checked before this process serves it (a disk copy once per host
         and file: see `SharedDirectory.usable`); a bad one is dropped and fetched again."""
-        if not self.options.verify_cached:
-            return True
-        with self._mutex:
-            if info.id in tier.verified:
-                return True
+        if not self.options.verify_cached or info.id in tier.verified:
+            return True  # a membership test is atomic: no lock for the common case
         try:
             good = tier.files.usable(info)
         except NotFoundError:

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["MetricsServer", "render"]
 
 _QUANTILES = (("0.5", "p50"), ("0.99", "p99"), ("0.999", "p99.9"), ("0.9999", "p99.99"))
-_GUARD = ("late", "deferred", "hedges", "hedge_wins")
+_GUARD = ("late", "deferred", "hedges", "hedge_wins", "inline")
 
 
 def _label(value: str) -> str:
