@@ -186,6 +186,32 @@ def test_an_inline_read_that_fails_raises_at_its_turn() -> None:
     assert got == [0, 1, 2, 3, 4]  # read ahead, raised when delivered: as on a thread
 
 
+def test_local_runs_are_read_together_and_fail_alone() -> None:
+    runs: list[list[int]] = []
+
+    def read(i: int) -> int:
+        if i == 6:
+            raise OSError("member 6 unreadable")
+        return i
+
+    def read_local(ids: list[int]) -> list[int]:
+        runs.append(ids)
+        return [read(i) for i in ids]
+
+    local = {0, 1, 2, 3, 5, 6, 7}  # 4 goes to a reader thread
+    stream = GuardedStream(
+        list(range(9)), read, local=local.__contains__, read_local=read_local, deadline=FAST
+    )
+    got = []
+    with stream, pytest.raises(OSError, match="member 6 unreadable"):
+        for i, _ in stream:
+            got.append(i)
+    assert runs[0] == [0, 1, 2, 3]  # the run up to the first position that is not local
+    assert [5, 6, 7] in runs  # failed as a run: each read alone, 5 delivered, 6 raised
+    assert sorted(got) == [0, 1, 2, 3, 4, 5]
+    assert stream.counters.inline == 6  # 0-3 as a run, then 5 and 7 each alone
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 60),
@@ -213,11 +239,11 @@ def test_exactly_once_under_injected_late_reads(n, window, stalls, local, seed, 
     options = DeadlineOptions(fixed_ms=2, hard_timeout_s=20)
     prefetch = PrefetchOptions(window=window, threads=8)
     held = local.__contains__
-    with GuardedStream(order, read, local=held, deadline=options, prefetch=prefetch) as s:
-        first = [i for i, _ in itertools.islice(iter(s), stop)]
-        state = s.state()
-    with GuardedStream(
-        order, read, local=held, deadline=options, prefetch=prefetch, state=state
-    ) as s:
-        rest = ids(s)  # type: ignore[arg-type]
-    assert sorted(first + rest) == list(range(n))
+    for runs in (None, lambda many: [read(i) for i in many]):
+        kw = {"local": held, "read_local": runs, "deadline": options, "prefetch": prefetch}
+        with GuardedStream(order, read, **kw) as s:  # type: ignore[arg-type]
+            first = [i for i, _ in itertools.islice(iter(s), stop)]
+            state = s.state()
+        with GuardedStream(order, read, state=state, **kw) as s:  # type: ignore[arg-type]
+            rest = ids(s)  # type: ignore[arg-type]
+        assert sorted(first + rest) == list(range(n))

@@ -249,3 +249,42 @@ def test_processes_sharing_a_disk_tier_copy_a_chunk_from_the_origin_once(
         assert 0 in ram.held and 0 in disk.held
         assert mine.origin_counters.copies == 0 and disk.counters.copies == 0
         assert ram.counters.copies == 1
+
+
+def test_read_samples_is_read_sample_for_many(store_dir: Path, tmp_path: Path) -> None:
+    disk = disk_tier(tmp_path / "cache", 10**9)
+    with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+        n = len(store)
+        ids = [(7 * i + 3) % n for i in range(n)] + [0, 0, n - 1]  # shuffled, repeats
+        cold = store.read_samples(ids)  # the origin, chunk by chunk
+        tiers.drain()
+        warm = store.read_samples(ids)  # the tier: one look and one open per chunk
+        assert disk.counters.hits >= n
+        one_by_one = [store.read_sample(i) for i in ids]
+        assert [(s.key, s.label, s.fields) for s in cold] == [
+            (s.key, s.label, s.fields) for s in one_by_one
+        ]
+        assert [s.fields for s in warm] == [s.fields for s in one_by_one]
+        assert store.read_samples([]) == []
+        with pytest.raises(IndexError, match=f"sample {n} out of range"):
+            store.read_samples([0, n])
+
+
+def test_read_samples_drops_a_copy_damaged_after_its_check(store_dir: Path, tmp_path: Path) -> None:
+    disk = disk_tier(tmp_path / "cache", 10**9)
+    with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+        ix = store.index
+        in_chunk_1 = [i for i in range(len(store)) if int(ix.sample_chunk[i]) == 1]
+        good = [s.fields for s in store.read_samples(in_chunk_1)]
+        tiers.drain()
+        store.read_samples(in_chunk_1)  # served by the tier: its copy is checked now
+        assert disk.counters.hits > 0 and disk.counters.corrupt_dropped == 0
+        # Damage the checked copy in place, under a member of the third sample.
+        member = ix.members(in_chunk_1[2])[0]
+        cached = tmp_path / "cache" / cache_key(ix.chunk(1))
+        with open(cached, "r+b") as f:
+            f.seek(int(ix.member_offset[member]))
+            f.write(b"\xff" * 8)
+        again = store.read_samples(in_chunk_1)
+        assert [s.fields for s in again] == good  # the bad bytes were never served
+        assert disk.counters.corrupt_dropped == 1

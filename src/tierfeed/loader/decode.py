@@ -20,7 +20,7 @@ from typing import Any
 from tierfeed.errors import DecodeError, TierfeedError
 from tierfeed.storage.store import Sample, Store
 
-__all__ = ["DecodeError", "decode_sample", "describe_sample"]
+__all__ = ["DecodeError", "decode_read", "decode_sample", "describe_sample"]
 
 
 def _chunk_path(store: Store, sample: int) -> str:
@@ -39,7 +39,12 @@ def decode_sample(decode: Callable[[Sample], Any], store: Store, sample: int) ->
         DecodeError: ``decode`` raised (the original is chained).
         TierfeedError: the read failed (e.g. ChunkCorruptError), unchanged.
     """
-    data = store.read_sample(sample)
+    return decode_read(decode, store, sample, store.read_sample(sample))
+
+
+def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data: Sample) -> Any:
+    """``decode(data)``, ``data`` being sample ``sample`` as read; a failure of ``decode``
+    becomes a `DecodeError` (as `decode_sample`)."""
     try:
         return decode(data)
     except TierfeedError:

@@ -28,7 +28,7 @@ from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.index import Index
 from tierfeed.loader.batching import batch_count, worker_slice
 from tierfeed.loader.compose import StoreOpener
-from tierfeed.loader.decode import decode_sample, describe_sample
+from tierfeed.loader.decode import decode_read, decode_sample, describe_sample
 from tierfeed.loader.latency import DeadlineOptions
 from tierfeed.loader.readers import Readers
 from tierfeed.loader.resume import Resume, run_positions
@@ -244,6 +244,10 @@ class Feed:
             lambda i: decode_sample(self.decode, store, i),
             hedge=hedge,
             local=store.local,
+            read_local=lambda ids: [
+                decode_read(self.decode, store, i, data)
+                for i, data in zip(ids, store.read_samples(ids), strict=True)
+            ],
             size_of=lambda i: int(sizes[i]),
             describe=lambda i: describe_sample(store, i),
             prefetch=self.prefetch,

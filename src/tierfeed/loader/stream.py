@@ -95,7 +95,9 @@ _READ_INLINE.set_result(None)
 
 
 class _Entry(Generic[T]):
-    __slots__ = ("hedge", "inline", "nbytes", "primary", "running_since", "submitted", "value")
+    __slots__ = (
+        "hedge", "inline", "nbytes", "pending", "primary", "running_since", "submitted", "value"
+    )  # fmt: skip
 
     def __init__(self, nbytes: int) -> None:
         self.primary: Future[T] = _READ_INLINE
@@ -104,13 +106,14 @@ class _Entry(Generic[T]):
         self.running_since: float | None = None  # set when a thread starts the read
         self.nbytes = nbytes
         self.inline = False  # read on the consumer's thread: ``value`` holds the result
+        self.pending = False  # local, read with its neighbours when it is taken
         self.value: T | None = None
 
     def futures(self) -> list[Future[T]]:
         return [self.primary] if self.hedge is None else [self.primary, self.hedge]
 
     def done(self) -> bool:
-        if self.inline:
+        if self.inline or self.pending:
             return True
         return any(f.done() and f.exception() is None for f in self.futures()) or all(
             f.done() for f in self.futures()
@@ -126,8 +129,12 @@ class GuardedStream(Generic[T]):
         hedge: a second, independent way to read a sample (another tier, or the origin);
             used only when ``deadline.hedge_after_ms`` is set.
         local: says a sample is held on this host (a tier holds its chunk): with
-            ``prefetch.inline_local``, such a sample is read on the consumer's thread as its
-            position enters the window, and only the others go to the reader threads.
+            ``prefetch.inline_local``, such a sample is read on the consumer's thread, and
+            only the others go to the reader threads.
+        read_local: reads several local samples at once (in their order); with it, a local
+            sample's position waits in the window as ready, and when it is taken it is read
+            together with the run of local positions that follow it. A failure of the run
+            reads each of its samples alone, so an error is raised at its own position.
         size_of: bytes a sample will take, for the byte bound of the window.
         describe: names a sample in errors (e.g. its key and chunk).
         prefetch: window and thread settings.
@@ -146,6 +153,7 @@ class GuardedStream(Generic[T]):
         *,
         hedge: Callable[[int], T] | None = None,
         local: Callable[[int], bool] | None = None,
+        read_local: Callable[[list[int]], list[T]] | None = None,
         size_of: Callable[[int], int] | None = None,
         describe: Callable[[int], str] | None = None,
         prefetch: PrefetchOptions | None = None,
@@ -158,6 +166,7 @@ class GuardedStream(Generic[T]):
         self._read, self._hedge = read, hedge
         self.prefetch = prefetch or PrefetchOptions()
         self._local = local if self.prefetch.inline_local else None
+        self._read_local = read_local
         self._size_of = size_of or (lambda _: 1)
         self._describe = describe or (lambda i: f"sample {i}")
         self.deadline = deadline or DeadlineOptions()
@@ -230,7 +239,10 @@ class GuardedStream(Generic[T]):
             nbytes = self._size_of(sample)
             entry: _Entry[T] = _Entry(nbytes)
             if self._local is not None and self._local(sample):
-                self._read_inline(entry, sample)
+                if self._read_local is not None:
+                    entry.pending = True  # read when taken, with its run
+                else:
+                    self._read_inline(entry, sample)
             else:
                 entry.primary = self._submit(entry, pos, self._read, self._pool)
             self._window[pos] = entry
@@ -247,7 +259,29 @@ class GuardedStream(Generic[T]):
             failed.set_exception(exc)
             entry.primary = failed
 
+    def _read_run(self, pos: int) -> None:
+        """Read the pending local position ``pos`` and the pending ones right after it."""
+        run: list[_Entry[T]] = []
+        window = self._window
+        while (entry := window.get(pos + len(run))) is not None and entry.pending:
+            entry.pending = False
+            run.append(entry)
+        samples = [int(self.order[q]) for q in range(pos, pos + len(run))]
+        assert self._read_local is not None  # entries are pending only with it
+        try:
+            values = self._read_local(samples)
+        except Exception:
+            for entry, sample in zip(run, samples, strict=True):
+                self._read_inline(entry, sample)  # each alone: an error at its own position
+            return
+        now = time.monotonic()
+        for entry, value in zip(run, values, strict=True):
+            entry.value, entry.inline, entry.running_since = value, True, now
+        self.counters.inline += len(run)
+
     def _take(self, pos: int) -> tuple[int, T]:
+        if self._window[pos].pending:
+            self._read_run(pos)
         entry = self._window.pop(pos)
         self._due.pop(pos, None)
         self._inflight_bytes -= entry.nbytes

@@ -53,6 +53,11 @@ class Driver(ABC):
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
 
+    def read_ranges(self, path: str, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+        """Several ranges of one object, in the order given (a driver may serve them with one
+        open or one request)."""
+        return [self.read_range(path, o, n) for o, n in zip(offsets, lengths, strict=True)]
+
     @abstractmethod
     def size(self, path: str) -> int:
         """Size of the object in bytes. Raises NotFoundError."""

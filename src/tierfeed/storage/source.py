@@ -33,6 +33,13 @@ class ChunkSource(ABC):
             StorageError: the chunk cannot be read.
         """
 
+    def read_ranges(
+        self, chunk: int, offsets: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes]:
+        """Several ranges of ``chunk``, in the order given: what `read_range` gives for each
+        (a source may serve them with one look at its tiers and one open)."""
+        return [self.read_range(chunk, o, n) for o, n in zip(offsets, lengths, strict=True)]
+
     @abstractmethod
     def close(self) -> None:
         """Release files, threads and sockets; idempotent."""

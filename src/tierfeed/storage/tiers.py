@@ -169,7 +169,16 @@ class TierStack(TierFilling, ChunkSource):
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
         """Bytes of ``chunk``: from the highest tier holding it, else from its copy in flight,
         else from the origin."""
-        return self._read(chunk, offset, length, look_again=True)
+        return self._read(chunk, (offset,), (length,), look_again=True)[0]
+
+    def read_ranges(
+        self, chunk: int, offsets: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes]:
+        """Several ranges of ``chunk``: from a tier holding it with one look at the tiers and
+        one open of its copy; when no tier does, each range as `read_range` reads it."""
+        if not offsets:
+            return []
+        return self._read(chunk, offsets, lengths, look_again=True)
 
     def local(self, chunk: int) -> bool:
         """A tier holds a copy of ``chunk`` that is checked (or needs no check) and not known
@@ -182,68 +191,87 @@ class TierStack(TierFilling, ChunkSource):
             chunk in tier.held and (not verify or chunk in tier.verified) for tier in self.tiers
         )
 
-    def _read(self, chunk: int, offset: int, length: int, look_again: bool) -> bytes:
+    def _read(
+        self,
+        chunk: int,
+        offsets: Sequence[int],
+        lengths: Sequence[int],
+        look_again: bool,
+        counted: bool = False,
+    ) -> list[bytes]:
+        """The ranges; ``counted``: the policies and the look-ahead have seen these reads."""
         info = self.chunks[chunk]
         with self._mutex:
             failure = self._corrupt.get(chunk)
-            for policy in self.policies:
-                policy.accessed(chunk)
+            if not counted:
+                for policy in self.policies:
+                    for _ in offsets:
+                        policy.accessed(chunk)
             holding = [chunk in t.held for t in self.tiers]
         if failure is not None:
             raise ChunkCorruptError(failure)
-        if self._looks_ahead:
-            horizon = self._ahead.due(time.monotonic(), self.tuner.rate, self._copier.inflight)
+        if self._looks_ahead and not counted:
+            now = time.monotonic()
+            horizon = self._ahead.due(now, self.tuner.rate, self._copier.inflight, len(offsets))
             if horizon:
                 self.prefetch(horizon)
-        data = self._from_held(info, holding, offset, length)
+        data = self._from_held(info, holding, offsets, lengths)
         if data is not None:
             return data
+        if len(offsets) > 1:  # no tier holds it: each range its own way (copy in flight, origin)
+            return [
+                self._read(chunk, (o,), (n,), look_again, counted=True)[0]
+                for o, n in zip(offsets, lengths, strict=True)
+            ]
+        offset, length = offsets[0], lengths[0]
         if chunk not in self._refused:  # a chunk no tier takes is read from the origin
             # Placed by another process since this one looked: read it from the tier (once:
             # a copy that vanishes again is read below).
             if look_again and self._appeared(info):
-                return self._read(chunk, offset, length, look_again=False)
-            data = self._from_arrival(info, offset, length)
-            if data is not None:
-                return data
+                return self._read(chunk, offsets, lengths, look_again=False, counted=True)
+            one = self._from_arrival(info, offset, length)
+            if one is not None:
+                return [one]
             if look_again and self._appeared(info):  # placed by the copy this read awaited
-                return self._read(chunk, offset, length, look_again=False)
-        data = self._origin_read(info, offset, length, gated=False)
+                return self._read(chunk, offsets, lengths, look_again=False, counted=True)
+        one = self._origin_read(info, offset, length, gated=False)
         with self._mutex:
             self.origin_counters.hits += 1
-            self.origin_counters.bytes += len(data)
+            self.origin_counters.bytes += len(one)
         self.schedule(chunk)
-        return data
+        return [one]
 
     def _from_held(
-        self, info: ChunkInfo, holding: list[bool], offset: int, length: int
-    ) -> bytes | None:
-        """The range from the highest tier holding the chunk (and usable), else None."""
+        self, info: ChunkInfo, holding: list[bool], offsets: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes] | None:
+        """The ranges from the highest tier holding the chunk (and usable), else None."""
         for i, (tier, held) in enumerate(zip(self.tiers, holding, strict=True)):
             if held and self._usable(tier, info):
-                data = self._read_copy(tier, info, offset, length)
+                data = self._read_copy(tier, info, offsets, lengths)
                 if data is not None:
                     with self._mutex:
-                        tier.counters.hits += 1
-                        tier.counters.bytes += len(data)
+                        tier.counters.hits += len(data)
+                        tier.counters.bytes += sum(map(len, data))
                     if i > 0:
                         self.schedule(info.id)  # a faster tier lacks it: fill it from this one
                     return data
             with self._mutex:
-                tier.counters.misses += 1
+                tier.counters.misses += len(offsets)
         return None
 
-    def _read_copy(self, tier: Tier, info: ChunkInfo, offset: int, length: int) -> bytes | None:
-        """The range from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
+    def _read_copy(
+        self, tier: Tier, info: ChunkInfo, offsets: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes] | None:
+        """The ranges from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
         try:
-            data = tier.driver.read_range(self._keys[info.id], offset, length)
+            data = tier.driver.read_ranges(self._keys[info.id], offsets, lengths)
         except NotFoundError:  # evicted by another process just now
             with self._mutex:
                 tier.held.pop(info.id, None)
                 tier.verified.discard(info.id)
             return None
-        if len(data) != length:  # truncated behind the cache's back: never serve it
-            self._drop(tier, info)
+        if any(len(d) != n for d, n in zip(data, lengths, strict=True)):
+            self._drop(tier, info)  # truncated behind the cache's back: never serve it
             return None
         return data
 

@@ -203,10 +203,11 @@ class LookAhead:
         self._since: float | None = None  # the clock at the first read
         self._rate = 0.0  # reads per second, smoothed
 
-    def due(self, now: float, origin_rate: float, queued: int) -> int:
-        """A read happened at ``now``: the horizon (reads) to prefetch over, or 0 for not yet."""
+    def due(self, now: float, origin_rate: float, queued: int, count: int = 1) -> int:
+        """``count`` reads happened at ``now``: the horizon (reads) to prefetch over, or 0 for
+        not yet."""
         with self._lock:
-            self._reads += 1
+            self._reads += count
             if self._since is None:
                 self._since = now
             span = now - self._since
