@@ -212,6 +212,30 @@ def test_local_runs_are_read_together_and_fail_alone() -> None:
     assert stream.counters.inline == 6  # 0-3 as a run, then 5 and 7 each alone
 
 
+def test_a_sample_evicted_before_its_turn_goes_to_a_reader_thread() -> None:
+    threads: dict[int, str] = {}
+    asked: dict[int, int] = {}
+
+    def read(i: int) -> int:
+        threads[i] = threading.current_thread().name
+        return i
+
+    def local(i: int) -> bool:
+        # Sample 3 is local when it enters the window, and evicted when its turn comes.
+        asked[i] = asked.get(i, 0) + 1
+        return i != 3 or asked[i] == 1
+
+    def read_local(ids: list[int]) -> list[int]:
+        return [read(i) for i in ids]
+
+    stream = GuardedStream(list(range(8)), read, local=local, read_local=read_local)
+    with stream:
+        assert sorted(i for i, _ in stream) == list(range(8))
+    here = threading.current_thread().name
+    assert threads[3] != here  # read by a thread, under the guard
+    assert all(threads[i] == here for i in range(8) if i != 3)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 60),

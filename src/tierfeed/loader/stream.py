@@ -259,15 +259,24 @@ class GuardedStream(Generic[T]):
             failed.set_exception(exc)
             entry.primary = failed
 
-    def _read_run(self, pos: int) -> None:
-        """Read the pending local position ``pos`` and the pending ones right after it."""
+    def _settle(self, pos: int) -> None:
+        """Read the pending local position ``pos`` together with the pending ones right after
+        it. A sample no longer local when its turn comes (its copy evicted meanwhile) goes to
+        a reader thread and the guard like any other read, and ends the run."""
+        assert self._local is not None and self._read_local is not None  # pending needs both
         run: list[_Entry[T]] = []
-        window = self._window
-        while (entry := window.get(pos + len(run))) is not None and entry.pending:
+        samples: list[int] = []
+        while (entry := self._window.get(pos + len(run))) is not None and entry.pending:
             entry.pending = False
+            sample = int(self.order[pos + len(run)])
+            if not self._local(sample):
+                entry.submitted = time.monotonic()
+                entry.primary = self._submit(entry, pos + len(run), self._read, self._pool)
+                break
             run.append(entry)
-        samples = [int(self.order[q]) for q in range(pos, pos + len(run))]
-        assert self._read_local is not None  # entries are pending only with it
+            samples.append(sample)
+        if not run:
+            return
         try:
             values = self._read_local(samples)
         except Exception:
@@ -280,8 +289,6 @@ class GuardedStream(Generic[T]):
         self.counters.inline += len(run)
 
     def _take(self, pos: int) -> tuple[int, T]:
-        if self._window[pos].pending:
-            self._read_run(pos)
         entry = self._window.pop(pos)
         self._due.pop(pos, None)
         self._inflight_bytes -= entry.nbytes
@@ -335,7 +342,10 @@ class GuardedStream(Generic[T]):
 
     def _next_ready(self) -> int | None:
         for pos in sorted(self._window):
-            if self._window[pos].done():
+            entry = self._window[pos]
+            if entry.pending:
+                self._settle(pos)
+            if entry.done():
                 return pos
         return None
 
@@ -345,6 +355,8 @@ class GuardedStream(Generic[T]):
         # cursor is never a delivered one: the head is the cursor (no scan of the window).
         head = self._cursor
         entry = self._window[head]
+        if entry.pending:
+            self._settle(head)
         if entry.done():
             return head  # in time (the common case): no deadline to work out
         if not self.deadline.enabled:
