@@ -3,7 +3,9 @@ no half chunk served as whole after a crash, a damaged map or tampered bytes."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.storage.test_tiers import read_all
+from tierfeed.errors import ReadOnlyError
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
@@ -337,3 +340,91 @@ def test_a_costly_origin_is_read_once_per_piece_and_never_to_measure(store_dir: 
         # each byte of the store once.
         assert origin.counters.reads == tiers.fetch_counters.snapshot()["pieces"]
         assert origin.counters.bytes_read == sum(c.size for c in tiers.chunks)
+
+
+def test_a_landed_chunk_is_linked_into_the_disk_tier_not_written_again(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    disk = disk_tier(cache, 10**9, shared=True)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with slow_stack(store_dir, [ram, disk], median_ms=0) as tiers:
+        for chunk in range(len(tiers.chunks)):
+            assert tiers.schedule(chunk)
+        tiers.drain()
+        n = len(tiers.chunks)
+        ops = disk.driver.counters.snapshot()
+        assert ops["links"] == ops["writes"] == n and ops["bytes_written"] == 0
+        assert ram.driver.counters.snapshot()["writes"] == n  # RAM gets the bytes themselves
+        for info in tiers.chunks:
+            cached = cache / cache_key(info)
+            assert cached.read_bytes() == (store_dir / info.name).read_bytes()
+            assert cached.stat().st_nlink == 1  # the landing's names are gone
+            assert cached.stat().st_mode & 0o777 == 0o644  # the tier's mode, not the landing's
+        assert not [p for p in (cache / ".landing").iterdir()]
+    # Another process of the host sees whole, checked entries, and serves them.
+    with slow_stack(store_dir, [disk_tier(cache, 10**9)], median_ms=0) as again:
+        with open_store(store_dir, source=again) as store:
+            assert read_all(store)
+        assert again.origin.counters.snapshot()["bytes_read"] == 0
+
+
+def test_a_damaged_landed_chunk_is_never_linked(store_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    bad = tmp_path / "bad"
+    shutil.copytree(store_dir, bad)
+    info = Index(bad).chunk(0)
+    with open(bad / info.name, "r+b") as f:  # same size, one byte flipped
+        f.seek(info.size // 2)
+        byte = f.read(1)
+        f.seek(info.size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    disk = disk_tier(cache, 10**9)
+    with slow_stack(bad, [disk], median_ms=0) as tiers:
+        tiers.schedule(0)
+        tiers.drain()
+        assert 0 not in disk.held and not (cache / cache_key(info)).exists()
+        assert disk.driver.counters.snapshot()["links"] == 0
+        assert not [p for p in (cache / ".landing").iterdir()]  # ended all the same
+
+
+def test_adopt_takes_only_the_file_it_was_given(tmp_path: Path) -> None:
+    driver = PosixDriver(tmp_path / "tier")
+    source = tmp_path / "landed"
+    source.write_bytes(b"checked bytes")
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        # The name now holds another file (a new fetch began): nothing is linked.
+        source.unlink()
+        source.write_bytes(b"a new fetch, half written")
+        assert not driver.adopt("x", source, fd)
+        assert not (tmp_path / "tier" / "x").exists()
+        assert not [p for p in (tmp_path / "tier").iterdir()]  # no temporary left either
+    finally:
+        os.close(fd)
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        assert driver.adopt("x", source, fd)
+        assert driver.read("x") == b"a new fetch, half written"
+        with pytest.raises(ReadOnlyError):
+            PosixDriver(tmp_path / "tier", read_only=True).adopt("y", source, fd)
+    finally:
+        os.close(fd)
+
+
+def test_where_no_link_can_be_made_the_bytes_are_written(
+    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cross_device(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr("tierfeed.storage.posix.os.link", cross_device)
+    cache = tmp_path / "cache"
+    disk = disk_tier(cache, 10**9)
+    with slow_stack(store_dir, [disk], median_ms=0) as tiers:
+        tiers.schedule(0)
+        tiers.drain()
+        info = tiers.chunks[0]
+        ops = disk.driver.counters.snapshot()
+        assert ops["links"] == 0 and ops["bytes_written"] == info.size
+        assert (cache / cache_key(info)).read_bytes() == (store_dir / info.name).read_bytes()

@@ -17,6 +17,7 @@ from tierfeed.errors import ChunkCorruptError
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
+from tierfeed.storage.filling import _Landed
 from tierfeed.storage.shared_dir import copy_claim
 from tierfeed.storage.store import Store
 from tierfeed.storage.tiers import cache_key, disk_tier
@@ -163,23 +164,39 @@ with stack(Path({str(store_dir)!r}), [disk_tier({str(cache)!r}, 10**9)]) as t:
         assert tiers.origin_counters.bytes == 0 and disk.counters.hits > 0
 
 
-def test_kill_9_during_a_copy_leaves_nothing_served(store_dir: Path, tmp_path: Path) -> None:
+# A copy is written (a RAM tier's bytes, or a disk tier on another file system), or the file
+# it landed in is linked in (a disk tier beside the landing): killed midway, either way, the
+# temporary name is all that is left.
+_DIE_WRITING = """
+def slow_write(path, data):  # die while the temporary file is being written
+    tmp = t.tiers[0].driver.root / (".tmp." + str(os.getpid()) + "." + path)
+    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY)
+    os.write(fd, data[: len(data) // 2]); print("writing", flush=True); time.sleep(60)
+t.tiers[0].driver._write = slow_write
+t.tiers[0].driver.adopt = lambda path, source, fd: False
+"""
+_DIE_LINKING = """
+def slow_adopt(path, source, fd):  # die between the link and the rename
+    os.link(source, t.tiers[0].driver.root / (".tmp." + str(os.getpid()) + "." + path))
+    print("writing", flush=True); time.sleep(60)
+t.tiers[0].driver.adopt = slow_adopt
+"""
+
+
+@pytest.mark.parametrize("die", [_DIE_WRITING, _DIE_LINKING], ids=["writing", "linking"])
+def test_kill_9_during_a_copy_leaves_nothing_served(
+    store_dir: Path, tmp_path: Path, die: str
+) -> None:
     cache = tmp_path / "cache"
     child = f"""
-import sys, time; sys.path.insert(0, {str(Path.cwd())!r})
+import os, sys, time; sys.path.insert(0, {str(Path.cwd())!r})
 from pathlib import Path
 from tests.storage.test_tiers import stack
 from tierfeed.storage import LatencyModel, PosixDriver, SlowDriver
 from tierfeed.storage.tiers import disk_tier
 origin = SlowDriver(PosixDriver({str(store_dir)!r}, read_only=True), LatencyModel())
 t = stack(Path({str(store_dir)!r}), [disk_tier({str(cache)!r}, 10**9)], origin=origin)
-real = t.tiers[0].driver._write
-def slow_write(path, data):  # die while the temporary file is being written
-    import os
-    tmp = t.tiers[0].driver.root / (".tmp." + str(os.getpid()) + "." + path)
-    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY)
-    os.write(fd, data[: len(data) // 2]); print("writing", flush=True); time.sleep(60)
-t.tiers[0].driver._write = slow_write
+{die}
 t.read_range(0, 0, 10)
 time.sleep(60)
 """
@@ -241,7 +258,7 @@ def test_processes_sharing_a_disk_tier_copy_a_chunk_from_the_origin_once(
             assert mine.origin.counters.snapshot()["reads"] == 0  # it did not copy it too
             assert 0 not in ram.held
             with stack(store_dir, [disk_tier(cache, 10**9)]) as sibling:
-                sibling._place_all(info, (store_dir / info.name).read_bytes(), 0.0)
+                sibling._place_all(info, _Landed((store_dir / info.name).read_bytes()), 0.0)
         # The sibling's copy has landed: the next miss takes it from the shared directory.
         mine.schedule(0)
         mine.drain()
@@ -249,6 +266,21 @@ def test_processes_sharing_a_disk_tier_copy_a_chunk_from_the_origin_once(
         assert 0 in ram.held and 0 in disk.held
         assert mine.origin_counters.copies == 0 and disk.counters.copies == 0
         assert ram.counters.copies == 1
+
+
+def test_a_copy_placed_by_a_sibling_meanwhile_is_not_read_again(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    disk = disk_tier(cache, 10**9)
+    with stack(store_dir, [disk]) as mine, stack(store_dir, [disk_tier(cache, 10**9)]) as sibling:
+        assert 0 not in disk.held  # what this process saw when it queued the copy
+        sibling.schedule(0)
+        sibling.drain()
+        mine._copy(0)  # the queued copy runs after the sibling's landed
+        assert disk.driver.counters.snapshot()["reads"] == 0  # not read whole to place it
+        assert mine.origin.counters.snapshot()["reads"] == 0
+        assert 0 in disk.held and disk.counters.copies == 0
 
 
 def test_read_samples_is_read_sample_for_many(store_dir: Path, tmp_path: Path) -> None:

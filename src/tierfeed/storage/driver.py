@@ -25,6 +25,7 @@ class OpCounters(Counters[int]):
     bytes_read: int = 0
     writes: int = 0
     bytes_written: int = 0
+    links: int = 0  # objects stored by linking a file in (`Driver.adopt`): no bytes written
     deletes: int = 0
     stats: int = 0
     lists: int = 0
@@ -94,6 +95,15 @@ class Driver(ABC):
             raise ReadOnlyError(f"{self}: read-only; refusing to write {path}")
         self._write(path, data)
         self.counters.add(writes=1, bytes_written=len(data))
+
+    def adopt(self, path: str, source: Path, fd: int) -> bool:
+        """Make the file ``source`` (open as ``fd``: whole, checked, and never written again)
+        the object at ``path`` without copying its bytes, where the driver can (a hard link
+        on the same file system); False where it cannot: the caller writes the bytes.
+
+        A driver that stores elsewhere than local files (RAM, an object store) cannot.
+        """
+        return False
 
     def get_file(self, path: str, local: Path, fsync: bool = False) -> int:
         """Copy object ``path`` to the file ``local`` (temporary name, then rename: whole or

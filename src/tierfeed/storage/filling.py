@@ -17,6 +17,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
@@ -39,6 +40,28 @@ _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at mos
 # A process that claims a copy writes its arrival's map at once: a claim found taken more than
 # this long ago is over (its copy placed, refused or failed), not about to begin.
 _CLAIM_TO_MAP_S = 0.2
+
+
+class _Landed:
+    """A whole chunk, checked, on its way into the tiers: its bytes (read from where they
+    landed at most once, and only for a tier that needs them), and the file they landed in,
+    if any, which a disk tier can take as it is (`Driver.adopt`).
+
+    The landed file is written by its fetcher only, and only before it is checked: a later
+    fetch of the chunk writes new files, so the bytes read here are the bytes checked.
+    """
+
+    def __init__(self, data: bytes | None = None, arrival: Arrival | None = None) -> None:
+        self._data, self._arrival = data, arrival
+
+    def data(self) -> bytes:
+        if self._data is None:
+            assert self._arrival is not None  # one of the two is always given
+            self._data = self._arrival.whole()
+        return self._data
+
+    def file(self) -> tuple[Path, int] | None:
+        return None if self._arrival is None else self._arrival.landed_file()
 
 
 class TierFilling(ABC):
@@ -211,12 +234,14 @@ class TierFilling(ABC):
         if not self._needed(chunk):
             return  # queued while a tier had room; the copies landed since filled it
         info = self.chunks[chunk]
+        if self._appeared(info) and not self._needed(chunk):
+            return  # another process of the host placed it meanwhile: nothing to read again
         started = time.perf_counter()
         # Held by a lower tier (or landed from a sibling process): fill the others from it,
         # with no claim (a RAM tier is each process's own) and no origin read.
         data = self._from_tiers(info)
         if data is not None:
-            self._place_all(info, data, started)
+            self._place_all(info, _Landed(data), started)
             return
         # One process of a host copies a chunk: it claims it in the first tier others fill.
         claims = next((t.files for t in self.tiers if t.shared), self.tiers[0].files)
@@ -229,23 +254,24 @@ class TierFilling(ABC):
             # it from the shared directory rather than from the origin.
             data = self._from_tiers(info)
             if data is not None:
-                self._place_all(info, data, started)
+                self._place_all(info, _Landed(data), started)
                 return
             arrival = self.landing.begin(info, self.tuner.piece)
             try:
-                data = self._fetch(arrival)
+                landed = self._fetch(arrival)
                 with self._mutex:
                     self.origin_counters.copies += 1
-                self._place_all(info, data, started)
+                self._place_all(info, landed, started)
             except ChunkCorruptError as exc:
                 with self._mutex:
                     self._corrupt[chunk] = f"chunk {info.name} at the origin is bad: {exc}"
             finally:
                 self.landing.end(arrival)  # after placing: readers go from one to the other
 
-    def _fetch(self, arrival: Arrival) -> bytes:
+    def _fetch(self, arrival: Arrival) -> _Landed:
         """Every piece of ``arrival``'s chunk from the origin, in parallel on the fetch
-        threads and in order of offset; the whole chunk, checked against the index.
+        threads and in order of offset; the whole chunk, checked against the index (where it
+        landed: its bytes are read again only for a tier that cannot take the file).
 
         Raises:
             ChunkCorruptError: the origin's copy is shorter than the index says, or its
@@ -263,10 +289,10 @@ class TierFilling(ABC):
             for future in pending:
                 future.cancel()  # one failed: the rest are not fetched
         info = arrival.info
-        data = arrival.whole()
-        if len(data) != info.size or checksum_bytes(data) != info.checksum:
-            raise damaged_chunk(info, self.origin.name, len(data))
-        return data
+        size, checksum = arrival.digest()
+        if size != info.size or checksum != info.checksum:
+            raise damaged_chunk(info, self.origin.name, size)
+        return _Landed(arrival=arrival)
 
     def _fetch_piece(self, arrival: Arrival, index: int) -> None:
         offset, length = arrival.span(index)
@@ -304,12 +330,12 @@ class TierFilling(ABC):
                         return data
         return None
 
-    def _place_all(self, info: ChunkInfo, data: bytes, started: float) -> None:
+    def _place_all(self, info: ChunkInfo, chunk: _Landed, started: float) -> None:
         # Inclusive: every tier that accepts the chunk keeps it, so a persistent disk tier
         # still holds it when the processes owning the RAM tiers are gone (DataLoader workers).
         for i, tier in enumerate(self.tiers):
             try:
-                placed = self._place(i, tier, info, data)
+                placed = self._place(i, tier, info, chunk)
             except Exception as exc:  # a full disk, a vanished directory: the others go on
                 with self._mutex:
                     tier.counters.copy_failures += 1
@@ -322,8 +348,10 @@ class TierFilling(ABC):
                     tier.counters.copies += 1
                     tier.counters.copy_s += time.perf_counter() - started
 
-    def _place(self, i: int, tier: Tier, info: ChunkInfo, data: bytes) -> bool:
-        """Write the chunk into ``tier`` if its policy takes it; True if this call wrote it.
+    def _place(self, i: int, tier: Tier, info: ChunkInfo, chunk: _Landed) -> bool:
+        """Put the chunk into ``tier`` if its policy takes it; True if this call put it. A disk
+        tier on the file system the chunk landed on links the landed file in (no second write
+        of its bytes); any other tier is written its bytes.
 
         One placement per tier at a time (its ``placing`` lock, and for a shared directory the
         cross-process lock): the decision and the writes it implies cannot interleave with
@@ -347,7 +375,9 @@ class TierFilling(ABC):
                 self._refused.clear()  # room made, or a chunk placed: ask again
             for victim in victims:
                 tier.files.evict(cache_key(self.chunks[victim]))
-            tier.driver.write(cache_key(info), data)  # temporary name, then rename
+            landed = chunk.file()  # temporary name, then rename, either way
+            if landed is None or not tier.driver.adopt(cache_key(info), *landed):
+                tier.driver.write(cache_key(info), chunk.data())
             with self._mutex:
                 tier.held[info.id] = info.size
                 tier.verified.add(info.id)

@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.chunkref import ChunkInfo, checksum_bytes, checksum_range
 from tierfeed.publish import temporary_path, writer_pid
 from tierfeed.telemetry.counters import Counters
 
@@ -101,6 +101,16 @@ class Arrival(ABC):
     def whole(self) -> bytes:
         """The whole chunk; only once `complete`."""
         return self._read(0, self.info.size)
+
+    def digest(self) -> tuple[int, int]:
+        """(bytes, checksum) of the whole chunk as landed; only once `complete`."""
+        data = self.whole()
+        return len(data), checksum_bytes(data)
+
+    def landed_file(self) -> tuple[Path, int] | None:
+        """The file the bytes landed in and a descriptor open on it, for a tier that can take
+        the file itself (`Driver.adopt`); None when they landed in memory."""
+        return None
 
     def read(self, offset: int, length: int, wait_s: float) -> bytes | None:
         """The range once its pieces have landed, waiting at most ``wait_s`` seconds for
@@ -205,9 +215,19 @@ def _pid_alive(pid: int) -> bool:
 class _FileArrival(Arrival):
     """An arrival in a directory: the data file and its map, open in this process."""
 
-    def __init__(self, info: ChunkInfo, piece: int, data_fd: int, map_fd: int, owner: int):
+    def __init__(
+        self, info: ChunkInfo, piece: int, path: Path, data_fd: int, map_fd: int, owner: int
+    ) -> None:
         super().__init__(info, piece)
+        self.path = path
         self._data_fd, self._map_fd, self.owner = data_fd, map_fd, owner
+
+    def digest(self) -> tuple[int, int]:
+        # In blocks from the file: no copy of the whole chunk in memory.
+        return checksum_range(self._data_fd, 0, self.info.size)
+
+    def landed_file(self) -> tuple[Path, int] | None:
+        return self.path, self._data_fd
 
     def _landed(self) -> bytes:
         return os.pread(self._map_fd, self.pieces, _HEADER.size)
@@ -285,7 +305,7 @@ class FileLanding(Landing):
             with contextlib.suppress(OSError):
                 data_path.unlink()
             raise
-        return _FileArrival(info, piece, data_fd, map_fd, os.getpid())
+        return _FileArrival(info, piece, data_path, data_fd, map_fd, os.getpid())
 
     def find(self, info: ChunkInfo) -> Arrival | None:
         data_path, map_path = self._paths(info)
@@ -305,7 +325,7 @@ class FileLanding(Landing):
                 magic, owner, piece, size = _HEADER.unpack(header)
                 # Anything else is not ours to serve: a damaged or foreign map is ignored.
                 if magic == _MAGIC and size == info.size and piece > 0:
-                    arrival = _FileArrival(info, piece, data_fd, map_fd, owner)
+                    arrival = _FileArrival(info, piece, data_path, data_fd, map_fd, owner)
         finally:
             if arrival is None:
                 os.close(data_fd)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from tierfeed.errors import NotFoundError, StorageError
-from tierfeed.publish import is_temporary, publish, sweep_stale
+from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
+from tierfeed.publish import is_temporary, publish, sweep_stale, temporary_path
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.files import FdCache, path_under, pread
 
 __all__ = ["PosixDriver"]
+
+# A hard link cannot be made here: another file system, or one without links (or not for us).
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
 
 
 class PosixDriver(Driver):
@@ -140,6 +144,44 @@ class PosixDriver(Driver):
         except OSError as exc:
             raise self._fail(path, exc) from None
         self._fds.forget(os.fspath(target))
+
+    def adopt(self, path: str, source: Path, fd: int) -> bool:
+        """Link ``source`` in at ``path`` (under a temporary name, then renamed over it, as a
+        write is). The link is kept only if it is the very file open as ``fd``: a name
+        replaced meanwhile (another fetch of the chunk begun) is never taken for it. No sync:
+        the bytes were checked whole before, and every read checks its member's checksum, so
+        what a power loss tears is dropped and fetched again, never served.
+
+        Returns False where no link can be made (another file system, one without hard
+        links): the caller writes the bytes instead.
+        """
+        if self.read_only:
+            raise ReadOnlyError(f"{self}: read-only; refusing to write {path}")
+        target = self._path(path)
+        temporary = temporary_path(target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()  # left by a link of this process that failed midway
+            try:
+                os.link(source, temporary)
+            except OSError as exc:
+                if exc.errno in _NO_LINK:
+                    return False
+                raise
+            try:
+                if os.stat(temporary).st_ino != os.fstat(fd).st_ino:
+                    return False  # ``source`` names another file now
+                os.chmod(temporary, self._file_mode)
+                os.replace(temporary, target)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    temporary.unlink()
+        except OSError as exc:
+            raise self._fail(path, exc) from None
+        self._fds.forget(os.fspath(target))
+        self.counters.add(writes=1, links=1)
+        return True
 
     def _delete(self, path: str) -> None:
         target = self._path(path)
