@@ -67,8 +67,8 @@ def test_every_component_counter_is_one() -> None:
     for counters in (TierCounters(), OpCounters(), StreamCounters()):
         assert isinstance(counters, Counters)
     assert list(OpCounters().snapshot()) == [
-        "opens", "reads", "bytes_read", "writes", "bytes_written", "deletes", "stats", "lists",
-        "retries",
+        "opens", "reads", "bytes_read", "writes", "bytes_written", "links", "deletes", "stats",
+        "lists", "retries",
     ]  # fmt: skip
     assert "waits" not in StreamCounters().snapshot()
     assert not hasattr(StreamCounters(), "stall_s")

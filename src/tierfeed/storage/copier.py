@@ -181,17 +181,19 @@ class Copier:
 
 class Gate:
     """Lets at most ``limit`` threads through at once, the limit given at each entry (it may
-    change while threads are inside: the fetch tuner moves it)."""
+    change while threads are inside: the fetch tuner moves it). Threads inside that are set
+    aside (stalled, and replaced by a hedge) do not count: a stall does not take a place."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._inside = 0
+        self._aside = 0
 
     @contextlib.contextmanager
     def held(self, limit: int) -> Iterator[None]:
         """Enter once fewer than ``limit`` threads are inside; leave at the end of the block."""
         with self._cond:
-            while self._inside >= max(1, limit):
+            while self._inside - self._aside >= max(1, limit):
                 self._cond.wait(0.05)  # bounded: a limit raised meanwhile is seen
             self._inside += 1
         try:
@@ -200,3 +202,9 @@ class Gate:
             with self._cond:
                 self._inside -= 1
                 self._cond.notify()
+
+    def set_aside(self, n: int) -> None:
+        """``n`` more threads inside are stalled (negative: that many of them have left)."""
+        with self._cond:
+            self._aside += n
+            self._cond.notify_all()

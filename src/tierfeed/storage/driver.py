@@ -164,6 +164,13 @@ class Driver(ABC):
         keeps none (files: their size and the index's checksums tell a change)."""
         return None
 
+    def for_hedges(self) -> Driver:
+        """A second way to the same objects for a request made beside a stalled one, which
+        must not queue behind it (a file's pages that the stalled read holds locked); the
+        caller closes it when it is not this driver. The default: this driver itself (an
+        object store's second GET takes a connection of its own anyway)."""
+        return self
+
     def holds_whole(self, path: str) -> bool:
         """Whether every byte of object ``path`` can be read here (tiers copy only such
         objects). The default: yes, for every object it has."""

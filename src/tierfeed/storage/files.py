@@ -10,7 +10,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
 from tierfeed.format.relpath import path_under, safe_chunk_path
@@ -42,25 +42,34 @@ class FdCache:
         self._open: OrderedDict[str, _Fd] = OrderedDict()
         self._opening: dict[str, threading.Event] = {}  # path -> set when its open ends
         self._mutex = threading.Lock()
-        self._ahead: threading.Thread | None = None
+        self._ahead: threading.Thread | None = None  # opening ``_waiting``, while there are
+        self._waiting: deque[str] = deque()
         self._stop = threading.Event()
 
     def open_ahead(self, paths: Sequence[str]) -> None:
-        """Open ``paths`` in order on a background thread, so that a lookup or open that
-        hangs on slow storage is paid before a reader needs the file (the order is known from
-        the plan). At most ``max_open`` are kept; errors are left for the reads to report."""
-        if self._ahead is not None and self._ahead.is_alive():
-            return
+        """Open ``paths`` in order on a background thread (after any still waiting), so that a
+        lookup or open that hangs on slow storage is paid before a reader needs the file (the
+        order is known from the plan). At most ``max_open`` of one call; errors are left for
+        the reads to report."""
+        with self._mutex:
+            if self._stop.is_set():
+                return
+            self._waiting.extend(paths[: self.max_open])
+            if self._ahead is None:
+                self._ahead = threading.Thread(
+                    target=self._open_waiting, name="tierfeed-open-ahead", daemon=True
+                )
+                self._ahead.start()
 
-        def run() -> None:
-            for path in paths[: self.max_open]:
-                if self._stop.is_set():
+    def _open_waiting(self) -> None:
+        while not self._stop.is_set():
+            with self._mutex:
+                if not self._waiting:
+                    self._ahead = None  # the next open_ahead starts a thread anew
                     return
-                with contextlib.suppress(OSError), self.fd(path):
-                    pass
-
-        self._ahead = threading.Thread(target=run, name="tierfeed-open-ahead", daemon=True)
-        self._ahead.start()
+                path = self._waiting.popleft()
+            with contextlib.suppress(OSError), self.fd(path):
+                pass
 
     def _open_file(self, path: str) -> int:
         try:
@@ -133,9 +142,11 @@ class FdCache:
     def close(self) -> None:
         """Stop opening ahead and close every descriptor not in use (those in use close on
         release)."""
-        self._stop.set()
-        if self._ahead is not None:
-            self._ahead.join()
+        with self._mutex:
+            self._stop.set()
+            ahead = self._ahead
+        if ahead is not None:
+            ahead.join()
         with self._mutex:
             for entry in self._open.values():
                 entry.evicted = True

@@ -16,6 +16,7 @@ import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ from tierfeed.storage.disktier import Tier, TierCounters, cache_key
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import damaged_chunk, short_chunk
 from tierfeed.storage.landing import Arrival, FetchCounters, Landing
+from tierfeed.storage.piecefetch import PieceFetch
 from tierfeed.storage.placement import Placement
 from tierfeed.storage.tuning import FetchTuner
 
@@ -40,6 +42,7 @@ _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at mos
 # A process that claims a copy writes its arrival's map at once: a claim found taken more than
 # this long ago is over (its copy placed, refused or failed), not about to begin.
 _CLAIM_TO_MAP_S = 0.2
+_HEDGE_SHARE = 0.02  # second requests for late pieces read at most this share of the copies' bytes
 
 
 class _Landed:
@@ -78,6 +81,10 @@ class TierFilling(ABC):
     _refused: set[int]
     _sizes: dict[int, int]
     _fetches: ThreadPoolExecutor
+    _hedges: ThreadPoolExecutor
+    _hedged_bytes: int
+    _begun_bytes: int
+    _hedge_origin: Driver
     landing: Landing
     fetch_counters: FetchCounters
     options: TierOptions
@@ -205,18 +212,29 @@ class TierFilling(ABC):
                         return True
         return False
 
-    def _origin_read(self, info: ChunkInfo, offset: int, length: int, gated: bool = True) -> bytes:
-        """One request to the origin, timed for the tuner; ``gated`` (a copy's piece): within
-        the tuner's budget of requests in flight.
+    def _origin_read(
+        self,
+        info: ChunkInfo,
+        offset: int,
+        length: int,
+        gated: bool = True,
+        begun: Callable[[], None] | None = None,
+        origin: Driver | None = None,
+    ) -> bytes:
+        """One request to the origin (through ``origin``, by default the stack's), timed for
+        the tuner; ``gated`` (a copy's piece): within the tuner's budget of requests in
+        flight; ``begun`` is told when it starts.
 
         Raises:
             ChunkCorruptError: the origin returned fewer bytes than the index says are there.
         """
         with self._gate.held(self.tuner.inflight) if gated else contextlib.nullcontext():
+            if begun is not None:
+                begun()
             started = time.perf_counter()
-            data = self.origin.read_range(info.name, offset, length)
+            data = (origin or self.origin).read_range(info.name, offset, length)
             took = time.perf_counter() - started
-        self.tuner.observe(len(data), took, time.monotonic())
+        self.tuner.observe(len(data), took, time.monotonic(), piece=begun is not None)
         if len(data) != length:
             raise short_chunk(info, self.origin.name, offset, length)
         return data
@@ -256,7 +274,13 @@ class TierFilling(ABC):
             if data is not None:
                 self._place_all(info, _Landed(data), started)
                 return
-            arrival = self.landing.begin(info, self.tuner.piece)
+            try:
+                arrival = self.landing.begin(info, self.tuner.piece)
+            except OSError as exc:
+                self._landing_failed(info, exc)
+                return
+            with self._mutex:
+                self._begun_bytes += info.size
             try:
                 landed = self._fetch(arrival)
                 with self._mutex:
@@ -265,8 +289,22 @@ class TierFilling(ABC):
             except ChunkCorruptError as exc:
                 with self._mutex:
                     self._corrupt[chunk] = f"chunk {info.name} at the origin is bad: {exc}"
+            except OSError as exc:
+                if isinstance(exc, StorageError):
+                    raise  # the origin's: a failed copy
+                self._landing_failed(info, exc)
             finally:
                 self.landing.end(arrival)  # after placing: readers go from one to the other
+
+    def _landing_failed(self, info: ChunkInfo, exc: OSError) -> None:
+        """The chunk could not land where copies land (the disk tier's directory: full, gone):
+        counted as that tier's failure to keep it; reads go on from the origin."""
+        tier = next((t for t in self.tiers if t.shared), None)
+        if tier is None:  # landing in memory: not a disk's failure
+            raise exc
+        with self._mutex:
+            tier.counters.copy_failures += 1
+        self._warn(f"place:{tier.name}", f"cannot keep chunk {info.name} in {tier.name}: {exc}")
 
     def _fetch(self, arrival: Arrival) -> _Landed:
         """Every piece of ``arrival``'s chunk from the origin, in parallel on the fetch
@@ -278,23 +316,36 @@ class TierFilling(ABC):
                 checksum differs.
             StorageError: the origin could not be read.
         """
+        # A hedge's way to the chunk is opened now, while no request of it stalls: on FUSE an
+        # open waits for the pages a stalled read holds (and on NFS an open may hang itself).
+        if self._hedge_origin is not self.origin:
+            self._hedge_origin.open_ahead([arrival.info.name])
         # The piece a read waits for first (it asked for this copy), then on in offset order.
         first = min(self._demanded.pop(arrival.info.id, 0) // arrival.piece, arrival.pieces - 1)
-        order = [*range(first, arrival.pieces), *range(first)]
-        pending = [self._fetches.submit(self._fetch_piece, arrival, i) for i in order]
-        try:
-            for future in pending:
-                future.result()
-        finally:
-            for future in pending:
-                future.cancel()  # one failed: the rest are not fetched
+        pieces = PieceFetch(
+            arrival,
+            lambda index, begun, hedge: self._read_piece(arrival, index, begun, hedge),
+            self._fetches,
+            self._hedges,
+            self.tuner.late_after,
+            self._may_hedge,
+            self.fetch_counters,
+            self._gate.set_aside,
+        )
+        pieces.run([*range(first, arrival.pieces), *range(first)])
         info = arrival.info
         size, checksum = arrival.digest()
         if size != info.size or checksum != info.checksum:
             raise damaged_chunk(info, self.origin.name, size)
         return _Landed(arrival=arrival)
 
-    def _fetch_piece(self, arrival: Arrival, index: int) -> None:
+    def _read_piece(
+        self, arrival: Arrival, index: int, begun: Callable[[], None], hedge: bool
+    ) -> bytes:
+        """Piece ``index`` of ``arrival``'s chunk from the origin (its first request's start
+        told to ``begun``); every byte is counted, a hedge's too. A ``hedge`` (a second
+        request for a late piece) goes past the limit on requests in flight: the late request
+        holds a place there."""
         offset, length = arrival.span(index)
         # Until the tuner can tell latency from bandwidth, a few pieces are read as two halves:
         # requests of two sizes are what the fit needs. A few: all of a chunk's pieces may
@@ -307,12 +358,23 @@ class TierFilling(ABC):
             self._splits += 1
             halves = 2
         cut = [offset + length * k // halves for k in range(halves + 1)]
-        parts = [self._origin_read(arrival.info, a, b - a) for a, b in itertools.pairwise(cut)]
-        data = parts[0] if halves == 1 else b"".join(parts)
-        arrival.put(index, data)
-        self.fetch_counters.add(pieces=1, piece_bytes=length)
+        origin = self._hedge_origin if hedge else self.origin
+        parts = [
+            self._origin_read(arrival.info, a, b - a, not hedge, begun, origin)
+            for a, b in itertools.pairwise(cut)
+        ]
         with self._mutex:
             self.origin_counters.bytes += length  # every byte the origin gave, copies too
+        return parts[0] if halves == 1 else b"".join(parts)
+
+    def _may_hedge(self, nbytes: int) -> bool:
+        """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges
+        read at most `_HEDGE_SHARE` of the bytes of the copies begun."""
+        with self._mutex:
+            if self._hedged_bytes + nbytes > _HEDGE_SHARE * self._begun_bytes:
+                return False
+            self._hedged_bytes += nbytes
+            return True
 
     def _from_tiers(self, info: ChunkInfo) -> bytes | None:
         """The whole chunk from a tier that holds it (a shared one rescanned first: another

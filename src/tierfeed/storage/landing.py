@@ -55,6 +55,8 @@ class FetchCounters(Counters[float]):
     served_bytes: int = 0
     gave_up: int = 0  # reads that waited for a copy in flight, then read the origin
     waited_s: float = 0.0
+    hedges: int = 0  # second requests for pieces that ran late (`PieceFetch`)
+    hedge_wins: int = 0  # pieces landed by their second request
 
 
 def _pieces(size: int, piece: int) -> int:

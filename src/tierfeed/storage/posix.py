@@ -183,6 +183,12 @@ class PosixDriver(Driver):
         self.counters.add(writes=1, links=1)
         return True
 
+    def for_hedges(self) -> Driver:
+        """The same files, read-only and ``O_DIRECT`` (descriptors of its own): a second read
+        of a range does not wait for pages that a stalled first read holds locked (FUSE,
+        NFS)."""
+        return PosixDriver(self.root, read_only=True, direct=True)
+
     def _delete(self, path: str) -> None:
         target = self._path(path)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from tierfeed.latency import LatencyModel, LatencySampler
@@ -53,6 +54,14 @@ class SlowDriver(Driver):
     def _delete(self, path: str) -> None:
         self._sleep()
         self.inner.delete(path)
+
+    def for_hedges(self) -> Driver:
+        """The inner driver's way for hedges, slowed by the same model with its own draws."""
+        inner = self.inner.for_hedges()
+        if inner is self.inner:
+            return self
+        model = self.sampler.model
+        return SlowDriver(inner, dataclasses.replace(model, seed=model.seed + 1))
 
     def close(self) -> None:
         self.inner.close()

@@ -49,6 +49,11 @@ __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "dis
 
 _log = logging.getLogger("tierfeed.tiers")
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
+_HEDGE_THREADS = 4  # second requests for late pieces: threads of their own, made when needed
+# The first pieces of copies, until the fetch tuner has measured the origin: small where a
+# request is cheap (a late one is hedged at little cost), larger where requests are billed.
+_FIRST_PIECE = 512 * 1024
+_FIRST_PIECE_COSTLY = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,10 @@ class TierOptions:
         verify_cached: check a disk-cached chunk's checksum on first use in this process.
         fetch_threads: origin reads in flight at once while copying chunks (pieces of one
             chunk, or of the next ones queued).
-        piece_bytes: bytes per origin read while copying a chunk.
+        piece_bytes: bytes per origin read while copying a chunk, until the fetch tuner has
+            measured the origin's latency and bandwidth and chooses; None: 512 KiB for an
+            origin whose requests are cheap (a file system), 4 MiB for one that bills them (an
+            object store).
         landing_wait_s: how long a read waits for its bytes to land from a copy in flight
             before it reads the origin itself. Longer: fewer origin bytes beside the copies
             (a cold epoch read 1.008x the store at 2 s, 1.012x at 0.5 s, 1.03x at 0.1 s in
@@ -74,11 +82,12 @@ class TierOptions:
     queue: int = 256
     verify_cached: bool = True
     fetch_threads: int = 8
-    piece_bytes: int = 4 * 2**20
+    piece_bytes: int | None = None
     landing_wait_s: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.fetch_threads < 1 or self.piece_bytes < 1 or self.landing_wait_s < 0:
+        piece = 1 if self.piece_bytes is None else self.piece_bytes
+        if self.fetch_threads < 1 or piece < 1 or self.landing_wait_s < 0:
             raise ConfigError(f"bad tier options: {self}")
 
 
@@ -128,8 +137,11 @@ class TierStack(TierFilling, ChunkSource):
         self.landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
         self.landing.sweep()
         self.fetch_counters = FetchCounters()
+        piece = self.options.piece_bytes or (
+            _FIRST_PIECE_COSTLY if origin.costly_requests else _FIRST_PIECE
+        )
         self.tuner = FetchTuner.starting(
-            origin.parallel_requests, self.options.fetch_threads, self.options.piece_bytes
+            origin.parallel_requests, self.options.fetch_threads, piece
         )
         fetch_threads = self.tuner.limits.max_inflight
         self._gate = Gate()
@@ -142,6 +154,9 @@ class TierStack(TierFilling, ChunkSource):
         self._fetches = ThreadPoolExecutor(
             fetch_threads if self.tiers else 1, thread_name_prefix="tierfeed-fetch"
         )
+        self._hedges = ThreadPoolExecutor(_HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
+        self._hedge_origin = origin.for_hedges() if self.tiers else origin
+        self._hedged_bytes = self._begun_bytes = 0
         threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
         self._copier = Copier(
             self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
@@ -424,7 +439,10 @@ class TierStack(TierFilling, ChunkSource):
             return
         self._copier.close()  # queued copies are dropped, running ones finish
         self._fetches.shutdown(wait=True, cancel_futures=True)
+        self._hedges.shutdown(wait=True, cancel_futures=True)
         self.origin.close()
+        if self._hedge_origin is not self.origin:
+            self._hedge_origin.close()
         for tier in self.tiers:
             tier.driver.close()
 

@@ -26,6 +26,11 @@ __all__ = ["FetchLimits", "FetchTuner", "LookAhead", "lead_reads"]
 _ROUND = 64 * 1024  # pieces are whole multiples of this
 _AHEAD_S = 0.05  # reads look ahead for chunks to prefetch this often
 _AHEAD_MAX = 8192  # reads looked ahead at most (a look is O(reads), under the tiers' lock)
+# A piece's request is late (and hedged) past this many times the median piece's time, never
+# sooner than _LATE_MIN_S, and only once _LATE_SEEN pieces were timed.
+_LATE_FACTOR = 3.0
+_LATE_MIN_S = 0.05
+_LATE_SEEN = 8
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class FetchTuner:
         self._piece = piece
         self._inflight = min(max(inflight, lo), hi)
         self._seen: deque[tuple[int, float]] = deque(maxlen=self.limits.window)
+        self._piece_times: deque[float] = deque(maxlen=self.limits.window)
         self._lock = threading.Lock()
         # The throughput climb: bytes and span of the current round, and the best so far.
         self._round_bytes = 0
@@ -128,10 +134,22 @@ class FetchTuner:
         latency = max(0.0, mt - slope * ms)
         return latency, 1.0 / slope
 
-    def observe(self, nbytes: int, seconds: float, now: float) -> None:
-        """One origin request of ``nbytes`` took ``seconds``, ending at ``now`` (monotonic)."""
+    def late_after(self) -> float | None:
+        """Seconds after which a piece's request is late: `_LATE_FACTOR` times the median time
+        of the recent pieces (at least `_LATE_MIN_S`); None until `_LATE_SEEN` were timed."""
+        with self._lock:
+            times = sorted(self._piece_times)
+        if len(times) < _LATE_SEEN:
+            return None
+        return max(_LATE_MIN_S, _LATE_FACTOR * times[len(times) // 2])
+
+    def observe(self, nbytes: int, seconds: float, now: float, piece: bool = False) -> None:
+        """One origin request of ``nbytes`` took ``seconds``, ending at ``now`` (monotonic);
+        ``piece``: it read a piece of a chunk copy."""
         with self._lock:
             self._seen.append((nbytes, seconds))
+            if piece:
+                self._piece_times.append(seconds)
             if self._round_start is None:
                 self._round_start = now - seconds
             self._round_bytes += nbytes

@@ -1,0 +1,150 @@
+"""The pieces of one chunk copy in flight, with hedges for the ones that stall.
+
+A copy reads its chunk from the origin as pieces, in parallel on the fetch threads, into an
+`Arrival` that reads are served from as pieces land. One stalled request (an NFS server that
+hiccups, an object store's slow GET) would hold the whole copy, and with it every read that
+waits for that piece. So a piece whose request has run past ``late_after`` (a few times the
+usual time of a piece, from the fetch tuner) gets a second request on threads of its own, and
+the first of the two to end lands the piece; the other's bytes are dropped. Hedges cost origin
+bytes: the caller's ``may_hedge`` keeps them within a budget.
+
+Every piece lands once, under this fetch's lock, and never after the fetch is over: a request
+that ends after it (a loser, or the rest of a failed copy) writes nothing to an arrival that
+may be closed by then.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+from tierfeed.storage.landing import Arrival, FetchCounters
+
+__all__ = ["PieceFetch"]
+
+_POLL_S = 0.01  # how often a copy looks for late pieces while it waits
+
+
+class PieceFetch:
+    """Fetch every piece of ``arrival`` once, hedging the late ones.
+
+    Args:
+        arrival: where the pieces land.
+        read: ``read(index, begun, hedge)`` returns piece ``index``'s bytes from the origin and
+            calls ``begun()`` once its first request is under way (past any limit on requests
+            in flight): a piece is late by the time its request runs, not by its time queued.
+            ``hedge``: the second request for a late piece.
+        pool: the fetch threads.
+        hedge_pool: threads for second requests (behind the fetch threads, they would start
+            late).
+        late_after: seconds after which a running piece is late; None: not known yet (no
+            hedges).
+        may_hedge: whether a second request of so many bytes may be made now (a budget).
+        counters: pieces landed, hedges made and won.
+        set_aside: told of requests found late (+n) and of late ones that ended (-n): they
+            no longer count against the requests in flight (`Gate.set_aside`).
+    """
+
+    def __init__(
+        self,
+        arrival: Arrival,
+        read: Callable[[int, Callable[[], None], bool], bytes],
+        pool: ThreadPoolExecutor,
+        hedge_pool: ThreadPoolExecutor,
+        late_after: Callable[[], float | None],
+        may_hedge: Callable[[int], bool],
+        counters: FetchCounters,
+        set_aside: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self.arrival = arrival
+        self._read = read
+        self._pool, self._hedge_pool = pool, hedge_pool
+        self._late_after, self._may_hedge = late_after, may_hedge
+        self._counters = counters
+        self._set_aside = set_aside
+        self._lock = threading.Lock()
+        self._landed: set[int] = set()
+        self._started: dict[int, float] = {}  # piece -> when its first request began
+        self._hedged: set[int] = set()
+        self._returned: set[int] = set()  # pieces whose first request has ended
+        self._over = False
+
+    def run(self, order: Sequence[int]) -> None:
+        """Fetch the pieces, asked for in ``order``; returns once every one has landed.
+
+        Raises:
+            Exception: what the request for a piece raised, once no other request for it is
+                left (the rest of the copy is cancelled).
+        """
+        requests: dict[Future[None], int] = {
+            self._pool.submit(self._fetch, i, False): i for i in order
+        }
+        left = Counter(order)  # requests per piece not ended yet
+        try:
+            while len(self._landed) < self.arrival.pieces:
+                done, _ = wait(list(requests), timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = requests.pop(future)
+                    left[index] -= 1
+                    failure = future.exception()
+                    if failure is not None and index not in self._landed and not left[index]:
+                        raise failure
+                for index in self._late():
+                    requests[self._hedge_pool.submit(self._fetch, index, True)] = index
+                    left[index] += 1
+        finally:
+            with self._lock:
+                self._over = True  # a request that ends from now on lands nothing
+            for future in requests:
+                future.cancel()
+
+    def _late(self) -> list[int]:
+        """Pieces whose request has run past the limit and that get a second one now (the
+        longest-running first, while the budget lasts)."""
+        after = self._late_after()
+        if after is None:
+            return []
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            late = [
+                (began, i)
+                for i, began in self._started.items()
+                if now - began > after
+                and i not in self._landed
+                and i not in self._hedged
+                and i not in self._returned
+            ]
+            for _, index in sorted(late):
+                if not self._may_hedge(self.arrival.span(index)[1]):
+                    break
+                self._hedged.add(index)
+                out.append(index)
+        if out:
+            self._set_aside(len(out))
+            self._counters.add(hedges=len(out))
+        return out
+
+    def _begun(self, index: int) -> None:
+        with self._lock:
+            self._started.setdefault(index, time.monotonic())
+
+    def _fetch(self, index: int, hedge: bool) -> None:
+        try:
+            data = self._read(index, lambda: self._begun(index), hedge)
+        finally:
+            if not hedge:
+                with self._lock:
+                    self._returned.add(index)
+                    was_late = index in self._hedged
+                if was_late:
+                    self._set_aside(-1)
+        with self._lock:  # the write too: the arrival is not closed under a piece landing
+            if self._over or index in self._landed:
+                return
+            self.arrival.put(index, data)
+            self._landed.add(index)
+        self._counters.add(pieces=1, piece_bytes=len(data), hedge_wins=int(hedge))

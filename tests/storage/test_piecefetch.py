@@ -1,0 +1,216 @@
+"""Hedged pieces of a chunk copy: a stalled request does not hold the copy, nor a place among
+the requests in flight; hedges keep to their budget; nothing lands after the copy is over."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.index import Index
+from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
+from tierfeed.storage.copier import Gate
+from tierfeed.storage.driver import Driver
+from tierfeed.storage.files import FdCache
+from tierfeed.storage.landing import FetchCounters, MemoryLanding
+from tierfeed.storage.piecefetch import PieceFetch
+from tierfeed.storage.tiers import TierOptions, disk_tier
+
+pytestmark = pytest.mark.timeout(60)
+PIECE = 8 * 1024
+
+
+class Stalling(PosixDriver):
+    """A read-only origin whose reads at ``stall_at`` block until ``release`` is set; its way
+    for hedges (`for_hedges`) is a plain one, which never stalls."""
+
+    def __init__(self, root: Path, stall_at: int) -> None:
+        super().__init__(root, read_only=True)
+        self.stall_at = stall_at
+        self.release = threading.Event()
+        self.stalled = threading.Event()
+        self.hedge_way = PosixDriver(root, read_only=True)
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if offset <= self.stall_at < offset + length:
+            self.stalled.set()
+            assert self.release.wait(30), "never released"
+        return super().read_range(path, offset, length)
+
+    def for_hedges(self) -> Driver:
+        return self.hedge_way
+
+
+def test_a_stalled_piece_is_hedged_and_the_copy_does_not_wait_for_it(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    info = Index(store_dir).chunk(0)
+    origin = Stalling(store_dir, stall_at=PIECE + 5)  # the second piece
+    disk = disk_tier(tmp_path / "cache", 10**9)
+    options = TierOptions(piece_bytes=PIECE, fetch_threads=2)
+    stack = TierStack(Index(store_dir).chunks(), origin, [disk], options=options)
+    try:
+        for _ in range(8):  # the tuner learns what a piece takes: a stall is then late
+            stack.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
+        stack._begun_bytes = 10**9  # a budget for the hedge (earlier copies)
+        assert stack.schedule(0)
+        assert origin.stalled.wait(10)
+        deadline = time.monotonic() + 10
+        while 0 not in disk.held:  # placed while the first request still stalls
+            assert time.monotonic() < deadline, "the copy waited for the stalled request"
+            time.sleep(0.005)
+        fetch = stack.fetch_counters.snapshot()
+        assert fetch["hedges"] == 1 and fetch["hedge_wins"] == 1
+        assert fetch["pieces"] == -(-info.size // PIECE)  # each landed once
+        cached = tmp_path / "cache" / stack._keys[0]
+        want = (store_dir / info.name).read_bytes()
+        assert cached.read_bytes() == want
+        origin.release.set()  # the stalled request ends now: it lands nothing
+        stack.drain()
+        time.sleep(0.05)
+        assert cached.read_bytes() == want
+        assert stack._gate._aside == 0  # the late request, set aside, has left
+    finally:
+        origin.release.set()
+        stack.close()
+
+
+def test_a_stalled_request_does_not_hold_a_place_among_those_in_flight(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # One request in flight at a time: without setting the stalled one aside, every other
+    # piece would queue behind it until it ends.
+    info = Index(store_dir).chunk(0)
+    origin = Stalling(store_dir, stall_at=5)  # the first piece
+    stack = TierStack(
+        Index(store_dir).chunks(),
+        origin,
+        [Tier(MemoryDriver(), 10**9, name="ram")],
+        options=TierOptions(piece_bytes=PIECE, fetch_threads=4),
+    )
+    try:
+        stack.tuner._inflight = 1
+        stack.tuner.limits = type(stack.tuner.limits)(min_inflight=1, max_inflight=1)
+        for _ in range(8):
+            stack.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
+        stack._begun_bytes = 10**9
+        stack.schedule(0)
+        deadline = time.monotonic() + 10
+        while 0 not in stack.tiers[0].held:
+            assert time.monotonic() < deadline, "the other pieces queued behind the stall"
+            time.sleep(0.005)
+        assert stack.fetch_counters.snapshot()["pieces"] == -(-info.size // PIECE)
+    finally:
+        origin.release.set()
+        stack.close()
+
+
+def _fetch_of(
+    info: ChunkInfo,
+    read: Callable[[int, Callable[[], None], bool], bytes],
+    may_hedge: Callable[[int], bool],
+    late_after: float = 0.02,
+) -> tuple[PieceFetch, FetchCounters, ThreadPoolExecutor, ThreadPoolExecutor]:
+    counters = FetchCounters()
+    pool, hedges = ThreadPoolExecutor(4), ThreadPoolExecutor(2)
+    arrival = MemoryLanding().begin(info, PIECE)
+    fetch = PieceFetch(arrival, read, pool, hedges, lambda: late_after, may_hedge, counters)
+    return fetch, counters, pool, hedges
+
+
+def test_hedges_keep_to_their_budget(store_dir: Path) -> None:
+    info = Index(store_dir).chunk(0)
+    whole = (store_dir / info.name).read_bytes()
+
+    def read(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
+        begun()
+        if index in (1, 2) and not hedge:
+            time.sleep(0.3)  # both stall; the budget allows one second request
+        return whole[index * PIECE : (index + 1) * PIECE]
+
+    asked: list[int] = []
+
+    def may_hedge(nbytes: int) -> bool:
+        asked.append(nbytes)
+        return len(asked) == 1
+
+    fetch, counters, pool, hedges = _fetch_of(info, read, may_hedge)
+    try:
+        fetch.run(range(fetch.arrival.pieces))
+    finally:
+        pool.shutdown()
+        hedges.shutdown()
+    assert counters.hedges == 1 and counters.hedge_wins == 1
+    assert fetch.arrival.whole() == whole
+
+
+def test_a_piece_fails_only_when_every_request_for_it_failed(store_dir: Path) -> None:
+    info = Index(store_dir).chunk(0)
+    whole = (store_dir / info.name).read_bytes()
+
+    def read(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
+        begun()
+        if index == 1 and not hedge:
+            time.sleep(0.2)
+            raise OSError("the stalled request failed in the end")
+        return whole[index * PIECE : (index + 1) * PIECE]
+
+    fetch, _, pool, hedges = _fetch_of(info, read, lambda n: True)
+    fetch.run(range(fetch.arrival.pieces))  # the hedge landed piece 1: no error
+    assert fetch.arrival.whole() == whole
+
+    def never(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
+        begun()
+        if index == 1:
+            time.sleep(0.05 if hedge else 0.1)
+            raise OSError(f"piece 1 {'hedge' if hedge else 'first'} failed")
+        return whole[index * PIECE : (index + 1) * PIECE]
+
+    fetch, _, pool2, hedges2 = _fetch_of(info, never, lambda n: True)
+    with pytest.raises(OSError, match="piece 1 first failed"):
+        fetch.run(range(fetch.arrival.pieces))
+    for p in (pool, hedges, pool2, hedges2):
+        p.shutdown()
+
+
+def test_the_gate_does_not_count_threads_set_aside() -> None:
+    gate = Gate()
+    entered = threading.Event()
+
+    def second() -> None:
+        with gate.held(1):
+            entered.set()
+
+    with gate.held(1):
+        t = threading.Thread(target=second)
+        t.start()
+        assert not entered.wait(0.1)  # one place, taken
+        gate.set_aside(1)  # the one inside stalls: its place is free
+        assert entered.wait(5)
+        t.join()
+    gate.set_aside(-1)
+    assert gate._inside == gate._aside == 0
+
+
+def test_open_ahead_queues_behind_an_open_in_progress(tmp_path: Path) -> None:
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(b"x")
+        paths.append(os.fspath(path))
+    fds = FdCache()
+    try:
+        fds.open_ahead(paths[:1])
+        fds.open_ahead(paths[1:])  # the first thread may still run: queued, not dropped
+        deadline = time.monotonic() + 5
+        while fds.opens < 3:
+            assert time.monotonic() < deadline, f"only {fds.opens} of 3 opened"
+            time.sleep(0.005)
+    finally:
+        fds.close()
