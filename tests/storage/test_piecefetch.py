@@ -10,7 +10,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
@@ -19,7 +22,7 @@ from tierfeed.storage.copier import Gate
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.files import FdCache
 from tierfeed.storage.landing import FetchCounters, MemoryLanding
-from tierfeed.storage.piecefetch import PieceFetch
+from tierfeed.storage.piecefetch import PieceFetch, piece_order
 from tierfeed.storage.tiers import TierOptions, disk_tier
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,7 +145,7 @@ def test_hedges_keep_to_their_budget(store_dir: Path) -> None:
 
     fetch, counters, pool, hedges = _fetch_of(info, read, may_hedge)
     try:
-        fetch.run(range(fetch.arrival.pieces))
+        fetch.run(range(fetch.arrival.pieces), 4)
     finally:
         pool.shutdown()
         hedges.shutdown()
@@ -162,7 +165,7 @@ def test_a_piece_fails_only_when_every_request_for_it_failed(store_dir: Path) ->
         return whole[index * PIECE : (index + 1) * PIECE]
 
     fetch, _, pool, hedges = _fetch_of(info, read, lambda n: True)
-    fetch.run(range(fetch.arrival.pieces))  # the hedge landed piece 1: no error
+    fetch.run(range(fetch.arrival.pieces), 4)  # the hedge landed piece 1: no error
     assert fetch.arrival.whole() == whole
 
     def never(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
@@ -174,7 +177,7 @@ def test_a_piece_fails_only_when_every_request_for_it_failed(store_dir: Path) ->
 
     fetch, _, pool2, hedges2 = _fetch_of(info, never, lambda n: True)
     with pytest.raises(OSError, match="piece 1 first failed"):
-        fetch.run(range(fetch.arrival.pieces))
+        fetch.run(range(fetch.arrival.pieces), 4)
     for p in (pool, hedges, pool2, hedges2):
         p.shutdown()
 
@@ -214,3 +217,59 @@ def test_open_ahead_queues_behind_an_open_in_progress(tmp_path: Path) -> None:
             time.sleep(0.005)
     finally:
         fds.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reads=st.lists(st.integers(0, 10_000), max_size=60),
+    piece=st.integers(1, 3000),
+    size=st.integers(1, 10_000),
+    first=st.none() | st.integers(0, 20),
+)
+def test_piece_order_is_every_piece_once_first_then_by_first_need(
+    reads: list[int], piece: int, size: int, first: int | None
+) -> None:
+    pieces = -(-size // piece)
+    offsets = np.asarray([o % size for o in reads], dtype=np.int64)
+    positions = np.arange(len(offsets), dtype=np.int64)[::-1].copy()  # any positions
+    order = piece_order(positions, offsets, piece, pieces, first)
+    assert sorted(order) == list(range(pieces))  # a permutation: every piece once
+    if first is not None:
+        assert order[0] == min(first, pieces - 1)  # the one a read waits for
+    rest = order[1:] if first is not None else order
+    need: dict[int, int] = {}
+    for pos, off in zip(positions.tolist(), offsets.tolist(), strict=True):
+        need[off // piece] = min(need.get(off // piece, pos), pos)
+    ranks = [need.get(i, 1 << 62) for i in rest]
+    assert ranks == sorted(ranks)  # then by first need
+    unread = [i for i in rest if i not in need]
+    assert unread == sorted(unread)  # the rest in offset order
+
+
+def test_a_copy_fetches_the_pieces_the_plan_reads_first_first(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    index = Index(store_dir)
+    info = index.chunk(0)
+    asked: list[int] = []
+
+    class Recording(PosixDriver):
+        def read_range(self, path: str, offset: int, length: int) -> bytes:
+            asked.append(offset)
+            return super().read_range(path, offset, length)
+
+    origin = Recording(store_dir, read_only=True)
+    options = TierOptions(piece_bytes=PIECE, fetch_threads=1)
+    stack = TierStack(index.chunks(), origin, [disk_tier(tmp_path / "c", 10**9)], options=options)
+    try:
+        stack._splits = 10**6  # no pieces read as halves: one request per piece
+        pieces = -(-info.size // PIECE)
+        # The plan reads chunk 0 from its end backwards, with a read of chunk 1 between.
+        offsets = [(pieces - 1 - k) * PIECE for k in range(pieces)]
+        stack.set_reads([0, 1, *[0] * (pieces - 1)], [offsets[0], 0, *offsets[1:]])
+        stack.schedule(0)
+        stack.drain()
+        assert asked == sorted(asked, reverse=True)  # last piece first, as the plan reads
+        assert len(asked) == pieces
+    finally:
+        stack.close()

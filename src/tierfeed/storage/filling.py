@@ -21,6 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.storage.copier import Copier, Gate
@@ -28,7 +31,7 @@ from tierfeed.storage.disktier import Tier, TierCounters, cache_key
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import damaged_chunk, short_chunk
 from tierfeed.storage.landing import Arrival, FetchCounters, Landing
-from tierfeed.storage.piecefetch import PieceFetch
+from tierfeed.storage.piecefetch import PieceFetch, piece_order
 from tierfeed.storage.placement import Placement
 from tierfeed.storage.tuning import FetchTuner
 
@@ -107,6 +110,11 @@ class TierFilling(ABC):
     @abstractmethod
     def _warn(self, what: str, message: str) -> None:
         """Log the first failure of a kind."""
+
+    @abstractmethod
+    def _reads_of(self, chunk: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Where in the epoch's order of consumption each read of ``chunk`` comes, and the
+        offset it reads at (empty when not told)."""
 
     def _needed(self, chunk: int) -> bool:
         """Whether a tier lacks ``chunk`` and its policy would take it (the copier asks once it
@@ -320,8 +328,11 @@ class TierFilling(ABC):
         # open waits for the pages a stalled read holds (and on NFS an open may hang itself).
         if self._hedge_origin is not self.origin:
             self._hedge_origin.open_ahead([arrival.info.name])
-        # The piece a read waits for first (it asked for this copy), then on in offset order.
-        first = min(self._demanded.pop(arrival.info.id, 0) // arrival.piece, arrival.pieces - 1)
+        # The piece a read waits for first (it asked for this copy), then in the order the
+        # plan reads them (told by `set_reads`), else in offset order.
+        demanded = self._demanded.pop(arrival.info.id, None)
+        first = None if demanded is None else demanded // arrival.piece
+        positions, offsets = self._reads_of(arrival.info.id)
         pieces = PieceFetch(
             arrival,
             lambda index, begun, hedge: self._read_piece(arrival, index, begun, hedge),
@@ -332,7 +343,10 @@ class TierFilling(ABC):
             self.fetch_counters,
             self._gate.set_aside,
         )
-        pieces.run([*range(first, arrival.pieces), *range(first)])
+        pieces.run(
+            piece_order(positions, offsets, arrival.piece, arrival.pieces, first),
+            self.tuner.limits.max_inflight,
+        )
         info = arrival.info
         size, checksum = arrival.digest()
         if size != info.size or checksum != info.checksum:

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from tierfeed.storage.landing import Arrival, FetchCounters
 
-__all__ = ["PieceFetch"]
+__all__ = ["PieceFetch", "piece_order"]
 
 _POLL_S = 0.01  # how often a copy looks for late pieces while it waits
 
@@ -72,29 +76,46 @@ class PieceFetch:
         self._returned: set[int] = set()  # pieces whose first request has ended
         self._over = False
 
-    def run(self, order: Sequence[int]) -> None:
-        """Fetch the pieces, asked for in ``order``; returns once every one has landed.
+    def run(self, order: Sequence[int], queued: int) -> None:
+        """Fetch the pieces in ``order``; returns once every one has landed. At most
+        ``queued`` wait on the fetch threads at once (the next one is asked for as one ends),
+        so that copies of several chunks share the threads, each in its own order, rather
+        than one chunk's pieces queued ahead of the next chunk's.
 
         Raises:
             Exception: what the request for a piece raised, once no other request for it is
                 left (the rest of the copy is cancelled).
         """
-        requests: dict[Future[None], int] = {
-            self._pool.submit(self._fetch, i, False): i for i in order
-        }
-        left = Counter(order)  # requests per piece not ended yet
+        todo = deque(order)
+        requests: dict[Future[None], int] = {}  # first requests and hedges not ended yet
+        firsts: dict[int, Future[None]] = {}  # first requests queued or running, not late
+        left: Counter[int] = Counter()  # requests per piece not ended yet
+
+        def ask() -> None:
+            while todo and len(firsts) < max(1, queued):
+                index = todo.popleft()
+                future = self._pool.submit(self._fetch, index, False)
+                requests[future] = index
+                firsts[index] = future
+                left[index] += 1
+
         try:
+            ask()
             while len(self._landed) < self.arrival.pieces:
                 done, _ = wait(list(requests), timeout=_POLL_S, return_when=FIRST_COMPLETED)
                 for future in done:
                     index = requests.pop(future)
+                    if firsts.get(index) is future:
+                        del firsts[index]
                     left[index] -= 1
                     failure = future.exception()
                     if failure is not None and index not in self._landed and not left[index]:
                         raise failure
+                ask()
                 for index in self._late():
                     requests[self._hedge_pool.submit(self._fetch, index, True)] = index
                     left[index] += 1
+                    firsts.pop(index, None)  # set aside: the next piece takes its place
         finally:
             with self._lock:
                 self._over = True  # a request that ends from now on lands nothing
@@ -148,3 +169,30 @@ class PieceFetch:
             self.arrival.put(index, data)
             self._landed.add(index)
         self._counters.add(pieces=1, piece_bytes=len(data), hedge_wins=int(hedge))
+
+
+def piece_order(
+    positions: npt.NDArray[np.integer[Any]],
+    offsets: npt.NDArray[np.integer[Any]],
+    piece: int,
+    pieces: int,
+    first: int | None = None,
+) -> list[int]:
+    """The order to fetch a chunk's ``pieces`` of ``piece`` bytes in: piece ``first`` if any (a
+    read waits for it), then by when the plan reads them first, then the ones it does not
+    read, in offset order.
+
+    Args:
+        positions: where in the order of consumption each read of this chunk comes.
+        offsets: the byte offset in the chunk that each read starts at.
+        piece: bytes per piece.
+        pieces: how many pieces the chunk has.
+        first: the piece to fetch first (None: none is waited for).
+    """
+    never = np.iinfo(np.int64).max
+    rank = np.full(pieces, never, dtype=np.int64)
+    at = np.minimum(np.asarray(offsets, dtype=np.int64) // max(1, piece), pieces - 1)
+    np.minimum.at(rank, np.clip(at, 0, pieces - 1), np.asarray(positions, dtype=np.int64))
+    if first is not None:
+        rank[min(max(first, 0), pieces - 1)] = -1
+    return [int(i) for i in np.lexsort((np.arange(pieces), rank))]

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ChunkCorruptError, ConfigError, NotFoundError, StorageError
@@ -157,6 +158,8 @@ class TierStack(TierFilling, ChunkSource):
         self._hedges = ThreadPoolExecutor(_HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
         self._hedge_origin = origin.for_hedges() if self.tiers else origin
         self._hedged_bytes = self._begun_bytes = 0
+        empty = np.zeros(0, dtype=np.int64)
+        self._reads = (empty, empty, empty)  # see `set_reads`
         threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
         self._copier = Copier(
             self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
@@ -368,6 +371,19 @@ class TierStack(TierFilling, ChunkSource):
                     self.policies[i] = fresh
                     self._refused.clear()  # the future decides what a tier takes
         self.prefetch()
+
+    def set_reads(self, chunks: npt.ArrayLike, offsets: npt.ArrayLike) -> None:
+        """This epoch's reads in the order they are consumed (their chunks, and the offsets
+        they read at): a copy fetches its chunk's pieces in the order these need them."""
+        chunk_of = np.asarray(chunks, dtype=np.int64)
+        by_chunk = np.argsort(chunk_of, kind="stable")  # each chunk's reads, in order
+        self._reads = (chunk_of[by_chunk], by_chunk, np.asarray(offsets, dtype=np.int64))
+
+    def _reads_of(self, chunk: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        sorted_chunks, positions, offsets = self._reads
+        lo, hi = np.searchsorted(sorted_chunks, (chunk, chunk + 1))
+        mine = positions[lo:hi]
+        return mine, offsets[mine]
 
     def prefetch(self, horizon: int = 64) -> int:
         """Queue the chunks of the next ``horizon`` reads of the known future that fit (the
