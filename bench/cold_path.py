@@ -1,0 +1,119 @@
+"""The cold epoch alone: tierfeed's first epoch through slowfs, as in `bench/compare.py`.
+
+Builds compare.py's data once (4,000 JPEGs, lognormal sizes, median 64 KB, packed in 64 MB
+chunks) under ``--work``, mounts it with slowfs under a latency model, and runs ``--runs``
+cold epochs, each in a fresh process with an empty disk tier: 2 DataLoader workers, batch
+64, the global plan. Per run: samples/s, when the first batch came, and origin bytes over
+store bytes (slowfs's counters). To compare two versions of the code in the same window,
+run it with ``--code DIR`` (a ``src`` directory put first on the path, e.g. an older commit's
+``git archive`` output), interleaved with the current code.
+
+Usage:
+    python bench/cold_path.py --latency nfs --runs 3
+    python bench/cold_path.py --latency heavy-tail --runs 3 --code /tmp/old/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def build(work: Path) -> Path:
+    """compare.py's data, packed once: the origin directory holding ``tierfeed/``."""
+    from tierfeed.format.pack import PackOptions, pack
+    from tierfeed.synth import SynthSpec, make_imagefolder
+
+    origin = work / "origin"
+    if not (origin / "tierfeed").exists():
+        spec = SynthSpec(
+            classes=20, per_class=200, median_bytes=64_000, sigma=0.6, jpeg=True, seed=1
+        )
+        make_imagefolder(origin / "raw", spec)
+        pack(origin / "raw", origin / "tierfeed", PackOptions(chunk_size=64 * 2**20))
+    return origin
+
+
+def one_epoch(mnt: Path, cache: Path, workers: int) -> dict[str, float]:
+    """One cold epoch in this process (run as ``--child``)."""
+    import torch
+
+    from bench.peers.common import origin_counters
+    from bench.peers.run_tierfeed import length_and_label
+    from tierfeed.torch import Dataset, Loader, TierConfig
+
+    torch.set_num_threads(1)
+    tiers = TierConfig(disk_dir=str(cache), disk_bytes=10**12)
+    ds = Dataset(
+        str(mnt / "tierfeed"), "global", batch_size=64, decode=length_and_label, tiers=tiers
+    )
+    loader = Loader(ds, num_workers=workers)
+    with loader:
+        before = origin_counters(mnt)["bytes_read"]
+        started = time.perf_counter()
+        first = None
+        samples = 0
+        for batch in loader:
+            first = first if first is not None else time.perf_counter() - started
+            samples += len(batch[0])
+        seconds = time.perf_counter() - started
+        read = origin_counters(mnt)["bytes_read"] - before
+    store = sum(f.stat().st_size for f in (mnt / "tierfeed").rglob("*") if f.is_file())
+    return {
+        "samples_per_s": samples / seconds,
+        "first_batch_s": first or 0.0,
+        "origin_over_store": read / store,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--latency", default="nfs", help="slowfs latency model (nfs, heavy-tail)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--code", type=Path, help="a src directory to run instead of this one's")
+    p.add_argument("--work", type=Path, default=Path("bench-out/cold_path"))
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(one_epoch(Path(args.child[0]), Path(args.child[1]), args.workers)))
+        return
+
+    from tierfeed.latency import LatencyModel
+    from tierfeed.slowfs import SlowFS
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    origin = build(args.work)
+    mnt = args.work / f"mnt-{args.latency}"
+    mnt.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    if args.code:
+        env["PYTHONPATH"] = os.pathsep.join([str(args.code.resolve()), env.get("PYTHONPATH", "")])
+    rows = []
+    with SlowFS(origin, mnt, LatencyModel.parse(args.latency)):
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory(dir=args.work) as cache:
+                child = [sys.executable, __file__, "--workers", str(args.workers)]
+                out = subprocess.run(
+                    [*child, "--child", str(mnt), cache],
+                    env=env, capture_output=True, text=True, check=True, timeout=600,
+                )  # fmt: skip
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                rows.append(row)
+                print(json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
+    summary = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
+    print(json.dumps({"latency": args.latency, "code": str(args.code or "."), "median": summary}))
+
+
+if __name__ == "__main__":
+    main()
