@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import torch
 
@@ -171,3 +172,37 @@ def test_a_minimal_source_feeds_a_loader(store_dir: Path) -> None:
         assert loader.last_epoch["tiers"] == {}  # no tiers reported, none summed
     finally:
         loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_tells_a_tier_stack_its_reads_before_the_future(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    told: list[tuple[str, int]] = []
+
+    class Recording(TierStack):
+        def set_reads(self, chunks: npt.ArrayLike, offsets: npt.ArrayLike) -> None:
+            told.append(("reads", len(np.asarray(chunks))))
+            super().set_reads(chunks, offsets)
+
+        def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
+            told.append(("future", len(np.asarray(sequence))))  # its prefetch starts copies
+            super().set_future(sequence, read_bytes)
+
+    def opener() -> Store:
+        index = Index(store_dir)
+        tiers = [disk_tier(tmp_path / "cache", 10**9)]
+        return Store(
+            index,
+            Recording(index.chunks(), PosixDriver(store_dir, read_only=True), tiers, "clairvoyant"),
+        )
+
+    ds = Dataset(opener, _Perm(), batch_size=8, decode=_decode)
+    loader = Loader(ds, num_workers=0)
+    try:
+        loader.set_epoch(0)
+        assert sorted(int(v) for x, _ in loader for v in x) == list(range(N))
+    finally:
+        loader.close()
+    assert told[0] == ("reads", N)  # the whole rank's epoch, before any copy begins
+    assert told[1][0] == "future"

@@ -275,13 +275,14 @@ class Feed:
         # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
         # reads of it.
         footprint = float(store.index.chunk_size.sum()) / max(1, len(store.index))
-        source.set_future(reads, read_bytes=footprint)
         # The whole rank's order (every worker's batches, as the Loader hands them out): a
-        # copy this worker makes serves the other workers' reads of the chunk too.
+        # copy this worker makes serves the other workers' reads of the chunk too. Told
+        # before the future, whose prefetch starts the first copies.
         index = store.index
         rank = self.rank_order(epoch)
         first_member = np.asarray(index.sample_member_start[:-1], dtype=np.int64)[rank]
         source.set_reads(chunk_of[rank], np.asarray(index.member_offset)[first_member])
+        source.set_future(reads, read_bytes=footprint)
 
     def _process_readers(self) -> Readers:
         """This process's reader threads, kept across epochs: a read that storage holds for
