@@ -22,6 +22,7 @@ from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
+from tierfeed.torch.handover import ship
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
@@ -95,12 +96,23 @@ class Dataset(Feed, IterableDataset[Batch]):
             exchange,
         )
         self.plan = plan_for(self.plan_index(), plan) if isinstance(plan, (str, PlanSpec)) else plan
+        # Set by a Loader, which restores them: a worker sends tensors of at most so many
+        # bytes inside the pickle, not through shared memory (0: torch's way for all).
+        self.by_value_bytes = 0
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         if info is None:
             return self.iterate(0, 1, in_worker=False)
-        return self.iterate(info.id, info.num_workers, in_worker=True)
+        batches = self.iterate(info.id, info.num_workers, in_worker=True)
+        return _shipped(batches, self.by_value_bytes) if self.by_value_bytes else batches
+
+
+def _shipped(batches: Iterator[Batch], limit: int) -> Iterator[Batch]:
+    """A worker's batches, their small tensors sent by value (`tierfeed.torch.handover`)."""
+    for batch in batches:
+        batch.data = ship(batch.data, limit)
+        yield batch
 
 
 class _NoPlan:

@@ -16,6 +16,7 @@ from tierfeed.plan import EpochProgress
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
+from tierfeed.torch.handover import BY_VALUE_BYTES, restore
 
 __all__ = ["Loader"]
 
@@ -233,6 +234,7 @@ class Loader:
         if self._loader is None or self.dataset.resume is not None:
             self._stop_workers()
             self.dataset.read_across_epochs = True
+            self.dataset.by_value_bytes = BY_VALUE_BYTES  # restored below
             self._loader = DataLoader(
                 self.dataset,
                 batch_size=None,
@@ -267,7 +269,8 @@ class Loader:
         finished = False
         try:
             for batch in self._epoch_batches(epoch):
-                size = batch_len(batch.data)
+                data = restore(batch.data)
+                size = batch_len(data)
                 meter.batch(size, time.perf_counter() - asked)
                 delivered += size
                 if exchange is not None:
@@ -279,7 +282,7 @@ class Loader:
                 self._counters[batch.worker] = batch.counters
                 if batch.tiers is not None:
                     self._tiers[batch.worker] = batch.tiers
-                yield batch.data
+                yield data
                 asked = time.perf_counter()
             finished = True
         finally:
