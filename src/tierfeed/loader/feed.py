@@ -163,12 +163,17 @@ class Feed:
         return np.asarray(self.plan.order(epoch, rank, size), dtype=np.int64)
 
     def worker_order(
-        self, worker: int, num_workers: int, epoch: int | None = None
+        self,
+        worker: int,
+        num_workers: int,
+        epoch: int | None = None,
+        rank_order: npt.NDArray[np.int64] | None = None,
     ) -> npt.NDArray[np.int64]:
         """The samples one worker reads: of the rank's order cut into batches (after a resume,
-        of what it has left), batches ``worker``, ``worker + num_workers``, ..."""
+        of what it has left), batches ``worker``, ``worker + num_workers``, ...
+        ``rank_order``: `rank_order(epoch)`, where the caller has it already."""
         epoch = self.epoch if epoch is None else epoch
-        order = self.rank_order(epoch)
+        order = self.rank_order(epoch) if rank_order is None else rank_order
         resume = self._resume_for(epoch)
         run = run_positions(
             len(order), self.batch_size, self.drop_last, None if resume is None else resume.done
@@ -225,7 +230,8 @@ class Feed:
     def _stream(self, epoch: int, worker: int, num_workers: int) -> GuardedStream[Any]:
         """This worker's guarded read stream over its slice of ``epoch``."""
         store = self.store()
-        order = self.worker_order(worker, num_workers, epoch)
+        rank = self.rank_order(epoch)
+        order = self.worker_order(worker, num_workers, epoch, rank)
         sizes = store.index.sample_bytes()
         readers = self._process_readers()
         hedge = readers.hedge_reader(lambda: self._hedge_reader(store))
@@ -238,7 +244,7 @@ class Feed:
         _, first = np.unique(slice_chunks, return_index=True)
         source.open_ahead(slice_chunks[np.sort(first)].tolist())
         if source.uses_future:
-            self._tell_future(source, store, order, worker, num_workers, epoch)
+            self._tell_future(source, store, rank, order, worker, num_workers, epoch)
         return GuardedStream(
             order,
             lambda i: decode_sample(self.decode, store, i),
@@ -260,13 +266,15 @@ class Feed:
         self,
         source: ChunkSource,
         store: Store,
+        rank: npt.NDArray[np.int64],
         order: npt.NDArray[np.int64],
         worker: int,
         num_workers: int,
         epoch: int,
     ) -> None:
-        """Clairvoyant tiers learn this worker's reads for this epoch and the next ones: a
-        copy made now also serves later epochs."""
+        """Clairvoyant tiers learn this worker's reads (``order``) for this epoch and the next
+        ones: a copy made now also serves later epochs; and the rank's (``rank``) for this
+        epoch, the order a copy fetches its pieces in."""
         chunk_of = np.asarray(store.index.sample_chunk)
         ahead = [order] + [
             self.worker_order(worker, num_workers, epoch + k) for k in range(1, _EPOCHS_AHEAD + 1)
@@ -279,9 +287,7 @@ class Feed:
         # copy this worker makes serves the other workers' reads of the chunk too. Told
         # before the future, whose prefetch starts the first copies.
         index = store.index
-        rank = self.rank_order(epoch)
-        first_member = np.asarray(index.sample_member_start[:-1], dtype=np.int64)[rank]
-        source.set_reads(chunk_of[rank], np.asarray(index.member_offset)[first_member])
+        source.set_reads(chunk_of[rank], index.member_offset[index.sample_member_start[rank]])
         source.set_future(reads, read_bytes=footprint)
 
     def _process_readers(self) -> Readers:

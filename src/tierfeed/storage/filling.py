@@ -358,8 +358,9 @@ class TierFilling(ABC):
     ) -> bytes:
         """Piece ``index`` of ``arrival``'s chunk from the origin (its first request's start
         told to ``begun``); every byte is counted, a hedge's too. A ``hedge`` (a second
-        request for a late piece) goes past the limit on requests in flight: the late request
-        holds a place there."""
+        request for a late piece) goes through the hedges' own way to the origin and past the
+        limit on requests in flight, so that it does not queue behind the requests of other
+        pieces."""
         offset, length = arrival.span(index)
         # Until the tuner can tell latency from bandwidth, a few pieces are read as two halves:
         # requests of two sizes are what the fit needs. A few: all of a chunk's pieces may

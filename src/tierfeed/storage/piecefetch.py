@@ -71,9 +71,8 @@ class PieceFetch:
         self._set_aside = set_aside
         self._lock = threading.Lock()
         self._landed: set[int] = set()
-        self._started: dict[int, float] = {}  # piece -> when its first request began
+        self._running: dict[int, float] = {}  # piece -> when its first request began
         self._hedged: set[int] = set()
-        self._returned: set[int] = set()  # pieces whose first request has ended
         self._over = False
 
     def run(self, order: Sequence[int], queued: int) -> None:
@@ -133,11 +132,8 @@ class PieceFetch:
         with self._lock:
             late = [
                 (began, i)
-                for i, began in self._started.items()
-                if now - began > after
-                and i not in self._landed
-                and i not in self._hedged
-                and i not in self._returned
+                for i, began in self._running.items()
+                if now - began > after and i not in self._hedged
             ]
             for _, index in sorted(late):
                 if not self._may_hedge(self.arrival.span(index)[1]):
@@ -151,15 +147,17 @@ class PieceFetch:
 
     def _begun(self, index: int) -> None:
         with self._lock:
-            self._started.setdefault(index, time.monotonic())
+            self._running.setdefault(index, time.monotonic())
 
     def _fetch(self, index: int, hedge: bool) -> None:
-        try:
-            data = self._read(index, lambda: self._begun(index), hedge)
-        finally:
-            if not hedge:
+        if hedge:  # not timed: a hedge is never hedged again
+            data = self._read(index, lambda: None, hedge)
+        else:
+            try:
+                data = self._read(index, lambda: self._begun(index), hedge)
+            finally:
                 with self._lock:
-                    self._returned.add(index)
+                    self._running.pop(index, None)
                     was_late = index in self._hedged
                 if was_late:
                     self._set_aside(-1)

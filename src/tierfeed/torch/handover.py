@@ -15,6 +15,7 @@ returns. A tensor inside anything else goes torch's way, as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,31 +55,29 @@ def _small(t: torch.Tensor, limit: int) -> bool:
     )
 
 
-def ship(data: Any, limit: int = BY_VALUE_BYTES) -> Any:
-    """``data`` with its small CPU tensors (at most ``limit`` bytes) made picklable by value."""
-    if isinstance(data, torch.Tensor):
-        return _ByValue(data.numpy()) if _small(data, limit) else data
+def _each(data: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``data`` with ``leaf`` applied to everything in it but the plain containers."""
     kind = type(data)
     if kind is tuple or (isinstance(data, tuple) and hasattr(data, "_fields")):
-        items = [ship(x, limit) for x in data]
+        items = [_each(x, leaf) for x in data]
         return tuple(items) if kind is tuple else kind(*items)
     if kind is list:
-        return [ship(x, limit) for x in data]
+        return [_each(x, leaf) for x in data]
     if kind is dict:
-        return {k: ship(v, limit) for k, v in data.items()}
-    return data
+        return {k: _each(v, leaf) for k, v in data.items()}
+    return leaf(data)
+
+
+def ship(data: Any, limit: int = BY_VALUE_BYTES) -> Any:
+    """``data`` with its small CPU tensors (at most ``limit`` bytes) made picklable by value."""
+
+    def by_value(x: Any) -> Any:
+        small = isinstance(x, torch.Tensor) and _small(x, limit)
+        return _ByValue(x.numpy()) if small else x
+
+    return _each(data, by_value)
 
 
 def restore(data: Any) -> Any:
     """What `ship` made of a batch, with its tensors again (sharing the arrays' memory)."""
-    if isinstance(data, _ByValue):
-        return torch.from_numpy(data.array)
-    kind = type(data)
-    if kind is tuple or (isinstance(data, tuple) and hasattr(data, "_fields")):
-        items = [restore(x) for x in data]
-        return tuple(items) if kind is tuple else kind(*items)
-    if kind is list:
-        return [restore(x) for x in data]
-    if kind is dict:
-        return {k: restore(v) for k, v in data.items()}
-    return data
+    return _each(data, lambda x: torch.from_numpy(x.array) if isinstance(x, _ByValue) else x)
