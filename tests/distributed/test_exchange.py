@@ -17,22 +17,45 @@ N = 192
 
 @pytest.mark.parametrize("plan", ["global", "partial:0.5"])
 def test_stage_in_reads_each_chunk_once_and_resumes(tmp_path: Path, plan: str) -> None:
+    from tierfeed.distributed.holders import SPLIT, Holdings
+    from tierfeed.loader.compose import plan_for
+    from tierfeed.world import World
+
     store = make_store(tmp_path, N)
     to = str(tmp_path / "local" / "node{node}")
     codes, results = run_ranks(workers.stage_twice, 4, tmp_path, str(store), to, plan)
     assert codes == [0, 0, 0, 0]
     with Index(store) as ix:
-        chunks, total = ix.num_chunks, int(np.asarray(ix.chunk_size).sum())
+        sizes = np.asarray(ix.chunk_size, dtype=np.int64)
+        p = plan_for(ix, plan)
+        holdings = Holdings.of(p.shape, sizes, p.spec, World(0, 4, 0, 2))
+        parts = [part for r in range(4) for part in holdings.parts_of(r)]
+        starts = np.asarray(ix.sample_member_start)
+        lengths = np.asarray(ix.member_length, dtype=np.int64)
+        part_bytes = sum(int(lengths[starts[q.first] : starts[q.end]].sum()) for q in parts)
+        names = [ix.chunk_name(c).split("/")[-1] for c in range(ix.num_chunks)]
+    whole = np.flatnonzero(holdings.holder != SPLIT)
+    if plan == "global":
+        assert len(whole) == len(sizes) and not parts
+    else:  # partitions balanced to the sample: a chunk cut between ranks is staged in parts
+        assert len(parts) > 0 and len(whole) >= len(sizes) - 3
     first = results[0]["first"]
-    assert first["chunks_copied"] == chunks and first["bytes_copied"] == total
-    assert first["origin_opens"] == chunks  # each chunk file opened once, by one rank
+    assert first["chunks_copied"] == len(whole) and first["parts_copied"] == len(parts)
+    assert first["bytes_copied"] == int(sizes[whole].sum()) + part_bytes
+    assert first["origin_opens"] == len(whole) + len(parts)  # each chunk file once per stager
     second = results[0]["second"]
-    assert second["chunks_copied"] == 0 and second["chunks_present"] == chunks
-    # Two pretend nodes (two ranks each) hold disjoint halves that cover the store.
+    assert second["chunks_copied"] == second["parts_copied"] == 0
+    assert second["chunks_present"] == len(whole) and second["parts_present"] == len(parts)
+    # Two pretend nodes (two ranks each) hold disjoint halves of the whole chunks, which with
+    # the parts cover the store.
     node0, node1 = set(results[0]["chunks"]), set(results[2]["chunks"])
     assert results[1]["chunks"] == results[0]["chunks"]
-    assert not node0 & node1 and len(node0 | node1) == chunks
+    assert not node0 & node1 and node0 | node1 == {names[c] for c in whole}
     assert len(node0) > 0 and len(node1) > 0
+    for r, result in enumerate(results):
+        assert result["parts"] == sorted(f"chunk{q.chunk}.idx.npy" for q in holdings.parts_of(r))
+    if plan != "global":  # the cut between node 0 (ranks 0, 1) and node 1 falls inside a chunk
+        assert set(results[1]["parts"]) & set(results[2]["parts"])
 
 
 @pytest.mark.parametrize(("world", "workers_"), [(2, 1), (4, 0)])
@@ -53,6 +76,24 @@ def test_global_over_exchange_reads_every_sample_once_without_the_origin(
     assert sum(r["stats"]["samples_received"] for r in results) > 0  # peers did serve
 
 
+def test_local_reads_balanced_partitions_from_whole_chunks_and_parts(tmp_path: Path) -> None:
+    """4 ranks on two nodes: each reads N/M samples, its split chunks from its parts, never
+    the origin, and nothing moves between ranks."""
+    n = 190  # 47 or 48 samples a rank: every cut falls inside a chunk
+    store = make_store(tmp_path, n)
+    to = str(tmp_path / "local" / "node{node}")
+    args = (str(store), to, "local", 2, 1, str(tmp_path / "origin-gone"))
+    codes, results = run_ranks(workers.train, 4, tmp_path, *args)
+    assert codes == [0] * 4, codes
+    for epoch in range(2):
+        shares = [sorted(set(r["seen"][epoch])) for r in results]
+        assert sorted(v for s in shares for v in s) == list(range(n))  # once across ranks
+        assert {len(s) for s in shares} <= {n // 4, -(-n // 4)}
+        for r in results:
+            assert sorted(r["seen"][epoch]) == sorted(r["planned"][epoch])
+    assert all(r["stats"]["samples_received"] == 0 for r in results)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_partial_moves_keep_exactly_once_and_the_storage_bound(tmp_path: Path, world: int) -> None:
     q = 0.5
@@ -66,9 +107,8 @@ def test_partial_moves_keep_exactly_once_and_the_storage_bound(tmp_path: Path, w
         assert sum(len(s) for s in shares) == N and set().union(*shares) == set(range(N))
         for r in results:  # every rank read its own evolving partition (padded as planned)
             assert sorted(r["seen"][epoch]) == sorted(r["planned"][epoch])
-    chunk_slack = 8  # partitions are whole chunks of ~8 samples
-    for r in results:
-        assert max(r["held"]) <= (1 + q) * N / world + chunk_slack
+    for r in results:  # partitions balanced to the sample: no slack for whole chunks
+        assert max(r["held"]) <= (1 + q) * N / world + 1
         assert r["stats"]["samples_sent"] > 0 and r["stats"]["punched_bytes"] > 0
     # The partitions really evolved: some rank read in epoch 2 what another held in epoch 0.
     moved = sum(len(set(a["planned"][2]) - set(a["planned"][0])) for a in results)

@@ -37,8 +37,8 @@ def all_orders(plan: Plan, epoch: int, m: int) -> list[np.ndarray]:
 @settings(max_examples=400)
 @given(shape=shapes(), spec=specs, m=st.integers(1, 8), epoch=st.integers(0, 6))
 def test_exactly_once_balanced_deterministic(shape, spec, m, epoch) -> None:
-    if spec.policy != "global" and m > shape.num_chunks:
-        with pytest.raises(ConfigError, match="chunks"):
+    if spec.policy != "global" and m > shape.num_samples:
+        with pytest.raises(ConfigError, match=r"only .* samples"):
             Plan(shape, spec).order(epoch, 0, m)
         return
     plan = Plan(shape, spec)
@@ -52,6 +52,9 @@ def test_exactly_once_balanced_deterministic(shape, spec, m, epoch) -> None:
     else:
         assert set(counts) == set(range(shape.num_samples))  # every sample at least once
         assert sum(counts.values()) - shape.num_samples == sum(max(unpadded) - u for u in unpadded)
+        assert sum(counts.values()) - shape.num_samples <= m - 1  # padding
+    if spec.policy != "global":  # partitions balanced to the sample
+        assert max(unpadded) - min(unpadded) <= 1
     assert all(
         np.array_equal(a, b) for a, b in zip(orders, all_orders(plan, epoch, m), strict=True)
     )
@@ -65,7 +68,7 @@ def test_exactly_once_balanced_deterministic(shape, spec, m, epoch) -> None:
 @given(shape=shapes(), q=st.sampled_from([0.1, 0.25, 0.5, 1.0]), m=st.integers(2, 6),
        seed=st.integers(0, 1000), epochs=st.integers(1, 5))  # fmt: skip
 def test_partial_moves_q_and_stays_within_bounds(shape, q, m, seed, epochs) -> None:
-    if m > shape.num_chunks:
+    if m > shape.num_samples:
         return
     plan = Plan(shape, PlanSpec("partial", q=q, seed=seed))
     k = plan.exchange_size(m)
@@ -90,7 +93,7 @@ def test_partial_moves_q_and_stays_within_bounds(shape, q, m, seed, epochs) -> N
 @settings(max_examples=100)
 @given(shape=shapes(), m=st.integers(1, 6), seed=st.integers(0, 99), epoch=st.integers(0, 4))
 def test_partial_q0_equals_local(shape, m, seed, epoch) -> None:
-    if m > shape.num_chunks:
+    if m > shape.num_samples:
         return
     local = Plan(shape, PlanSpec("local", seed=seed))
     partial = Plan(shape, PlanSpec("partial", q=0.0, seed=seed))
@@ -101,7 +104,7 @@ def test_partial_q0_equals_local(shape, m, seed, epoch) -> None:
 @settings(max_examples=100)
 @given(shape=shapes(), spec=specs, m=st.integers(1, 6), epoch=st.integers(0, 3))
 def test_chunkwise_reads_windows_of_chunks(shape, spec, m, epoch) -> None:
-    if spec.window == 0 or (spec.policy != "global" and m > shape.num_chunks):
+    if spec.window == 0 or (spec.policy != "global" and m > shape.num_samples):
         return
     plan = Plan(shape, spec)
     for r in range(m):
@@ -154,3 +157,45 @@ def test_feistel_is_a_permutation(n: int, seed: int) -> None:
     assert sorted(perm.tolist()) == list(range(n))
     half = feistel_permute(np.arange(n // 2, n), n, words)  # any positions, same values
     assert np.array_equal(half, perm[n // 2 :])
+
+
+@st.composite
+def uniform_shapes(draw: st.DrawFn) -> DatasetShape:
+    """Equal chunks, from one sample to larger than a whole partition."""
+    n = draw(st.integers(1, 2000))
+    return DatasetShape.uniform(n, draw(st.integers(1, 600)), 1000)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=uniform_shapes(), m=st.integers(1, 32), q=st.sampled_from([0.0, 0.2, 0.5, 1.0]),
+       window=st.sampled_from([0, 1, 4]), epochs=st.integers(0, 3),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_partitions_balanced_to_the_sample_over_shapes(shape, m, q, window, epochs, seed) -> None:
+    """Issue 18: every rank owns floor or ceil of N/M samples, a contiguous run of the store
+    at epoch 0; every sample is delivered once per epoch plus at most M - 1 padding; each
+    epoch's exchange sends and receives the same count on every rank."""
+    n = shape.num_samples
+    for policy in ("local", "partial"):
+        plan = Plan(shape, PlanSpec(policy, q=q, window=window, seed=seed))
+        if m > n:
+            with pytest.raises(ConfigError, match="samples"):
+                plan.order(0, 0, m)
+            continue
+        first = [plan.partition(0, r, m) for r in range(m)]
+        assert np.array_equal(np.concatenate(first), np.arange(n))  # runs, in store order
+        assert {len(p) for p in first} <= {n // m, -(-n // m)}
+        for e in range(epochs + 1):
+            orders = [plan.order(e, r, m) for r in range(m)]
+            assert len({len(o) for o in orders}) == 1
+            delivered = np.concatenate(orders)
+            assert np.array_equal(np.unique(delivered), np.arange(n))
+            assert len(delivered) - n <= m - 1
+            parts = [plan.partition(e, r, m) for r in range(m)]
+            assert {len(p) for p in parts} <= {n // m, -(-n // m)}
+            assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+            if e >= 1:
+                ex = plan.exchange(e, m)
+                sent = np.bincount(ex.src, minlength=m)
+                got = np.bincount(ex.dst, minlength=m)
+                k = plan.exchange_size(m)
+                assert np.all(sent == k) and np.all(got == k)

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.distributed.inbox import Inbox, punch_holes
+from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.inbox import Inbox, part_name, parts_dir, punch_holes
 from tierfeed.errors import ChunkCorruptError, StorageError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
@@ -24,22 +25,23 @@ IntArray = npt.NDArray[np.int64]
 
 
 class LocalCopies:
-    """The samples one rank holds: its node's staged chunks and its inbox.
+    """The samples one rank holds: its node's staged chunks, its staged parts of split chunks
+    and its inbox.
 
     Args:
         local_dir: the node-local store directory stage-in filled.
         inbox: the rank's inbox (cleared: what an earlier run received is not ours).
-        local: per chunk, whether this rank may read it from the node's local directory.
-        rank: this rank (for messages).
+        holdings: who staged which sample.
+        rank: this rank.
     """
 
-    def __init__(
-        self, local_dir: Path, inbox: Path, local: npt.NDArray[np.bool_], rank: int
-    ) -> None:
+    def __init__(self, local_dir: Path, inbox: Path, holdings: Holdings, rank: int) -> None:
         self.index = Index(local_dir)
         self.inbox = Inbox(inbox)
         self.inbox.clear()
-        self.local = local
+        self.parts = Inbox(parts_dir(local_dir, rank))  # stage-in's: kept
+        self.holdings = holdings
+        self.local = holdings.local_to(rank)
         self.rank = rank
         self.chunks = DirectoryChunks(self.index.path.parent, self.index.chunks(), self.index.path)
         self.sample_bytes = self.index.sample_bytes()
@@ -48,8 +50,9 @@ class LocalCopies:
         self._lengths = np.asarray(self.index.member_length, dtype=np.int64)
 
     def staged(self) -> IntArray:
-        """Samples in chunks this rank reads from local storage."""
-        return np.flatnonzero(self.local[self.sample_chunk]).astype(np.int64)
+        """Samples this rank reads from local storage (whole chunks and its parts)."""
+        everything = np.arange(len(self.sample_chunk), dtype=np.int64)
+        return np.flatnonzero(self.holdings.local_samples(self.rank, everything)).astype(np.int64)
 
     def members(self, samples: IntArray) -> IntArray:
         """The members of ``samples``, sample by sample."""
@@ -69,14 +72,19 @@ class LocalCopies:
             return data
         chunk = int(index.member_chunk[member])
         key = index.key(index.member_owner(member))
-        if not self.local[chunk]:
-            raise StorageError(f"rank {self.rank} was scheduled to send {key!r} but holds no copy")
-        data = self.chunks.read_range(chunk, int(index.member_offset[member]), length)
+        data = self.parts.view.read(member, length)
+        where = self.parts.root / f"{part_name(chunk)}.bin"
+        if data is None:
+            if not self.local[chunk]:
+                raise StorageError(
+                    f"rank {self.rank} was scheduled to send {key!r} but holds no copy"
+                )
+            data = self.chunks.read_range(chunk, int(index.member_offset[member]), length)
+            where = self.chunks.root / index.chunk_name(chunk)
         if checksum_bytes(data) != int(index.member_checksum[member]):
             raise ChunkCorruptError(
-                f"rank {self.rank}: chunk {self.chunks.root / index.chunk_name(chunk)} no longer "
-                f"holds {key!r} (sent away before a restart, or damaged); run stage-in again "
-                "before restoring"
+                f"rank {self.rank}: {where} no longer holds {key!r} (sent away before a "
+                "restart, or damaged); run stage-in again before restoring"
             )
         return data
 
@@ -89,8 +97,13 @@ class LocalCopies:
         """Delete this rank's copies of samples it has sent away; returns bytes punched out of
         staged chunks."""
         members = self.members(samples)
-        in_chunks = [m for m in members.tolist() if self.inbox.view.locate(m) is None]
-        self.inbox.discard(members)
+        in_chunks = [
+            m
+            for m in members.tolist()
+            if self.inbox.view.locate(m) is None and self.parts.view.locate(m) is None
+        ]
+        self.inbox.discard(members, self._lengths[members])
+        self.parts.discard(members, self._lengths[members])
         by_chunk: dict[int, list[tuple[int, int]]] = {}
         for m in in_chunks:
             ranges = by_chunk.setdefault(int(self.index.member_chunk[m]), [])
@@ -121,4 +134,5 @@ class LocalCopies:
         """Release files."""
         self.chunks.close()
         self.inbox.close()
+        self.parts.close()
         self.index.close()

@@ -100,11 +100,10 @@ class Exchanger:
         self.options = options or ExchangeOptions()
         self.rank, self.world_size = comm.rank, comm.world_size
         inbox = inbox_dir(local_dir, self.rank)
-        self.copies = LocalCopies(Path(local_dir), inbox, holdings.local_to(self.rank), self.rank)
+        self.copies = LocalCopies(Path(local_dir), inbox, holdings, self.rank)
         self.strategy = strategy_for(
-            plan, holdings, self.copies.sample_chunk, self.world_size,
-            self.options.window, self.options.ahead,
-        )  # fmt: skip
+            plan, holdings, self.world_size, self.options.window, self.options.ahead
+        )
         self.mode = self.strategy.mode
         self.counters = ExchangeCounters()
         self.counters.held = self.counters.max_held = len(self.copies.staged())
@@ -210,7 +209,7 @@ class Exchanger:
         self._raise()
         if not isinstance(self.strategy, MoveStrategy) or epoch == 0:
             return
-        moves = self.strategy.restore(epoch, self.holdings, self.copies.sample_chunk)
+        moves = self.strategy.restore(epoch, self.holdings)
         self.executor.exchange(epoch, RESTORE, moves, settle=False)
         mine = self.plan.partition(epoch, self.rank, self.world_size)
         gone = np.setdiff1d(self.copies.staged(), mine)

@@ -1,7 +1,13 @@
-"""Who holds which chunk after stage-in: pure functions of the dataset shape, plan and world.
+"""Who holds which sample after stage-in: pure functions of the dataset shape, plan and world.
 
 Every rank computes the same answer without talking to the others, which is what lets every
 rank schedule every exchange ahead of time.
+
+Partition plans (``local``, ``partial``) cut the store into runs balanced to the sample, so a
+run may begin or end inside a chunk. A chunk inside one rank's run is staged whole by that
+rank; a chunk cut between ranks is *split*: each of its ranks stages the members of its own
+samples (a part, kept beside the rank's inbox), and no node holds it whole. At most M - 1
+chunks are split. ``global`` keeps whole chunks: contiguous runs balanced by bytes.
 """
 
 from __future__ import annotations
@@ -15,15 +21,21 @@ from tierfeed.plan import DatasetShape, PlanSpec
 from tierfeed.plan.shuffle import local_bounds
 from tierfeed.world import World
 
-__all__ = ["Holdings", "chunk_holders"]
+__all__ = ["SPLIT", "Holdings", "Part", "chunk_holders"]
 
 IntArray = npt.NDArray[np.int64]
+SPLIT = -1  # the holder of a chunk cut between ranks: each holds its own samples of it
+
+
+def _chunk_starts(sample_chunk: IntArray, num_chunks: int) -> IntArray:
+    return np.searchsorted(sample_chunk, np.arange(num_chunks + 1), side="left").astype(np.int64)
 
 
 def chunk_holders(
     shape: DatasetShape, chunk_bytes: npt.ArrayLike, spec: PlanSpec, world_size: int
 ) -> IntArray:
-    """The rank that stages (copies from the origin, then serves) each chunk.
+    """The rank that stages (copies from the origin, then serves) each chunk whole, or
+    `SPLIT` for a chunk whose samples begin the partitions of several ranks.
 
     Partition plans (``local``, ``partial``): the rank whose initial partition holds the
     chunk, so that each rank starts with its own partition on local storage. ``global``:
@@ -32,26 +44,43 @@ def chunk_holders(
     """
     sizes = np.asarray(chunk_bytes, dtype=np.int64)
     if spec.policy in ("local", "partial"):
-        bounds = local_bounds(shape, world_size)
-        first = shape.chunk_starts()[:-1]
-        return np.clip(np.searchsorted(bounds, first, side="right") - 1, 0, world_size - 1)
+        bounds = local_bounds(shape.num_samples, world_size)
+        starts = _chunk_starts(shape.sample_chunk, len(sizes))
+        first = np.searchsorted(bounds, starts[:-1], side="right") - 1
+        last = np.searchsorted(bounds, np.maximum(starts[1:] - 1, starts[:-1]), side="right") - 1
+        first, last = np.clip(first, 0, world_size - 1), np.clip(last, 0, world_size - 1)
+        return np.where(first == last, first, SPLIT).astype(np.int64)
     total = max(1, int(sizes.sum()))
     middle = np.cumsum(sizes) - sizes / 2.0
     return np.minimum((middle * world_size // total).astype(np.int64), world_size - 1)
 
 
 @dataclass(frozen=True)
+class Part:
+    """The samples ``[first, end)`` of chunk ``chunk`` that one rank stages (a split chunk)."""
+
+    chunk: int
+    first: int
+    end: int
+
+
+@dataclass(frozen=True)
 class Holdings:
-    """Where each chunk lives after stage-in, and what each rank can read without a peer.
+    """Where each sample lives after stage-in, and what each rank can read without a peer.
 
     Attributes:
-        holder: rank that staged each chunk.
-        local_world_size: ranks per node (they share the node's staged copy).
+        holder: per chunk, the rank that staged it whole, or `SPLIT`.
+        sample_chunk: chunk id of each sample.
+        bounds: partition plans: rank r staged samples [bounds[r], bounds[r+1]) (None for
+            ``global``, whose holders are whole chunks).
+        local_world_size: ranks per node (they share the node's staged chunks).
         per_rank: partition plans: a rank reads only its own staged chunks, since it deletes
             what it sends to peers (ranks of a node do not share a partition).
     """
 
     holder: IntArray
+    sample_chunk: IntArray
+    bounds: IntArray | None = None
     local_world_size: int = 1
     per_rank: bool = False
 
@@ -61,18 +90,53 @@ class Holdings:
     ) -> Holdings:
         """The holdings of a job: ``world`` gives the ranks and the ranks per node."""
         holder = chunk_holders(shape, chunk_bytes, spec, world.world_size)
-        return cls(holder, world.local_world_size, spec.policy == "partial")
+        partitions = spec.policy in ("local", "partial")
+        bounds = local_bounds(shape.num_samples, world.world_size) if partitions else None
+        return cls(
+            holder, shape.sample_chunk, bounds, world.local_world_size, spec.policy == "partial"
+        )
 
     def node_of(self, rank: int | IntArray) -> IntArray:
         """Node index of ``rank`` (ranks are laid out node by node)."""
         return np.asarray(rank, dtype=np.int64) // self.local_world_size
 
     def local_to(self, rank: int) -> npt.NDArray[np.bool_]:
-        """Per chunk: can ``rank`` read it from its node's local storage?"""
+        """Per chunk: can ``rank`` read it whole from its node's local storage?"""
         if self.per_rank:
             return np.asarray(self.holder == rank, dtype=bool)
-        return np.asarray(self.node_of(self.holder) == self.node_of(rank), dtype=bool)
+        whole = self.holder != SPLIT
+        return np.asarray(whole & (self.node_of(self.holder) == self.node_of(rank)), dtype=bool)
+
+    def sample_holder(self, samples: IntArray) -> IntArray:
+        """The rank that staged each of ``samples`` (whole chunk or part)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if self.bounds is None:
+            return self.holder[self.sample_chunk[samples]]
+        return (np.searchsorted(self.bounds, samples, side="right") - 1).astype(np.int64)
+
+    def local_samples(self, rank: int, samples: IntArray) -> npt.NDArray[np.bool_]:
+        """Per sample of ``samples``: can ``rank`` read it from local storage (a whole chunk
+        of its node, or its own part of a split chunk)?"""
+        samples = np.asarray(samples, dtype=np.int64)
+        chunks = self.sample_chunk[samples]
+        in_part = (self.holder[chunks] == SPLIT) & (self.sample_holder(samples) == rank)
+        return np.asarray(self.local_to(rank)[chunks] | in_part, dtype=bool)
 
     def staged_by(self, rank: int) -> IntArray:
-        """Chunk ids ``rank`` copies from the origin during stage-in."""
+        """Chunk ids ``rank`` copies whole from the origin during stage-in."""
         return np.flatnonzero(self.holder == rank).astype(np.int64)
+
+    def parts_of(self, rank: int) -> list[Part]:
+        """The parts of split chunks ``rank`` copies from the origin during stage-in."""
+        if self.bounds is None:
+            return []
+        lo, hi = int(self.bounds[rank]), int(self.bounds[rank + 1])
+        if lo == hi:
+            return []
+        out = []
+        for chunk in sorted({int(self.sample_chunk[lo]), int(self.sample_chunk[hi - 1])}):
+            if self.holder[chunk] != SPLIT:
+                continue
+            first, end = np.searchsorted(self.sample_chunk, [chunk, chunk + 1], side="left")
+            out.append(Part(chunk, max(lo, int(first)), min(hi, int(end))))
+        return out

@@ -5,6 +5,8 @@ A segment is the bytes of one window's received members (``NAME.bin``) and its t
 so a reader that sees a table finds its bytes whole. Readers in other processes (DataLoader
 workers) look members up in the tables they have loaded and load new ones on a miss.
 A failed exchange leaves a ``FAILED`` note that readers turn into an error at once.
+Stage-in keeps a rank's parts of split chunks in the same form, a segment per part, in the
+rank's parts directory.
 """
 
 from __future__ import annotations
@@ -22,11 +24,21 @@ import numpy.typing as npt
 
 from tierfeed.publish import publish
 
-__all__ = ["Inbox", "InboxView", "punch_holes"]
+__all__ = ["Inbox", "InboxView", "part_name", "parts_dir", "punch_holes"]
 
 IntArray = npt.NDArray[np.int64]
 _FAILED = "FAILED"
 _IDX = ".idx.npy"
+
+
+def parts_dir(local_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` keeps the parts of split chunks it staged (one segment each)."""
+    return Path(local_dir) / "parts" / f"rank{rank}"
+
+
+def part_name(chunk: int) -> str:
+    """The segment name of a staged part of chunk ``chunk``."""
+    return f"chunk{chunk}"
 
 
 class Inbox:
@@ -39,8 +51,9 @@ class Inbox:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._live: dict[str, int] = {}  # segment -> members not yet sent on or deleted
         self.view = InboxView(self.root)
+        # segment -> members not yet sent on or deleted (segments published before: all)
+        self._live: dict[str, int] = self.view.sizes()
 
     def clear(self) -> None:
         """Remove every segment and note (a fresh start)."""
@@ -52,28 +65,45 @@ class Inbox:
 
     def write(self, name: str, members: IntArray, lengths: IntArray, data: memoryview) -> None:
         """Publish a segment of ``members`` whose bytes lie back to back in ``data``."""
+        publish(self.root / f"{name}.bin", data, fsync=False)
+        self.add(name, members, lengths)
+
+    def add(self, name: str, members: IntArray, lengths: IntArray, fsync: bool = False) -> None:
+        """Publish the table of segment ``name``, whose bytes (``members`` back to back) are
+        published already as ``bin_path(name)``."""
         offsets = np.zeros(len(members), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
         table = np.stack([members, offsets]).astype(np.int64)
-        publish(self.root / f"{name}.bin", data, fsync=False)
-        publish(self.root / f"{name}{_IDX}", lambda out: np.save(out, table), fsync=False)
+        publish(self.root / f"{name}{_IDX}", lambda out: np.save(out, table), fsync=fsync)
         self._live[name] = len(members)
         self.view.refresh()
 
-    def discard(self, members: IntArray) -> int:
-        """Forget ``members`` (sent on to a peer); delete segments left empty. Returns how
-        many of them the inbox held."""
+    def bin_path(self, name: str) -> Path:
+        """Where the bytes of segment ``name`` are published."""
+        return self.root / f"{name}.bin"
+
+    def discard(self, members: IntArray, lengths: IntArray | None = None) -> int:
+        """Forget ``members`` (sent on to a peer); delete segments left empty, and with
+        ``lengths`` free the bytes of the others' forgotten members. Returns how many of
+        ``members`` the inbox held."""
         found = 0
-        for member in members.tolist():
+        freed: dict[str, list[tuple[int, int]]] = {}
+        for k, member in enumerate(members.tolist()):
             where = self.view.locate(member)
             if where is None:
                 continue
             found += 1
             self.view.forget(member)
             name = where[0]
+            if lengths is not None:
+                freed.setdefault(name, []).append((where[1], int(lengths[k])))
             self._live[name] = self._live.get(name, 1) - 1
             if self._live[name] <= 0:
                 self.delete(name)
+                freed.pop(name, None)
+        for name, ranges in freed.items():
+            with contextlib.suppress(FileNotFoundError):
+                punch_holes(self.root / f"{name}.bin", ranges, gap=0)
         return found
 
     def delete(self, name: str) -> None:
@@ -129,6 +159,10 @@ class InboxView:
             self._members[name] = table[0]
             for member, offset in zip(table[0].tolist(), table[1].tolist(), strict=True):
                 self._where[member] = (name, offset)
+
+    def sizes(self) -> dict[str, int]:
+        """Members of each loaded segment."""
+        return {name: len(members) for name, members in self._members.items()}
 
     def locate(self, member: int) -> tuple[str, int] | None:
         """(segment, offset) of ``member``, or None."""
@@ -187,12 +221,13 @@ def _fallocate() -> Any:
     return getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
 
 
-def punch_holes(path: Path, ranges: list[tuple[int, int]]) -> int:
+def punch_holes(path: Path, ranges: list[tuple[int, int]], gap: int = _GAP) -> int:
     """Free the blocks of byte ranges ``(offset, length)`` of a file (Linux fallocate).
 
     A partial-shuffling rank deletes each sample it sends away from its staged chunk this
     way: the chunk keeps its size and offsets, and the disk space is returned. Ranges closer
-    than a tar header apart are freed as one (the gap is the next member's own header).
+    than ``gap`` apart are freed as one: in a chunk, a tar header (the next member's own
+    header); in a segment, whose members lie back to back, 0.
 
     Returns:
         Bytes freed; 0 where the file system cannot punch holes (the space stays in use).
@@ -202,7 +237,7 @@ def punch_holes(path: Path, ranges: list[tuple[int, int]]) -> int:
         return 0
     merged: list[list[int]] = []
     for offset, length in sorted(ranges):
-        if merged and offset - (merged[-1][0] + merged[-1][1]) <= _GAP:
+        if merged and offset - (merged[-1][0] + merged[-1][1]) <= gap:
             merged[-1][1] = offset + length - merged[-1][0]
         else:
             merged.append([offset, length])

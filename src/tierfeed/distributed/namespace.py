@@ -2,11 +2,12 @@
 over what the node staged and what peers sent into the rank's inbox, never the real origin.
 
 A `TierStack` sits on it like on any origin, so a distributed job has RAM and disk tiers.
-A chunk staged on this node serves any byte range, and a tier may copy it; under partition
-plans, whose ranks punch out the samples they send away, only a whole-chunk read is served,
-and only once it matches the chunk's checksum. A chunk held in part (samples moved here, or
-a punched staged chunk) serves ranges inside one member: from the inbox, from the staged
-file (checked), or, for a member on its way from a peer, once the exchange publishes it,
+A chunk staged whole on this node serves any byte range, and a tier may copy it; under
+partition plans, whose ranks punch out the samples they send away, only a whole-chunk read
+is served, and only once it matches the chunk's checksum. A chunk held in part (samples
+moved here, a punched staged chunk, the rank's part of a chunk split between partitions)
+serves ranges inside one member: from the inbox, from the rank's part or the staged file
+(both checked), or, for a member on its way from a peer, once the exchange publishes it,
 failing at once if the exchange failed, or after ``timeout_s``. A range it cannot serve
 raises `NotFoundError`, never wrong bytes: that is what makes a tier skip copying the chunk.
 """
@@ -22,14 +23,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.distributed.inbox import InboxView
+from tierfeed.distributed.inbox import InboxView, parts_dir
 from tierfeed.errors import ExchangeError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.storage import DirectoryChunks
 from tierfeed.storage.driver import Driver
 
-__all__ = ["NamespaceDriver", "inbox_dir", "member_locator"]
+__all__ = ["NamespaceDriver", "inbox_dir", "member_locator", "parts_dir"]
 
 _POLL_S = 0.002
 
@@ -56,6 +57,7 @@ class NamespaceDriver(Driver):
         index: the store's index (the node-local copy).
         local: per chunk, whether this rank may read it from the node's local directory.
         inbox: the rank's inbox directory.
+        parts: the rank's parts directory (its members of split chunks), if any.
         timeout_s: how long a read waits for a member a peer has not sent yet.
         verify_local: staged chunks may have holes (partition plans punch out the samples a
             rank sends away, and a sample can come back to a chunk it had left): serve a
@@ -72,6 +74,7 @@ class NamespaceDriver(Driver):
         inbox: str | os.PathLike[str],
         timeout_s: float = 120.0,
         verify_local: bool = False,
+        parts: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(read_only=True)
         self.index = index
@@ -81,6 +84,7 @@ class NamespaceDriver(Driver):
         infos = index.chunks()
         self.chunks = DirectoryChunks(index.path.parent, infos, index.path)
         self.view = InboxView(inbox)
+        self.parts = InboxView(parts) if parts is not None else None
         self._ids = {c.name: c.id for c in infos}
         self._sizes = [c.size for c in infos]
         self._key = member_locator(index)
@@ -157,17 +161,21 @@ class NamespaceDriver(Driver):
         )
 
     def _read_member(self, member: int, chunk: int) -> bytes:
-        """A member's bytes: from the inbox, the node's chunk (checked), or (waiting) a peer."""
+        """A member's bytes: from the inbox, the rank's part or the node's chunk (both
+        checked), or (waiting) a peer."""
         length = int(self._length[member])
         with self._mutex:
             data = self.view.read(member, length)
+            held = None
+            if data is None and self.parts is not None:
+                held = self.parts.read(member, length)
         if data is not None:
             return data
-        if self.local[chunk]:
-            data = self.chunks.read_range(chunk, int(self._offset[member]), length)
-            if checksum_bytes(data) == int(self._checksum[member]):
-                return data
-            # Sent away earlier (its range punched out) and on its way back from a peer.
+        if held is None and self.local[chunk]:
+            held = self.chunks.read_range(chunk, int(self._offset[member]), length)
+        if held is not None and checksum_bytes(held) == int(self._checksum[member]):
+            return held
+        # Not held here, or sent away earlier (its range punched out) and on its way back.
         return self._wait(member, chunk, length)
 
     def _wait(self, member: int, chunk: int, length: int) -> bytes:
@@ -233,3 +241,5 @@ class NamespaceDriver(Driver):
         self.chunks.close()
         with self._mutex:
             self.view.close()
+            if self.parts is not None:
+                self.parts.close()

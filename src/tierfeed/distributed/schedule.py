@@ -71,25 +71,22 @@ def num_windows(order_length: int, window: int) -> int:
     return -(-order_length // max(1, window))
 
 
-def fetch_transfers(
-    orders: list[IntArray], a: int, b: int, sample_chunk: IntArray, holdings: Holdings
-) -> Transfers:
+def fetch_transfers(orders: list[IntArray], a: int, b: int, holdings: Holdings) -> Transfers:
     """Samples each rank reads at positions [a, b) of its order that its node lacks.
 
     Args:
         orders: every rank's order for the epoch (``orders[d]`` is rank d's).
         a, b: the window of positions.
-        sample_chunk: chunk id of each sample.
-        holdings: who staged which chunk.
+        holdings: who staged which sample.
     """
     samples, srcs, dsts = [], [], []
     for dst, order in enumerate(orders):
         part = order[a:b]
         _, first = np.unique(part, return_index=True)
         part = part[np.sort(first)]  # each sample once, in reading order
-        remote = part[~holdings.local_to(dst)[sample_chunk[part]]]
+        remote = part[~holdings.local_samples(dst, part)]
         samples.append(remote)
-        srcs.append(holdings.holder[sample_chunk[remote]])
+        srcs.append(holdings.sample_holder(remote))
         dsts.append(np.full(len(remote), dst, dtype=np.int64))
     if not samples:
         return Transfers.empty()

@@ -1,7 +1,10 @@
 """Stage-in: the ranks of a job copy disjoint chunk sets from the origin to node-local storage.
 
 Each chunk is copied by exactly one rank (its holder, see `tierfeed.distributed.holders`), into the
-directory of that rank's node, which every rank of the node shares. A copy is streamed in
+directory of that rank's node, which every rank of the node shares. A chunk split between the
+partitions of several ranks is copied in parts: each rank copies the byte ranges of its own
+samples' members, checks each member against its checksum, and publishes them as one segment
+in its parts directory (``parts/rank<r>/``). A copy is streamed in
 blocks, hashed on the way, checked against the index and only then renamed into place, so a
 staged chunk is whole and verified or absent; a chunk already present and verified is
 skipped, which makes stage-in resumable. The index is copied once per node (it is metadata:
@@ -24,6 +27,8 @@ from tqdm import tqdm
 
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.inbox import parts_dir
+from tierfeed.distributed.parts import StagedParts
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_file
 from tierfeed.format.index import Index
@@ -47,6 +52,8 @@ class StageReport:
     Attributes:
         chunks_copied: chunks read from the origin and written to local storage.
         chunks_present: chunks found staged and verified (skipped: stage-in resumed).
+        parts_copied: parts of split chunks read from the origin and written.
+        parts_present: parts found staged and verified.
         bytes_copied: bytes read from the origin.
         bytes_present: bytes already staged.
         seconds: wall time of the slowest rank.
@@ -57,6 +64,8 @@ class StageReport:
 
     chunks_copied: int = 0
     chunks_present: int = 0
+    parts_copied: int = 0
+    parts_present: int = 0
     bytes_copied: int = 0
     bytes_present: int = 0
     seconds: float = 0.0
@@ -73,10 +82,13 @@ class StageReport:
         from tierfeed.units import human
 
         rate = self.bytes_copied / self.seconds if self.seconds > 0 else 0.0
+        parts = ""
+        if self.parts_copied or self.parts_present:
+            parts = f" and {self.parts_copied} parts, {self.parts_present} present"
         return (
             f"staged {self.chunks_copied} chunks ({human(self.bytes_copied)}) in "
             f"{self.seconds:.1f} s ({human(rate)}/s), {self.chunks_present} already present "
-            f"({human(self.bytes_present)}); origin: {self.origin_opens} opens, "
+            f"({human(self.bytes_present)}){parts}; origin: {self.origin_opens} opens, "
             f"{self.origin_reads} reads"
         )
 
@@ -197,18 +209,28 @@ def stage(
     check_stageable(index, local)
     chunks = index.chunks()
     mine = [chunks[int(c)] for c in holdings.staged_by(world.rank)]
+    parts = StagedParts(index, parts_dir(local, world.rank))
+    my_parts = holdings.parts_of(world.rank)
+    parts.keep_only(my_parts)
     report = StageReport(local_dir=os.fspath(local))
     origin = location.origin()
     if world.local_rank == 0:
         _copy_index(index.path, local)
     with tqdm(
-        total=sum(c.size for c in mine),
+        total=sum(c.size for c in mine) + sum(parts.nbytes(p) for p in my_parts),
         unit="B",
         unit_scale=True,
         desc=f"stage rank {world.rank}",
         disable=not progress or world.local_rank != 0,
     ) as bar:
         _stage_chunks(origin, location.root, local, mine, bar, report)
+        for part in my_parts:
+            size, copied = parts.stage(origin, location.root, part, bar)
+            report.parts_copied += copied
+            report.parts_present += not copied
+            report.bytes_copied += size if copied else 0
+            report.bytes_present += 0 if copied else size
+    parts.close()
     ops = origin.counters.snapshot()
     origin.close()
     index.close()
@@ -220,7 +242,8 @@ def stage(
 def _job_total(report: StageReport, comm: Comm | None) -> StageReport:
     if comm is None:
         return report
-    fields = ["chunks_copied", "chunks_present", "bytes_copied", "bytes_present"]
+    fields = ["chunks_copied", "chunks_present", "parts_copied", "parts_present"]
+    fields += ["bytes_copied", "bytes_present"]
     fields += ["origin_opens", "origin_reads"]
     totals = comm.sum([getattr(report, f) for f in fields], "stage-in report")
     for name, value in zip(fields, totals, strict=True):

@@ -70,7 +70,6 @@ class FetchStrategy:
 
     plan: Plan
     holdings: Holdings
-    sample_chunk: IntArray
     world_size: int
     window: int
     ahead: int
@@ -85,7 +84,7 @@ class FetchStrategy:
 
     def transfers(self, state: EpochState, w: int) -> Transfers:
         a, b = w * self.window, (w + 1) * self.window
-        return fetch_transfers(self._orders, a, b, self.sample_chunk, self.holdings)
+        return fetch_transfers(self._orders, a, b, self.holdings)
 
     def ready(self, state: EpochState, w: int) -> bool:
         return state.ended or w * self.window < state.consumed + state.margin + (
@@ -124,23 +123,23 @@ class MoveStrategy:
     def after(self, copies: LocalCopies, state: EpochState, w: int) -> None:
         return None
 
-    def restore(self, epoch: int, holdings: Holdings, sample_chunk: IntArray) -> Transfers:
+    def restore(self, epoch: int, holdings: Holdings) -> Transfers:
         """One exchange that moves each sample of ``epoch``'s partitions from the rank that
         staged it (a restarted job rebuilding its partitions)."""
         samples, srcs, dsts = [], [], []
         for dst in range(self.world_size):
             part = self.plan.partition(epoch, dst, self.world_size)
-            away = part[holdings.holder[sample_chunk[part]] != dst]
+            away = part[holdings.sample_holder(part) != dst]
             samples.append(away)
-            srcs.append(holdings.holder[sample_chunk[away]])
+            srcs.append(holdings.sample_holder(away))
             dsts.append(np.full(len(away), dst, dtype=np.int64))
         return Transfers.sorted(np.concatenate(samples), np.concatenate(srcs), np.concatenate(dsts))
 
 
 def strategy_for(
-    plan: Plan, holdings: Holdings, sample_chunk: IntArray, world_size: int, window: int, ahead: int
+    plan: Plan, holdings: Holdings, world_size: int, window: int, ahead: int
 ) -> FetchStrategy | MoveStrategy:
     """Partial plans move samples; the others fetch them."""
     if plan.spec.policy == "partial":
         return MoveStrategy(plan, world_size, window)
-    return FetchStrategy(plan, holdings, sample_chunk, world_size, window, ahead)
+    return FetchStrategy(plan, holdings, world_size, window, ahead)

@@ -3,7 +3,8 @@
 Policies:
     global      one permutation of all samples per epoch, split across ranks with equal
                 counts (DistributedSampler semantics: padded by wrapping, or drop_last).
-    local       each rank owns a fixed partition of whole chunks, balanced by sample count,
+    local       each rank owns a fixed partition, a contiguous run of the store balanced to
+                the sample (floor or ceil of N/M; a chunk may be split at a run's ends),
                 and permutes it each epoch.
     partial(q)  partial local shuffling (PLS): partitions evolve; each epoch every rank sends
                 a random q-fraction of its partition to a peer and receives as many.
@@ -125,13 +126,14 @@ class Plan:
     # --- partitions -------------------------------------------------------------------
 
     def _bounds(self, world_size: int) -> IntArray:
-        if world_size > max(1, self.shape.num_chunks) and self.spec.policy != "global":
+        if world_size > self.shape.num_samples and self.spec.policy != "global":
             raise ConfigError(
-                f"{world_size} ranks but only {self.shape.num_chunks} chunks: local and partial "
-                "plans give every rank whole chunks; re-pack with a smaller --chunk-size"
+                f"{world_size} ranks but only {self.shape.num_samples} samples: local and "
+                "partial plans give every rank a partition of at least one sample; use fewer "
+                "ranks or the global plan"
             )
         if world_size not in self._bounds_of:
-            self._bounds_of[world_size] = local_bounds(self.shape, world_size)
+            self._bounds_of[world_size] = local_bounds(self.shape.num_samples, world_size)
         return self._bounds_of[world_size]
 
     def exchange_size(self, world_size: int) -> int:

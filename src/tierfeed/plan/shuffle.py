@@ -50,25 +50,12 @@ def shuffle_samples(
     return samples[np.argsort(key)]  # keys are distinct with probability 1
 
 
-def local_bounds(shape: DatasetShape, world_size: int) -> npt.NDArray[np.int64]:
-    """Sample ranges of a partition into whole chunks balanced by sample count.
+def local_bounds(num_samples: int, world_size: int) -> npt.NDArray[np.int64]:
+    """Partitions balanced to the sample: contiguous runs of the store, cut where the counts
+    say, so a rank may own part of a chunk at either end of its run.
 
     Returns:
-        ``bounds`` of length world_size + 1: rank r owns samples [bounds[r], bounds[r+1]).
+        ``bounds`` of length world_size + 1: rank r owns samples [bounds[r], bounds[r+1]),
+        floor(N/M) or ceil(N/M) of them.
     """
-    starts = shape.chunk_starts()
-    num_chunks = len(starts) - 1
-    ideal = np.arange(world_size + 1) * shape.num_samples / world_size
-    # Step 1: cut at the chunk start nearest each ideal boundary (whole chunks per rank).
-    idx = np.clip(np.searchsorted(starts, ideal), 1, num_chunks)
-    nearer_left = (ideal - starts[idx - 1]) <= (starts[idx] - ideal)
-    cut = np.where(nearer_left, idx - 1, idx).astype(np.int64)
-    cut[0], cut[-1] = 0, num_chunks
-    # Step 2: at least one chunk per rank when there are enough chunks (forward, then back).
-    if num_chunks >= world_size:
-        r = np.arange(world_size + 1)
-        cut = np.maximum.accumulate(cut - r) + r  # cut[r] >= cut[r-1] + 1
-        cut[-1] = num_chunks
-        cut = np.minimum.accumulate((cut - r)[::-1])[::-1] + r  # cut[r] <= cut[r+1] - 1
-        cut[0] = 0
-    return starts[np.maximum.accumulate(cut)].astype(np.int64)
+    return (np.arange(world_size + 1, dtype=np.int64) * num_samples) // max(1, world_size)
