@@ -70,7 +70,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "copy a store's chunks to node-local storage (every rank a disjoint share)",
     ),
     "simulate": (
-        "tierfeed.plan.command:register",
+        "tierfeed.distributed.simulate_command:register",
         "origin, exchange and cache bytes per epoch of a plan",
     ),
     "report": (

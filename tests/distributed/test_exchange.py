@@ -31,8 +31,10 @@ def test_stage_in_reads_each_chunk_once_and_resumes(tmp_path: Path, plan: str) -
         holdings = Holdings.of(p.shape, sizes, p.spec, World(0, 4, 0, 2))
         parts = [part for r in range(4) for part in holdings.parts_of(r)]
         starts = np.asarray(ix.sample_member_start)
-        lengths = np.asarray(ix.member_length, dtype=np.int64)
-        part_bytes = sum(int(lengths[starts[q.first] : starts[q.end]].sum()) for q in parts)
+        ends = np.asarray(ix.member_offset, np.int64) + np.asarray(ix.member_length, np.int64)
+        offsets = np.asarray(ix.member_offset, dtype=np.int64)
+        # a part is read from its first member's data to its last one's end
+        part_bytes = sum(int(ends[starts[q.end] - 1] - offsets[starts[q.first]]) for q in parts)
         names = [ix.chunk_name(c).split("/")[-1] for c in range(ix.num_chunks)]
     whole = np.flatnonzero(holdings.holder != SPLIT)
     if plan == "global":

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.distributed.ranks import make_store
-from tierfeed.distributed.inbox import Inbox, punch_holes
+from tierfeed.distributed.inbox import Inbox, mark_punched, punch_holes
 from tierfeed.distributed.namespace import NamespaceDriver
 from tierfeed.errors import ExchangeError, NotFoundError, ReadOnlyError
 from tierfeed.format.index import Index
@@ -34,6 +34,7 @@ def file_bytes(index: Index, chunk: int) -> bytes:
 
 
 def driver(index: Index, tmp: Path, local: list[bool], **kw: object) -> NamespaceDriver:
+    kw.setdefault("punched", tmp / "punched")
     return NamespaceDriver(index, np.asarray(local), tmp / "inbox", timeout_s=0.2, **kw)  # type: ignore[arg-type]
 
 
@@ -83,20 +84,52 @@ def test_a_punched_chunk_is_no_longer_whole(index: Index, tmp_path: Path) -> Non
     sent, kept = (int(m) for m in members_of(index, chunk)[:2])
     with driver(index, tmp_path, [True] * index.num_chunks, verify_local=True) as ns:
         assert ns.size(name) > 0
+        assert ns.read_range(name, 0, 4096) == file_bytes(index, chunk)[:4096]  # a tier's piece
         path = index.path.parent / name
         span = (int(index.member_offset[sent]), int(index.member_length[sent]))
+        mark_punched(tmp_path / "punched", chunk)  # what the exchanger does before punching
         if punch_holes(path, [span]) == 0:
             pytest.skip("this file system cannot punch holes")
-        with pytest.raises(NotFoundError):
-            ns.read_range(name, 0, 4096)  # only the whole chunk, checked, where holes may be
         with pytest.raises(NotFoundError, match="not on this node whole"):
-            ns.read(name)  # its checksum fails: the tier's copy is skipped
+            ns.read_range(name, 0, 4096)  # marked: no piece of it is taken for whole
+        with pytest.raises(NotFoundError, match="not held whole"):
+            ns.read(name)
         with pytest.raises(NotFoundError):
             ns.size(name)  # and from now on it is known to be held in part
         offset, length = int(index.member_offset[kept]), int(index.member_length[kept])
         assert ns.read_range(name, offset, length) == file_bytes(index, chunk)[offset:][:length]
         with pytest.raises(ExchangeError, match="has not arrived"):
             ns.read_range(name, *span)  # punched out: waits for it to come back
+
+
+def test_an_unmarked_punched_chunk_is_never_served_whole(index: Index, tmp_path: Path) -> None:
+    """A punch no mark announced (a killed exchanger between the two): a whole read fails its
+    checksum, and a tier's copy by pieces fails the whole check before it is placed."""
+    chunk, name = 0, index.chunk_name(0)
+    sent = int(members_of(index, chunk)[0])
+    span = (int(index.member_offset[sent]), int(index.member_length[sent]))
+    path = index.path.parent / name
+    if punch_holes(path, [span]) == 0:
+        pytest.skip("this file system cannot punch holes")
+    with driver(index, tmp_path, [True] * index.num_chunks, verify_local=True) as ns:
+        with pytest.raises(NotFoundError, match="not on this node whole"):
+            ns.read(name)
+        ns._punched.clear()  # forget what the whole read taught it: pieces only, as a tier
+        tier = Tier(MemoryDriver(), 2**22, name="ram")
+        with TierStack(index.chunks(), ns, [tier]) as stack:
+            stack.schedule(chunk)
+            stack.drain(10)
+            assert stack.stats()["ram"]["held_bytes"] == 0  # nothing placed
+
+
+def test_a_partition_plans_tier_copies_unpunched_chunks(index: Index, tmp_path: Path) -> None:
+    origin = driver(index, tmp_path, [True] * index.num_chunks, verify_local=True)
+    with TierStack(index.chunks(), origin, [Tier(MemoryDriver(), 2**22, name="ram")]) as stack:
+        assert stack.schedule(0) is True
+        stack.drain(10)
+        assert stack.stats()["ram"]["held_bytes"] == index.chunks()[0].size
+        mark_punched(tmp_path / "punched", 1)
+        assert stack.schedule(1) is False  # marked punched: the tier does not try
 
 
 def test_a_tier_copies_only_whole_chunks(index: Index, tmp_path: Path) -> None:

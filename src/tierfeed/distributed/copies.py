@@ -13,7 +13,14 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.distributed.holders import Holdings
-from tierfeed.distributed.inbox import Inbox, part_name, parts_dir, punch_holes
+from tierfeed.distributed.inbox import (
+    Inbox,
+    mark_punched,
+    part_name,
+    parts_dir,
+    punch_holes,
+    punched_dir,
+)
 from tierfeed.errors import ChunkCorruptError, StorageError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
@@ -40,6 +47,7 @@ class LocalCopies:
         self.inbox = Inbox(inbox)
         self.inbox.clear()
         self.parts = Inbox(parts_dir(local_dir, rank))  # stage-in's: kept
+        self.punched = punched_dir(local_dir, rank)
         self.holdings = holdings
         self.local = holdings.local_to(rank)
         self.rank = rank
@@ -110,6 +118,7 @@ class LocalCopies:
             ranges.append((int(self.index.member_offset[m]), int(self._lengths[m])))
         punched = 0
         for chunk, ranges in by_chunk.items():
+            mark_punched(self.punched, chunk)
             punched += punch_holes(self.index.path.parent / self.index.chunk_name(chunk), ranges)
         return punched
 

@@ -71,6 +71,8 @@ class ExchangeCounters:
     punched_bytes: int = 0
     held: int = 0  # samples this rank stores now (partition plans)
     max_held: int = 0
+    held_bytes: int = 0  # their member bytes (staged samples, and under partial what moved)
+    max_held_bytes: int = 0  # the most at once (received before sent ones are deleted)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values."""
@@ -106,7 +108,10 @@ class Exchanger:
         )
         self.mode = self.strategy.mode
         self.counters = ExchangeCounters()
-        self.counters.held = self.counters.max_held = len(self.copies.staged())
+        staged = self.copies.staged()
+        self.counters.held = self.counters.max_held = len(staged)
+        held_bytes = int(self.copies.sample_bytes[staged].sum())
+        self.counters.held_bytes = self.counters.max_held_bytes = held_bytes
         self.executor = WindowExecutor(
             comm, self.copies, self.strategy, self.options.window, self.counters
         )
@@ -215,6 +220,8 @@ class Exchanger:
         gone = np.setdiff1d(self.copies.staged(), mine)
         self.executor.guarded(epoch, RESTORE, lambda: self._discard(gone))
         self.counters.held = self.counters.max_held = len(mine)
+        held_bytes = int(self.copies.sample_bytes[mine].sum())
+        self.counters.held_bytes = self.counters.max_held_bytes = held_bytes
 
     def _discard(self, samples: npt.NDArray[np.int64]) -> None:
         self.counters.punched_bytes += self.copies.discard(samples)

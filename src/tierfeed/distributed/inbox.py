@@ -24,7 +24,15 @@ import numpy.typing as npt
 
 from tierfeed.publish import publish
 
-__all__ = ["Inbox", "InboxView", "part_name", "parts_dir", "punch_holes"]
+__all__ = [
+    "Inbox",
+    "InboxView",
+    "mark_punched",
+    "part_name",
+    "parts_dir",
+    "punch_holes",
+    "punched_dir",
+]
 
 IntArray = npt.NDArray[np.int64]
 _FAILED = "FAILED"
@@ -34,6 +42,18 @@ _IDX = ".idx.npy"
 def parts_dir(local_dir: str | os.PathLike[str], rank: int) -> Path:
     """Where rank ``rank`` keeps the parts of split chunks it staged (one segment each)."""
     return Path(local_dir) / "parts" / f"rank{rank}"
+
+
+def punched_dir(local_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` marks the staged chunks it punched samples out of."""
+    return Path(local_dir) / "punched" / f"rank{rank}"
+
+
+def mark_punched(root: Path, chunk: int) -> None:
+    """Mark chunk ``chunk`` punched (before the punch: a reader that sees no mark may take
+    a piece of the file for whole; the tier's check of its whole copy is the last word)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (root / part_name(chunk)).touch()
 
 
 def part_name(chunk: int) -> str:

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.exchanger import ExchangeOptions, Exchanger
 from tierfeed.distributed.holders import Holdings
-from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir, parts_dir
+from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir, parts_dir, punched_dir
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import TierConfig, plan_for, tier_stack
 from tierfeed.plan import Plan, PlanSpec
@@ -44,6 +44,7 @@ class _Opener:
     local: npt.NDArray[np.bool_]
     inbox: Path
     parts: Path
+    punched: Path
     timeout_s: float
     verify_local: bool = False
     tiers: TierConfig = field(default_factory=TierConfig)
@@ -51,8 +52,9 @@ class _Opener:
     def __call__(self) -> Store:
         index = Index(self.local_dir)
         origin = NamespaceDriver(
-            index, self.local, self.inbox, self.timeout_s, self.verify_local, self.parts
-        )
+            index, self.local, self.inbox, self.timeout_s, self.verify_local, self.parts,
+            self.punched,
+        )  # fmt: skip
         return Store(index, tier_stack(index, self.tiers, origin))
 
 
@@ -98,6 +100,7 @@ class Namespace:
             self.holdings.local_to(self.world.rank),
             inbox_dir(self.local_dir, self.world.rank),
             parts_dir(self.local_dir, self.world.rank),
+            punched_dir(self.local_dir, self.world.rank),
             self.options.timeout_s,
             verify_local=self.holdings.per_rank,
             tiers=tiers or TierConfig(),

@@ -3,8 +3,9 @@ over what the node staged and what peers sent into the rank's inbox, never the r
 
 A `TierStack` sits on it like on any origin, so a distributed job has RAM and disk tiers.
 A chunk staged whole on this node serves any byte range, and a tier may copy it; under
-partition plans, whose ranks punch out the samples they send away, only a whole-chunk read
-is served, and only once it matches the chunk's checksum. A chunk held in part (samples
+partition plans, whose ranks punch out the samples they send away, only until the rank marks
+it punched (a whole-chunk read: once it matches the chunk's checksum; a tier's piece: the
+tier checks its copy whole before placing it). A chunk held in part (samples
 moved here, a punched staged chunk, the rank's part of a chunk split between partitions)
 serves ranges inside one member: from the inbox, from the rank's part or the staged file
 (both checked), or, for a member on its way from a peer, once the exchange publishes it,
@@ -23,14 +24,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.distributed.inbox import InboxView, parts_dir
+from tierfeed.distributed.inbox import InboxView, part_name, parts_dir, punched_dir
 from tierfeed.errors import ExchangeError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
 from tierfeed.storage import DirectoryChunks
 from tierfeed.storage.driver import Driver
 
-__all__ = ["NamespaceDriver", "inbox_dir", "member_locator", "parts_dir"]
+__all__ = ["NamespaceDriver", "inbox_dir", "member_locator", "parts_dir", "punched_dir"]
 
 _POLL_S = 0.002
 
@@ -58,10 +59,13 @@ class NamespaceDriver(Driver):
         local: per chunk, whether this rank may read it from the node's local directory.
         inbox: the rank's inbox directory.
         parts: the rank's parts directory (its members of split chunks), if any.
+        punched: where the rank's exchanger marks the staged chunks it punched samples out
+            of (with ``verify_local``), if anywhere.
         timeout_s: how long a read waits for a member a peer has not sent yet.
         verify_local: staged chunks may have holes (partition plans punch out the samples a
-            rank sends away, and a sample can come back to a chunk it had left): serve a
-            staged chunk whole only by a whole-chunk read that matches its checksum, and check
+            rank sends away, and a sample can come back to a chunk it had left): serve ranges
+            of a staged chunk only until the exchanger marks it punched (a tier checks its
+            copy whole before placing it; a whole-chunk read is checked here), and check
             members read from it by theirs.
     """
 
@@ -75,6 +79,7 @@ class NamespaceDriver(Driver):
         timeout_s: float = 120.0,
         verify_local: bool = False,
         parts: str | os.PathLike[str] | None = None,
+        punched: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(read_only=True)
         self.index = index
@@ -85,6 +90,7 @@ class NamespaceDriver(Driver):
         self.chunks = DirectoryChunks(index.path.parent, infos, index.path)
         self.view = InboxView(inbox)
         self.parts = InboxView(parts) if parts is not None else None
+        self.punched = Path(punched) if punched is not None else None
         self._ids = {c.name: c.id for c in infos}
         self._sizes = [c.size for c in infos]
         self._key = member_locator(index)
@@ -112,11 +118,24 @@ class NamespaceDriver(Driver):
         return chunk is not None and self._whole(chunk)
 
     def _whole(self, chunk: int) -> bool:
-        """Whether chunk ``chunk`` lies whole on this node (any range of it can be served)."""
+        """Whether chunk ``chunk`` lies whole on this node (any range of it can be served):
+        staged here, and where samples may have been punched out, with no hole in its file."""
         if not self.local[chunk]:
             return False
         with self._mutex:
-            return chunk not in self._punched
+            if chunk in self._punched:
+                return False
+        return not self.verify_local or self._intact(chunk)
+
+    def _intact(self, chunk: int) -> bool:
+        """No sample punched out of the staged file: the rank's exchanger leaves a mark
+        before it punches (`tierfeed.distributed.inbox.mark_punched`), and stage-in clears
+        the marks of the chunks it verified whole again."""
+        if self.punched is not None and (self.punched / part_name(chunk)).exists():
+            with self._mutex:
+                self._punched.add(chunk)  # samples were sent away: it stays in part
+            return False
+        return True
 
     def _member_holding(self, chunk: int, offset: int, length: int) -> int | None:
         """The member whose bytes contain the range, or None."""
@@ -146,14 +165,13 @@ class NamespaceDriver(Driver):
         """A range of a chunk held whole. Where samples may have been punched out, only the
         whole chunk, checked: a punched range reads as zeros, never to be served."""
         if self._whole(chunk):
-            if not self.verify_local:
-                return self.chunks.read_range(chunk, offset, length)
-            if offset == 0 and length == self._sizes[chunk]:
-                data = self.chunks.read_range(chunk, offset, length)
-                if checksum_bytes(data) == self._checksums[chunk]:
-                    return data
-                with self._mutex:
-                    self._punched.add(chunk)  # samples were sent away: it stays in part
+            if not self.verify_local or offset != 0 or length != self._sizes[chunk]:
+                return self.chunks.read_range(chunk, offset, length)  # a piece: checked whole
+            data = self.chunks.read_range(chunk, offset, length)
+            if checksum_bytes(data) == self._checksums[chunk]:
+                return data
+            with self._mutex:
+                self._punched.add(chunk)  # samples were sent away: it stays in part
         raise NotFoundError(
             f"{self!r}: bytes {offset}..{offset + length} of chunk {path} are not on this node "
             "whole: it holds only some of the chunk's samples, so it serves only ranges inside "

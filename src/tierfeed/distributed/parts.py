@@ -46,8 +46,13 @@ class StagedParts:
         return np.arange(self._start[part.first], self._start[part.end], dtype=np.int64)
 
     def nbytes(self, part: Part) -> int:
-        """Bytes of the part's members."""
-        return int(self._length[self.members(part)].sum())
+        """Bytes of the part at the origin: from its first member's data to its last's end
+        (the tar headers between them included: what stage-in reads)."""
+        members = self.members(part)
+        if len(members) == 0:
+            return 0
+        last = members[-1]
+        return int(self._offset[last] + self._length[last] - self._offset[members[0]])
 
     def present(self, part: Part) -> bool:
         """Whether the part is published whole: its table names its members and each one's
@@ -62,15 +67,16 @@ class StagedParts:
         return True
 
     def copy(self, origin: Driver, root: str, part: Part, bar: tqdm[Any]) -> None:
-        """Read the part's members from the origin in ranges of ~8 MiB, check each, and
-        publish them back to back (renamed into place only once every member matched)."""
+        """Read the part from the origin in consecutive ranges of ~8 MiB, check each member,
+        and publish the members back to back (renamed into place only once every member matched)."""
         name = self.index.chunk_name(part.chunk)
         members = self.members(part)
         name_of = part_name(part.chunk)
         self.inbox.delete(name_of)  # a stale or damaged one: its table goes first
+        hi = int(self._offset[members[0]]) if len(members) else 0
         with publishing(self.inbox.bin_path(name_of)) as out:
             for group in _groups(self._offset[members], self._length[members], members):
-                lo = int(self._offset[group[0]])
+                lo = hi  # from where the last range ended: the headers between come along
                 hi = int(self._offset[group[-1]] + self._length[group[-1]])
                 data = origin.read_range(name, lo, hi - lo)
                 for m in group.tolist():

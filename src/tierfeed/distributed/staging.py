@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.holders import Holdings
-from tierfeed.distributed.inbox import parts_dir
+from tierfeed.distributed.inbox import parts_dir, punched_dir
 from tierfeed.distributed.parts import StagedParts
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_file
@@ -60,6 +60,7 @@ class StageReport:
         origin_opens: files the ranks opened at the origin.
         origin_reads: read calls served by the origin.
         local_dir: this rank's node-local store directory.
+        rank_bytes_copied: bytes this rank read from the origin (``bytes_copied`` is the job's).
     """
 
     chunks_copied: int = 0
@@ -72,6 +73,7 @@ class StageReport:
     origin_opens: int = 0
     origin_reads: int = 0
     local_dir: str = ""
+    rank_bytes_copied: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (for JSON)."""
@@ -231,10 +233,13 @@ def stage(
             report.bytes_copied += size if copied else 0
             report.bytes_present += 0 if copied else size
     parts.close()
+    # Every chunk this rank stages is whole and verified again: no mark of a punch stands.
+    shutil.rmtree(punched_dir(local, world.rank), ignore_errors=True)
     ops = origin.counters.snapshot()
     origin.close()
     index.close()
     report.origin_opens, report.origin_reads = ops["opens"], ops["reads"]
+    report.rank_bytes_copied = report.bytes_copied
     report.seconds = time.monotonic() - started
     return _job_total(report, comm)
 

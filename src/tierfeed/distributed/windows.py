@@ -151,9 +151,12 @@ class WindowExecutor:
         c = self.counters
         if settle:
             c.punched_bytes += self.strategy.settle(self.copies, sent, received)
-            if self.strategy.mode == "move":
+            out, into = sum(len(s) for s in sends), sum(recv_sizes)
+            if self.strategy.mode == "move":  # what arrived is published before what left goes
                 c.held += len(received) - len(sent)
                 c.max_held = max(c.max_held, c.held)
+                c.max_held_bytes = max(c.max_held_bytes, c.held_bytes + into)
+                c.held_bytes += into - out
         self._count(timing, sent, received, sum(len(s) for s in sends), sum(recv_sizes))
 
     def _count(self, t: _Timing, sent: Transfers, received: Transfers, out: int, into: int) -> None:

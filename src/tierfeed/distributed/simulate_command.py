@@ -1,4 +1,5 @@
-"""CLI subcommand `tierfeed simulate`."""
+"""CLI subcommand `tierfeed simulate`: a plan's traffic on a real store (from its index, every
+rank and epoch: `tierfeed.distributed.traffic`) or on synthetic sizes (`tierfeed.plan.simulate`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tierfeed.distributed.exchanger import ExchangeOptions
 from tierfeed.errors import ConfigError
 from tierfeed.plan.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
@@ -36,6 +38,10 @@ def _shape(args: argparse.Namespace) -> DatasetShape:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.store is not None:
+        return _run_store(args)
+    if args.samples is None:
+        raise ConfigError("give a STORE, or --samples for a synthetic dataset")
     shape = _shape(args)
     plan = Plan(shape, PlanSpec.parse(args.plan, seed=args.seed))
     rows = simulate(shape, plan, args.ranks, args.epochs, args.sample_ranks)
@@ -61,16 +67,60 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_store(args: argparse.Namespace) -> int:
+    from tierfeed.distributed.traffic import job_traffic
+    from tierfeed.format.index import Index
+    from tierfeed.loader.location import StoreLocation
+
+    if args.ranks < 1 or args.window < 1:
+        raise ConfigError(f"--ranks and --window must be positive: {args.ranks}, {args.window}")
+    if args.ranks_per_node < 1 or args.ranks % args.ranks_per_node:
+        raise ConfigError(
+            f"--ranks-per-node {args.ranks_per_node} does not divide --ranks {args.ranks}"
+        )
+    spec = PlanSpec.parse(args.plan, seed=args.seed)
+    with Index(StoreLocation.of(args.store).index_file()) as index:
+        rows = job_traffic(index, spec, args.ranks, args.ranks_per_node, args.epochs, args.window)
+        total = int(np.asarray(index.chunk_size, dtype=np.int64).sum())
+        head = f"{index.num_samples:,} samples, {human(total)}, {index.num_chunks:,} chunks"
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=1))
+        return 0
+    print(
+        f"{head}, {args.ranks:,} ranks ({args.ranks_per_node} per node), plan {spec}, "
+        f"exchange window {args.window}"
+    )
+    print(
+        f"{'epoch':>5} {'rank':>6} {'origin':>10} {'sent':>10} {'received':>10} "
+        f"{'held':>10} {'cache':>10}"
+    )
+    per_rank = args.ranks <= 16  # more: the mean and the most over ranks
+    for epoch in range(args.epochs):
+        here = [r for r in rows if r.epoch == epoch]
+        lines = [(str(r.rank), r.origin, r.sent, r.received, r.held, r.cache) for r in here]
+        if not per_rank:
+            cols = np.array([[r.origin, r.sent, r.received, r.held, r.cache] for r in here])
+            lines = [("mean", *cols.mean(axis=0)), ("max", *cols.max(axis=0))]
+        for name, *values in lines:
+            print(f"{epoch:>5} {name:>6} " + " ".join(f"{human(v):>10}" for v in values))
+    return 0
+
+
 def register(sub: Any) -> None:
     """Add `tierfeed simulate`."""
     p = sub.add_parser(
         "simulate",
         help="origin, exchange and cache bytes per epoch of a plan",
-        description="Compute a sampling plan on a synthetic dataset of lognormal sample sizes "
-        "and print, per epoch, the bytes each rank reads from the origin, exchanges with peers "
-        "and keeps in its cache. Nothing is read or written.",
+        description="Compute a job's sampling plan and print, per epoch, the bytes each rank "
+        "reads from the origin, exchanges with peers, holds on local storage and keeps in its "
+        "cache. With STORE: the store's own index, the job staged in (the holdings, plans and "
+        "exchange schedules the job runs), every rank. Without: a synthetic dataset of "
+        "lognormal sample sizes (--samples), a sample of ranks. Only the index is read.",
     )
-    p.add_argument("--samples", type=int, required=True, help="number of samples in the dataset")
+    p.add_argument(
+        "store", nargs="?", default=None, metavar="STORE", help="a store (directory or URL)"
+    )
+    p.add_argument("--samples", type=int, help="synthetic: number of samples in the dataset")
     p.add_argument(
         "--sample-bytes",
         type=_size,
@@ -94,10 +144,19 @@ def register(sub: Any) -> None:
     p.add_argument("--policy", dest="plan", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=3, help="epochs to simulate (default 3)")
     p.add_argument(
+        "--ranks-per-node", type=int, default=1, help="STORE: ranks per node (default 1)"
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=ExchangeOptions().window,
+        help=f"STORE: exchange window in positions (default {ExchangeOptions().window})",
+    )
+    p.add_argument(
         "--sample-ranks",
         type=int,
         default=16,
-        help="ranks actually computed; totals are extrapolated to --ranks (default 16)",
+        help="synthetic: ranks computed; totals are extrapolated to --ranks (default 16)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the plan and the sizes (default 0)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
