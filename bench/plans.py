@@ -1,8 +1,11 @@
-"""Benchmarks of the plans: one rank's plan at 10M samples x 1,024 ranks, and shuffle quality.
+"""Benchmarks of the plans: one rank's plan at 10M samples x 1,024 ranks, shuffle quality,
+and the padding of partition plans.
 
 Usage:
     python bench/plans.py cost            # time and peak memory of one rank's plan
     python bench/plans.py quality         # batch class entropy and displacement per policy
+    python bench/plans.py padding         # rank sizes and padding of local/partial plans
+    python bench/plans.py fetch           # one rank's fetch schedule: its own side vs every order
 """
 
 from __future__ import annotations
@@ -66,6 +69,66 @@ def quality(samples: int, classes: int, per_chunk: int, ranks: int, batch: int) 
                               "displacement": round(d, 3)}), flush=True)  # fmt: skip
 
 
+PADDING_CASES = [  # (samples, samples per chunk, ranks): issue 18's table
+    (1_281_167, 580, 2048),  # ImageNet-1k in 64 MiB chunks, at the seeds' scale
+    (1_281_167, 580, 256),
+    (9_300_000, 570, 2048),
+    (601, 20, 4),  # 2 MiB chunks: the test suite's scale
+]
+
+
+def padding() -> list[dict[str, object]]:
+    """Per case: the ranks' partition sizes, samples delivered per epoch, padding."""
+    rows = []
+    for n, per_chunk, ranks in PADDING_CASES:
+        shape = DatasetShape.uniform(n, per_chunk)
+        for spec in ("local", "partial:0.3"):
+            counts = Plan(shape, PlanSpec.parse(spec, seed=1)).counts(0, ranks)
+            delivered = max(counts) * ranks
+            rows.append({"samples": n, "per_chunk": per_chunk, "ranks": ranks, "plan": spec,
+                         "sizes": [min(counts), max(counts)], "delivered": delivered,
+                         "padding": delivered - n,
+                         "padding_pct": round(100 * (delivered - n) / n, 4)})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def fetch(samples: list[int], ranks: int, per_node: int) -> list[dict[str, object]]:
+    """One rank's fetch schedule of an epoch (global plan over a staged job): its own side
+    (`rank_fetch`: its order and the inverse shuffle of what it staged) against computing every
+    rank's order, as the exchanger did before. Median of 3, peak memory by tracemalloc."""
+    from tierfeed.distributed.holders import Holdings
+    from tierfeed.distributed.schedule import rank_fetch
+    from tierfeed.world import World
+
+    rows = []
+    for n in samples:
+        shape = DatasetShape.uniform(n, 500)
+        spec = PlanSpec("global", seed=1)
+        sizes = np.bincount(shape.sample_chunk) * 110_000
+        holdings = Holdings.of(shape, sizes, spec, World(0, ranks, 0, per_node))
+        # Every order of 16,384 ranks at 100M samples would take minutes: only up to 10M.
+        for how in ("own side", "every order") if n <= 10_000_000 else ("own side",):
+            times, peaks = [], []
+            for _ in range(3):
+                plan = Plan(shape, spec)
+                tracemalloc.start()
+                t0 = time.perf_counter()
+                if how == "own side":
+                    rank_fetch(plan, holdings, 1, 17, ranks, 256)
+                else:
+                    for r in range(ranks):
+                        plan.order(1, r, ranks)
+                times.append(time.perf_counter() - t0)
+                peaks.append(tracemalloc.get_traced_memory()[1])
+                tracemalloc.stop()
+            rows.append({"samples": n, "ranks": ranks, "per_node": per_node, "how": how,
+                         "seconds_median": round(statistics.median(times), 4),
+                         "peak_MiB": round(max(peaks) / 2**20, 2)})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -78,8 +141,17 @@ def main() -> None:
     q.add_argument("--per-chunk", type=int, default=256)
     q.add_argument("--ranks", type=int, default=16)
     q.add_argument("--batch", type=int, default=64)
+    sub.add_parser("padding")
+    f = sub.add_parser("fetch")
+    f.add_argument("--samples", type=int, nargs="+", default=[10_000_000, 100_000_000])
+    f.add_argument("--ranks", type=int, default=16384)
+    f.add_argument("--per-node", type=int, default=8)
     args = parser.parse_args()
-    if args.what == "cost":
+    if args.what == "padding":
+        padding()
+    elif args.what == "fetch":
+        fetch(args.samples, args.ranks, args.per_node)
+    elif args.what == "cost":
         cost(args.samples, args.ranks)
     else:
         quality(args.samples, args.classes, args.per_chunk, args.ranks, args.batch)

@@ -64,3 +64,29 @@ def test_global_holdings_stay_whole_chunks(case) -> None:
     assert np.all(holdings.holder >= 0) and all(holdings.parts_of(r) == [] for r in range(m))
     everything = np.arange(shape.num_samples)
     assert np.array_equal(holdings.sample_holder(everything), holdings.holder[shape.sample_chunk])
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=cases(), epoch=st.integers(0, 3), window=st.integers(1, 40), drop_last=st.booleans())
+def test_one_ranks_fetch_schedule_is_its_rows_of_the_whole_one(
+    case, epoch, window, drop_last
+) -> None:
+    """`rank_fetch` (one rank's order, and the inverse shuffle of what it staged) gives the
+    rows of `fetch_transfers` (every rank's orders) in which the rank sends or receives, in
+    the same order: the all-to-all of each window matches on both ends."""
+    from tierfeed.distributed.schedule import num_windows, rank_fetch
+
+    shape, m, per_node = case
+    spec = PlanSpec("global", drop_last=drop_last, seed=epoch)
+    sizes = np.bincount(shape.sample_chunk) * 100
+    holdings = Holdings.of(shape, sizes, spec, World(0, m, 0, per_node))
+    plan = Plan(shape, spec)
+    orders = [plan.order(epoch, r, m) for r in range(m)]
+    mine = [rank_fetch(plan, holdings, epoch, r, m, window) for r in range(m)]
+    for w in range(num_windows(len(orders[0]), window)):
+        whole = fetch_transfers(orders, w * window, (w + 1) * window, holdings)
+        for r in range(m):
+            got = mine[r].transfers(w, holdings)
+            want = whole._where((whole.src == r) | (whole.dst == r))
+            for a, b in ((got.sample, want.sample), (got.src, want.src), (got.dst, want.dst)):
+                assert np.array_equal(a, b)

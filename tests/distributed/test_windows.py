@@ -28,6 +28,9 @@ class _Strategy:
             raise StorageError("chunk 7: read failed")
         return []
 
+    def collective(self, transfers: Any) -> bool:
+        return len(transfers) > 0
+
     def after(self, copies: Any, state: EpochState, w: int) -> None:
         return None
 

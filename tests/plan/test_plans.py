@@ -199,3 +199,30 @@ def test_partitions_balanced_to_the_sample_over_shapes(shape, m, q, window, epoc
                 got = np.bincount(ex.dst, minlength=m)
                 k = plan.exchange_size(m)
                 assert np.all(sent == k) and np.all(got == k)
+
+
+@settings(max_examples=150)
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**32 - 1))
+def test_feistel_invert_finds_each_values_position(n: int, seed: int) -> None:
+    from tierfeed.plan.bijection import feistel_invert, feistel_permute
+
+    words = np.random.SeedSequence(seed).generate_state(8, np.uint64)
+    perm = feistel_permute(np.arange(n), n, words)
+    assert np.array_equal(feistel_invert(perm, n, words), np.arange(n))
+    some = perm[::7]
+    assert np.array_equal(feistel_permute(feistel_invert(some, n, words), n, words), some)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=shapes(), m=st.integers(1, 9), epoch=st.integers(0, 3), drop_last=st.booleans(),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_readers_are_where_the_orders_read_each_sample(shape, m, epoch, drop_last, seed) -> None:
+    plan = Plan(shape, PlanSpec("global", drop_last=drop_last, seed=seed))
+    expected = sorted(
+        (int(s), r, i) for r in range(m) for i, s in enumerate(plan.order(epoch, r, m).tolist())
+    )
+    sample, rank, index = plan.readers(epoch, np.arange(shape.num_samples), m)
+    assert sorted(zip(sample.tolist(), rank.tolist(), index.tolist(), strict=True)) == expected
+    some = np.arange(0, shape.num_samples, 3)
+    sample, _, _ = plan.readers(epoch, some, m)
+    assert set(sample.tolist()) <= set(some.tolist())

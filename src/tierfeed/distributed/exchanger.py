@@ -104,7 +104,7 @@ class Exchanger:
         inbox = inbox_dir(local_dir, self.rank)
         self.copies = LocalCopies(Path(local_dir), inbox, holdings, self.rank)
         self.strategy = strategy_for(
-            plan, holdings, self.world_size, self.options.window, self.options.ahead
+            plan, holdings, self.world_size, self.options.window, self.options.ahead, self.rank
         )
         self.mode = self.strategy.mode
         self.counters = ExchangeCounters()

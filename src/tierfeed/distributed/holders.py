@@ -114,13 +114,32 @@ class Holdings:
             return self.holder[self.sample_chunk[samples]]
         return (np.searchsorted(self.bounds, samples, side="right") - 1).astype(np.int64)
 
+    def local_to_ranks(self, ranks: IntArray, samples: IntArray) -> npt.NDArray[np.bool_]:
+        """Per row: can rank ``ranks[i]`` read sample ``samples[i]`` from local storage?"""
+        ranks, samples = np.asarray(ranks, np.int64), np.asarray(samples, np.int64)
+        holder = self.holder[self.sample_chunk[samples]]
+        whole = holder != SPLIT
+        same = self.node_of(holder) == self.node_of(ranks)  # a node's ranks share its chunks
+        here = holder == ranks if self.per_rank else same
+        in_part = ~whole & (self.sample_holder(samples) == ranks)
+        return np.asarray((whole & here) | in_part, dtype=bool)
+
+    def samples_staged_by(self, rank: int) -> IntArray:
+        """The samples ``rank`` copies from the origin (its whole chunks and its parts), in
+        store order. O(its samples + chunks)."""
+        chunks = self.staged_by(rank)
+        edges = np.searchsorted(self.sample_chunk, np.stack([chunks, chunks + 1]), side="left")
+        runs = [np.arange(lo, hi, dtype=np.int64) for lo, hi in edges.T.tolist()]
+        runs += [np.arange(q.first, q.end, dtype=np.int64) for q in self.parts_of(rank)]
+        if not runs:
+            return np.zeros(0, dtype=np.int64)
+        return np.sort(np.concatenate(runs))
+
     def local_samples(self, rank: int, samples: IntArray) -> npt.NDArray[np.bool_]:
         """Per sample of ``samples``: can ``rank`` read it from local storage (a whole chunk
         of its node, or its own part of a split chunk)?"""
         samples = np.asarray(samples, dtype=np.int64)
-        chunks = self.sample_chunk[samples]
-        in_part = (self.holder[chunks] == SPLIT) & (self.sample_holder(samples) == rank)
-        return np.asarray(self.local_to(rank)[chunks] | in_part, dtype=bool)
+        return self.local_to_ranks(np.full(len(samples), rank, dtype=np.int64), samples)
 
     def staged_by(self, rank: int) -> IntArray:
         """Chunk ids ``rank`` copies whole from the origin during stage-in."""

@@ -22,7 +22,14 @@ import numpy.typing as npt
 from tierfeed.distributed.holders import Holdings
 from tierfeed.plan import Plan
 
-__all__ = ["Transfers", "fetch_transfers", "move_transfers", "num_windows"]
+__all__ = [
+    "RankFetch",
+    "Transfers",
+    "fetch_transfers",
+    "move_transfers",
+    "num_windows",
+    "rank_fetch",
+]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -93,6 +100,49 @@ def fetch_transfers(orders: list[IntArray], a: int, b: int, holdings: Holdings) 
     return Transfers.sorted(
         np.concatenate(samples), np.concatenate(srcs).astype(np.int64), np.concatenate(dsts)
     )
+
+
+@dataclass(frozen=True)
+class RankFetch:
+    """One rank's side of an epoch's fetch schedule, found without the other ranks' orders:
+    its own order (what it receives) and the reads of the samples it staged by other nodes'
+    ranks (what it sends), sorted by (window, receiver, position in the receiver's order)."""
+
+    rank: int
+    order: IntArray
+    window: int
+    send_sample: IntArray
+    send_dst: IntArray
+    send_window: IntArray
+
+    def transfers(self, w: int, holdings: Holdings) -> Transfers:
+        """This rank's rows of window ``w``: `fetch_transfers`' rows with it as src or dst."""
+        part = self.order[w * self.window : (w + 1) * self.window]
+        _, first = np.unique(part, return_index=True)
+        part = part[np.sort(first)]
+        got = part[~holdings.local_samples(self.rank, part)]
+        lo, hi = np.searchsorted(self.send_window, [w, w + 1], side="left")
+        sent = self.send_sample[lo:hi]
+        sample = np.concatenate([got, sent])
+        src = np.concatenate([holdings.sample_holder(got), np.full(len(sent), self.rank)])
+        dst = np.concatenate([np.full(len(got), self.rank), self.send_dst[lo:hi]])
+        return Transfers.sorted(sample, src.astype(np.int64), dst.astype(np.int64))
+
+
+def rank_fetch(
+    plan: Plan, holdings: Holdings, epoch: int, rank: int, world_size: int, window: int
+) -> RankFetch:
+    """Rank ``rank``'s side of the fetch schedule of ``epoch``, in O(N/M + what it sends):
+    its own order, and where its staged samples are read (`Plan.readers`, the inverse of the
+    global shuffle) by ranks that cannot read them locally. Sample-level global plans only.
+    """
+    order = plan.order(epoch, rank, world_size)
+    sample, dst, index = plan.readers(epoch, holdings.samples_staged_by(rank), world_size)
+    away = ~holdings.local_to_ranks(dst, sample)
+    sample, dst, index = sample[away], dst[away], index[away]
+    win = index // max(1, window)
+    by = np.lexsort((index, dst, win))  # window, then receiver, then its reading order
+    return RankFetch(rank, order, window, sample[by], dst[by], win[by])
 
 
 def move_transfers(plan: Plan, epoch: int, world_size: int, window: int) -> list[Transfers]:

@@ -21,7 +21,13 @@ import numpy.typing as npt
 
 from tierfeed.distributed.copies import LocalCopies
 from tierfeed.distributed.holders import Holdings
-from tierfeed.distributed.schedule import Transfers, fetch_transfers, move_transfers
+from tierfeed.distributed.schedule import (
+    RankFetch,
+    Transfers,
+    fetch_transfers,
+    move_transfers,
+    rank_fetch,
+)
 from tierfeed.plan import Plan
 
 __all__ = ["EpochState", "FetchStrategy", "MoveStrategy", "ScheduleStrategy", "strategy_for"]
@@ -52,7 +58,10 @@ class ScheduleStrategy(Protocol):
         """Plan the epoch's windows (on the exchange thread)."""
 
     def transfers(self, state: EpochState, w: int) -> Transfers:
-        """The transfers of window ``w`` (every rank's)."""
+        """The transfers of window ``w`` (every rank's, or at least this rank's)."""
+
+    def collective(self, transfers: Transfers) -> bool:
+        """Whether window ``w``'s all-to-all runs, decided alike on every rank."""
 
     def ready(self, state: EpochState, w: int) -> bool:
         """Whether window ``w`` may run, given how far the loader is."""
@@ -66,25 +75,56 @@ class ScheduleStrategy(Protocol):
 
 @dataclass
 class FetchStrategy:
-    """Fetch each window's samples ``ahead`` windows early; delete them once read."""
+    """Fetch each window's samples ``ahead`` windows early; delete them once read.
+
+    Sample-level global plans: each rank computes only its own side of the schedule (its
+    order, and where the samples it staged are read: `rank_fetch`), O(N/M + what it sends),
+    and every window runs its collective where the job spans nodes. ``local`` plans fetch
+    nothing (a rank reads its own partition, all staged by itself). Chunk-wise global plans
+    compute every rank's order (O(N) per rank and epoch).
+    """
 
     plan: Plan
     holdings: Holdings
     world_size: int
     window: int
     ahead: int
+    rank: int = 0
     mode: str = "fetch"
     keeps_epochs_apart: bool = True
     _orders: list[IntArray] = field(default_factory=list)
+    _mine: RankFetch | None = None
+
+    def _local_only(self) -> bool:
+        return self.plan.spec.policy == "global" and not self.plan.spec.window
 
     def prepare(self, state: EpochState) -> None:
+        self._orders, self._mine = [], None
+        if self.plan.spec.policy == "local":
+            return
+        if self._local_only():
+            self._mine = rank_fetch(
+                self.plan, self.holdings, state.epoch, self.rank, self.world_size, self.window
+            )
+            return
         self._orders = [
             self.plan.order(state.epoch, r, self.world_size) for r in range(self.world_size)
         ]
 
     def transfers(self, state: EpochState, w: int) -> Transfers:
+        if self._mine is not None:
+            return self._mine.transfers(w, self.holdings)
+        if not self._orders:
+            return Transfers.empty()
         a, b = w * self.window, (w + 1) * self.window
         return fetch_transfers(self._orders, a, b, self.holdings)
+
+    def collective(self, transfers: Transfers) -> bool:
+        """Whether this window's all-to-all runs (every rank must decide alike): with one
+        rank's rows only, whenever the job spans nodes."""
+        if self._mine is not None:
+            return self.world_size > self.holdings.local_world_size
+        return len(transfers) > 0
 
     def ready(self, state: EpochState, w: int) -> bool:
         return state.ended or w * self.window < state.consumed + state.margin + (
@@ -114,6 +154,9 @@ class MoveStrategy:
     def transfers(self, state: EpochState, w: int) -> Transfers:
         return state.schedule[w]
 
+    def collective(self, transfers: Transfers) -> bool:
+        return len(transfers) > 0  # every rank's rows: the same answer everywhere
+
     def ready(self, state: EpochState, w: int) -> bool:
         return state.ended or (w + 1) * self.window + state.margin <= state.consumed
 
@@ -137,9 +180,9 @@ class MoveStrategy:
 
 
 def strategy_for(
-    plan: Plan, holdings: Holdings, world_size: int, window: int, ahead: int
+    plan: Plan, holdings: Holdings, world_size: int, window: int, ahead: int, rank: int = 0
 ) -> FetchStrategy | MoveStrategy:
     """Partial plans move samples; the others fetch them."""
     if plan.spec.policy == "partial":
         return MoveStrategy(plan, world_size, window)
-    return FetchStrategy(plan, holdings, world_size, window, ahead)
+    return FetchStrategy(plan, holdings, world_size, window, ahead, rank)

@@ -125,7 +125,7 @@ class WindowExecutor:
 
     def _step(self, state: EpochState, w: int) -> None:
         transfers = self.strategy.transfers(state, w)
-        if len(transfers):
+        if self.strategy.collective(transfers):
             self._exchange(state.epoch, w, transfers, settle=True)
         self.strategy.after(self.copies, state, w)
 

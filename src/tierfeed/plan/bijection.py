@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["feistel_permute"]
+__all__ = ["feistel_invert", "feistel_permute"]
 
 ROUNDS = 6
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -37,6 +37,17 @@ def _feistel(
     return (left << np.uint64(half)) | right
 
 
+def _feistel_back(
+    y: npt.NDArray[np.uint64], keys: npt.NDArray[np.uint64], half: int
+) -> npt.NDArray[np.uint64]:
+    """The inverse of `_feistel`: its rounds undone, last key first."""
+    mask = np.uint64((1 << half) - 1)
+    left, right = y >> np.uint64(half), y & mask
+    for key in keys[::-1]:
+        left, right = right ^ (_mix(left, key) & mask), left
+    return (left << np.uint64(half)) | right
+
+
 def feistel_permute(
     positions: npt.ArrayLike, n: int, seed_words: npt.NDArray[np.uint64]
 ) -> npt.NDArray[np.int64]:
@@ -57,5 +68,31 @@ def feistel_permute(
     outside = out >= np.uint64(n)
     while outside.any():
         out[outside] = _feistel(out[outside], keys, half)
+        outside = out >= np.uint64(n)
+    return out.astype(np.int64)
+
+
+def feistel_invert(
+    values: npt.ArrayLike, n: int, seed_words: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.int64]:
+    """The positions at which `feistel_permute` with the same ``n`` and ``seed_words`` puts
+    ``values``: ``feistel_permute(feistel_invert(v, n, w), n, w) == v``. Lets a rank find
+    where the samples it holds fall in a global shuffle in O(its samples).
+
+    Args:
+        values: values in [0, n).
+        n: the size of the permuted range.
+        seed_words: the keys given to `feistel_permute`.
+    """
+    val = np.asarray(values, dtype=np.uint64)
+    if n <= 1:
+        return val.astype(np.int64)
+    half = max(1, (int(n - 1).bit_length() + 1) // 2)
+    keys = np.asarray(seed_words[:ROUNDS], dtype=np.uint64)
+    out = _feistel_back(val, keys, half)
+    # Walk the cycle backwards through the values outside [0, n), as permute walked forwards.
+    outside = out >= np.uint64(n)
+    while outside.any():
+        out[outside] = _feistel_back(out[outside], keys, half)
         outside = out >= np.uint64(n)
     return out.astype(np.int64)

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
-from tierfeed.plan.bijection import feistel_permute
+from tierfeed.plan.bijection import feistel_invert, feistel_permute
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.shuffle import (
     PURPOSE_ORDER,
@@ -185,6 +185,35 @@ class Plan:
             return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
         return np.arange(rank, per * world_size, world_size, dtype=np.int64)
 
+    def _order_words(self, epoch: int) -> npt.NDArray[np.uint64]:
+        seq = np.random.SeedSequence([self.spec.seed, epoch, PURPOSE_ORDER])
+        return np.asarray(seq.generate_state(8, np.uint64), dtype=np.uint64)
+
+    def readers(
+        self, epoch: int, samples: IntArray, world_size: int
+    ) -> tuple[IntArray, IntArray, IntArray]:
+        """Where ``samples`` are read in ``epoch`` of a sample-level global plan, without any
+        rank's order: rows (sample, rank, index in that rank's order), one per read (a padded
+        epoch reads a few samples twice, drop_last none of some). O(len(samples)).
+
+        Raises:
+            ConfigError: the plan is not ``global`` without a chunk-wise window.
+        """
+        if self.spec.policy != "global" or self.spec.window:
+            raise ConfigError(f"readers() needs a sample-level global plan, not {self.spec}")
+        n = self.shape.num_samples
+        samples = np.asarray(samples, dtype=np.int64)
+        per = n // world_size if self.spec.drop_last else -(-n // world_size)
+        end = per * world_size  # positions [0, end) are read; those >= n wrap (padding)
+        first = feistel_invert(samples, n, self._order_words(epoch)) if n else samples
+        again = first + n  # the wrapped position of the same permutation entry
+        twice = again < end
+        position = np.concatenate([first, again[twice]])
+        sample = np.concatenate([samples, samples[twice]])
+        read = position < end
+        position, sample = position[read], sample[read]
+        return sample, position % world_size, position // world_size
+
     def _global_at(self, epoch: int, positions: IntArray) -> IntArray:
         """The epoch's global permutation at ``positions``, without building all of it.
 
@@ -194,9 +223,7 @@ class Plan:
         """
         n = self.shape.num_samples
         if not self.spec.window:
-            seq = np.random.SeedSequence([self.spec.seed, epoch, PURPOSE_ORDER])
-            words = np.asarray(seq.generate_state(8, np.uint64), dtype=np.uint64)
-            return feistel_permute(positions, n, words)
+            return feistel_permute(positions, n, self._order_words(epoch))
         starts = self.shape.chunk_starts()
         chunks = rng_for(self.spec.seed, epoch, PURPOSE_ORDER).permutation(self.shape.num_chunks)
         sizes = np.diff(starts)[chunks]
