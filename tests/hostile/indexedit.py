@@ -75,6 +75,7 @@ def edit_array(raw: bytes, name: str, change: Any) -> bytes:
     offset, nbytes = section(raw, name)
     known = present_sections(header["sections"])
     spec = header["path_order_dtype"] if name == "path_order" else known[name][0]
+    spec = header.get("dtypes", {}).get(name, spec)  # format 2 narrows some sections
     array = np.frombuffer(raw, dtype=spec, count=nbytes // np.dtype(spec).itemsize, offset=offset)
     new = np.asarray(change(array.copy()), dtype=spec).tobytes()
     assert len(new) == nbytes, f"edit of {name} changed its length"

@@ -315,10 +315,84 @@ CRAFTED: dict[str, tuple[str, Any, str]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def wide(pristine: tuple[Path, bytes], tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The pristine index written with every offset 64-bit (format 1's layout)."""
+    from tierfeed.format.index import write_index
+
+    path = tmp_path_factory.mktemp("wide") / INDEX_NAME
+    with Index(pristine[0]) as ix:
+        write_index(path, ie.content_of(ix), narrow=False)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["narrow", "wide"])
 @pytest.mark.parametrize("case", list(CRAFTED))
-def test_crafted_invariant_broken(case: str, pristine: tuple[Path, bytes], damaged: Any) -> None:
+def test_crafted_invariant_broken(
+    case: str, layout: str, pristine: tuple[Path, bytes], wide: bytes, damaged: Any
+) -> None:
     name, change, match = CRAFTED[case]
-    assert_rejected(damaged(ie.edit_array(pristine[1], name, change)), match=match)
+    raw = pristine[1] if layout == "narrow" else wide
+    try:
+        edited = ie.edit_array(raw, name, change)
+    except OverflowError:
+        pytest.skip("the value does not fit a 32-bit section: the wide layout carries it")
+    assert_rejected(damaged(edited), match=match)
+
+
+def test_the_pristine_index_is_narrow_and_the_wide_one_opens(
+    pristine: tuple[Path, bytes], wide: bytes, damaged: Any
+) -> None:
+    assert set(ie.read_header(pristine[1])["dtypes"]) == {
+        "sample_member_start", "sample_key_offset", "member_offset", "member_length"
+    }  # fmt: skip
+    assert ie.read_header(wide)["dtypes"] == {}
+    with Index(damaged(wide)) as ix, Index(pristine[0]) as narrow:
+        assert ix.member_offset.dtype == np.uint64 and narrow.member_offset.dtype == np.uint32
+        assert np.array_equal(ix.member_offset, narrow.member_offset)
+        assert [ix.key(s) for s in range(ix.num_samples)] == [
+            narrow.key(s) for s in range(narrow.num_samples)
+        ]
+
+
+def test_a_format_1_index_opens_and_a_newer_one_is_named(
+    wide: bytes, damaged: Any, pristine: tuple[Path, bytes]
+) -> None:
+    import struct
+
+    header = ie.read_header(wide)
+    del header["dtypes"]  # format 1 had no such field: every offset 64-bit
+    old = bytearray(ie.with_header(wide, header))
+    struct.pack_into("<I", old, 8, 1)
+    with Index(damaged(bytes(old))) as ix, Index(pristine[0]) as new:
+        assert ix.num_samples == new.num_samples and ix.key(3) == new.key(3)
+    newer = bytearray(pristine[1])
+    struct.pack_into("<I", newer, 8, 3)
+    with pytest.raises(IndexFormatError, match="format version 3"):
+        Index(damaged(bytes(newer)))
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "match"),
+    [
+        ({"member_offset": "<u2"}, "not a narrowable section"),
+        ({"member_checksum": "<u4"}, "not a narrowable section"),
+        ({"member_offset": "<u8"}, "whole array|entries"),  # the section is <u4 bytes
+    ],
+)
+def test_a_crafted_dtype_is_refused(
+    dtypes: dict[str, str], match: str, pristine: tuple[Path, bytes], damaged: Any
+) -> None:
+    header = ie.read_header(pristine[1])
+    header["dtypes"] = {**header["dtypes"], **dtypes}
+    assert_rejected(damaged(ie.with_header(pristine[1], header)), match=match)
+
+
+def test_narrow_offsets_with_a_chunk_of_4_gib_are_refused(
+    pristine: tuple[Path, bytes], damaged: Any
+) -> None:
+    edited = ie.edit_array(pristine[1], "chunk_size", _set(0, 2**32))
+    assert_rejected(damaged(edited), match="32-bit member offsets")
 
 
 def test_chunk_name_escaping_the_store(pristine: tuple[Path, bytes], damaged: Any) -> None:

@@ -27,6 +27,7 @@ from tierfeed.format.indexwrite import IndexContent, write_index
 from tierfeed.format.layout import (
     INDEX_NAME,
     MAGIC,
+    READS,
     VERSION,
     expected_length,
     present_sections,
@@ -97,7 +98,7 @@ class Index:
         magic, version, hlen = _PREFIX.unpack_from(self._mm, 0)
         if magic != MAGIC:
             raise IndexFormatError(f"{self.path}: not a tierfeed index (bad magic {magic!r})")
-        if version != VERSION:
+        if version not in READS:
             raise IndexFormatError(
                 f"{self.path}: index format version {version}, this tierfeed reads version "
                 f"{VERSION}; re-index the store with this version (`tierfeed pack` or "
@@ -145,13 +146,16 @@ class Index:
         self.member_mtime: npt.NDArray[np.int64] | None = arrays.get("member_mtime")
         self.dir_mode: npt.NDArray[np.uint16] | None = arrays.get("dir_mode")
         self.dir_mtime: npt.NDArray[np.int64] | None = arrays.get("dir_mtime")
-        self.sample_member_start: npt.NDArray[np.uint64] = arrays["sample_member_start"]
-        self.sample_key_offset: npt.NDArray[np.uint64] = arrays["sample_key_offset"]
+        # The NARROW sections are uint32 or uint64 (`layout.NARROW`).
+        self.sample_member_start: npt.NDArray[np.unsignedinteger[Any]] = arrays[
+            "sample_member_start"
+        ]
+        self.sample_key_offset: npt.NDArray[np.unsignedinteger[Any]] = arrays["sample_key_offset"]
         self.sample_label: npt.NDArray[np.int32] = arrays["sample_label"]
         self.sample_chunk: npt.NDArray[np.uint32] = arrays["sample_chunk"]
         self.member_chunk: npt.NDArray[np.uint32] = arrays["member_chunk"]
-        self.member_offset: npt.NDArray[np.uint64] = arrays["member_offset"]
-        self.member_length: npt.NDArray[np.uint64] = arrays["member_length"]
+        self.member_offset: npt.NDArray[np.unsignedinteger[Any]] = arrays["member_offset"]
+        self.member_length: npt.NDArray[np.unsignedinteger[Any]] = arrays["member_length"]
         self.member_checksum: npt.NDArray[np.uint64] = arrays["member_checksum"]
         self.member_ext: npt.NDArray[np.uint16] = arrays["member_ext"]
         self.path_order: npt.NDArray[np.unsignedinteger[Any]] = arrays["path_order"]
@@ -187,8 +191,9 @@ class Index:
 
     def member_owner(self, member: int) -> int:
         """The sample a member belongs to (binary search over member starts)."""
-        # A typed scalar: with a Python int numpy would cast the whole uint64 array first.
-        return int(np.searchsorted(self.sample_member_start, np.uint64(member), "right")) - 1
+        # A scalar of the array's type: otherwise numpy would cast the whole array first.
+        start = self.sample_member_start
+        return int(np.searchsorted(start, start.dtype.type(member), "right")) - 1
 
     def member_path_bytes(self, member: int) -> bytes:
         """The original relative path of a member: its sample's key plus its extension."""

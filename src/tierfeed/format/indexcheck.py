@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, checksum_bytes
-from tierfeed.format.layout import TREE_SECTIONS, as_dtype, present_sections
+from tierfeed.format.layout import NARROW, TREE_SECTIONS, as_dtype, present_sections
 
 __all__ = [
     "MAX_CHUNK_BYTES",
@@ -51,7 +51,13 @@ _REQUIRED: dict[str, type] = {
     "path_order_dtype": str,
     "sections": dict,
 }
-_OPTIONAL: dict[str, type] = {"extra": dict, "header_checksum": int, "dirs": int, "root": list}
+_OPTIONAL: dict[str, type] = {
+    "extra": dict,
+    "header_checksum": int,
+    "dirs": int,
+    "root": list,
+    "dtypes": dict,
+}
 MAX_MODE = 0o7777  # permission bits only: the type bits come from what an entry is
 
 
@@ -102,6 +108,10 @@ def check_header(header: object, where: Path, size: int) -> dict[str, Any]:
             f"path order dtype {header['path_order_dtype']!r} is not one of "
             f"{', '.join(PATH_ORDER_DTYPES)}",
         )
+    dtypes = header.get("dtypes", {})
+    for name, dtype in dtypes.items():
+        if name not in NARROW or dtype not in PATH_ORDER_DTYPES:
+            raise damaged(where, f"header dtype {name!r}: {dtype!r} is not a narrowable section")
     _check_names(header, where, size)
     _check_root(header, where)
     return header
@@ -160,7 +170,9 @@ def check_sections(
                 f"{where}: index is truncated (section {name} ends at byte {offset + nbytes}, "
                 f"file has {size}); re-create it (`tierfeed pack` or `tierfeed index`)"
             )
-        dtype = as_dtype(header["path_order_dtype"] if name == "path_order" else spec)
+        if name == "path_order":
+            spec = header["path_order_dtype"]
+        dtype = as_dtype(header.get("dtypes", {}).get(name, spec))
         if nbytes % dtype.itemsize or offset % dtype.itemsize:
             raise damaged(where, f"section {name} is not a whole array of {dtype.str} items")
         out[name] = (offset, nbytes // dtype.itemsize, dtype)
@@ -206,6 +218,9 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
     size = a["chunk_size"]
     if np.any(size > MAX_CHUNK_BYTES):
         raise damaged(where, f"a chunk is larger than {MAX_CHUNK_BYTES} bytes")
+    narrow = a["member_offset"].dtype.itemsize == 4 or a["member_length"].dtype.itemsize == 4
+    if narrow and len(size) and int(size.max()) >= 2**32:
+        raise damaged(where, "32-bit member offsets with a chunk of 4 GiB or more")
     _check_member_ranges(a, where)
     order = a["path_order"]
     seen = np.zeros(members, dtype=bool)
@@ -223,7 +238,8 @@ def _check_member_ranges(a: Arrays, where: Path) -> None:
     past = np.flatnonzero((length > size) | (offset > size - np.minimum(length, size)))
     if len(past):
         m = int(past[0])
-        owner = int(np.searchsorted(a["sample_member_start"], np.uint64(m), "right")) - 1
+        start = a["sample_member_start"]
+        owner = int(np.searchsorted(start, start.dtype.type(m), "right")) - 1
         ko = a["sample_key_offset"]
         path = a["keys"][int(ko[owner]) : int(ko[owner + 1])].tobytes()
         c = int(a["member_chunk"][m])

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
 from tierfeed.format.indexcheck import header_checksum
-from tierfeed.format.layout import MAGIC, SECTIONS, TREE_SECTIONS, VERSION, aligned
+from tierfeed.format.layout import MAGIC, NARROW, SECTIONS, TREE_SECTIONS, VERSION, aligned
 from tierfeed.publish import publishing
 
 __all__ = ["PREFIX", "IndexContent", "write_index"]
@@ -98,7 +98,9 @@ def _path_order(content: IndexContent) -> npt.NDArray[np.generic]:
     return np.asarray(order, dtype=dtype)
 
 
-def _section_arrays(content: IndexContent) -> dict[str, npt.NDArray[Any] | bytes]:
+def _section_arrays(
+    content: IndexContent, narrow: bool = True
+) -> dict[str, npt.NDArray[Any] | bytes]:
     """Every section of the index for ``content``, by name, before encoding."""
     key_offset, keys = _blob(content.keys)
     name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
@@ -122,6 +124,22 @@ def _section_arrays(content: IndexContent) -> dict[str, npt.NDArray[Any] | bytes
         "chunk_checksum": content.chunk_checksum,
     }
     arrays |= _tree_arrays(content)
+    return _narrowed(arrays, content, narrow)
+
+
+def _narrowed(
+    arrays: dict[str, npt.NDArray[Any] | bytes], content: IndexContent, narrow: bool
+) -> dict[str, npt.NDArray[Any] | bytes]:
+    """The `NARROW` sections as <u4 where every value fits (member offsets and lengths only
+    when every chunk is below 4 GiB, so that their sums fit as well), else <u8."""
+    small_chunks = len(content.chunk_size) == 0 or int(np.max(content.chunk_size)) < 2**32
+    for name in NARROW:
+        value = arrays[name]
+        if isinstance(value, bytes):
+            continue
+        fits = len(value) == 0 or int(np.max(value)) < 2**32
+        fits = fits and narrow and (small_chunks or not name.startswith("member_"))
+        arrays[name] = np.asarray(value, dtype="<u4" if fits else "<u8")
     return arrays
 
 
@@ -135,7 +153,8 @@ def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, by
         if isinstance(value, bytes):
             payloads.append((name, value))
         else:
-            spec = value.dtype.newbyteorder("<").str if name == "path_order" else dtype
+            own = name == "path_order" or name in NARROW  # their dtype is the array's
+            spec = value.dtype.newbyteorder("<").str if own else dtype
             payloads.append((name, np.ascontiguousarray(value, dtype=spec).tobytes()))
     return payloads
 
@@ -158,6 +177,11 @@ def _header(
         "checksum_algo": CHECKSUM_ALGO,
         "sections_checksum": hasher.intdigest(),
         "path_order_dtype": arrays["path_order"].dtype.str,  # type: ignore[union-attr]
+        "dtypes": {
+            name: "<u4"
+            for name in NARROW
+            if not isinstance(arrays[name], bytes) and arrays[name].dtype.itemsize == 4  # type: ignore[union-attr]
+        },
         "extra": content.extra,
     }
     if content.dir_paths is not None and content.root is not None:
@@ -183,14 +207,18 @@ def _lay_out(header: dict[str, Any], payloads: list[tuple[str, bytes]]) -> int:
     return header_len
 
 
-def write_index(path: str | os.PathLike[str], content: IndexContent) -> None:
-    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename)."""
+def write_index(path: str | os.PathLike[str], content: IndexContent, narrow: bool = True) -> None:
+    """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename).
+
+    ``narrow`` writes the `NARROW` offsets as 32-bit where they fit (12 bytes less per
+    one-file sample); False keeps them 64-bit, as format version 1 had them.
+    """
     if len(content.exts) > 2**16:
         raise IndexFormatError(
             f"{path}: {len(content.exts)} distinct file extensions; the index holds at most "
             f"{2**16} (are sample keys split as intended?)"
         )
-    arrays = _section_arrays(content)
+    arrays = _section_arrays(content, narrow)
     payloads = _payloads(arrays)
     header = _header(content, arrays, payloads)
     header_len = _lay_out(header, payloads)

@@ -7,10 +7,12 @@ offset 0   b"TIERFEED"                 magic, 8 bytes
       16   H bytes of JSON             counts, classes, extensions, section table, checksum
       ...  sections, each 64-byte aligned, raw little-endian numpy arrays
 ```
-Per sample 24 bytes and per member 34 bytes (plus the key bytes): a 10M-sample index opens
-by memory-mapping these arrays, without reading them. A store packed from a tree also holds
-the optional tree sections (`TREE_SECTIONS`: modes and mtimes of its files, and every
-directory); indexes without them (`tierfeed index`, `Writer`, older packs) open unchanged.
+Per sample 24 bytes and per member 34 bytes (plus the key bytes), or 16 and 26 where the
+writer narrows offsets to 32 bits (format version 2: `NARROW`, where the values fit; a
+one-file sample then takes 42-46 bytes): an index opens by memory-mapping these arrays. A
+store packed from a tree also holds the optional tree sections (`TREE_SECTIONS`: modes and
+mtimes of its files, and every directory); indexes without them (`tierfeed index`, `Writer`,
+older packs) open unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ __all__ = [
     "ALIGN",
     "INDEX_NAME",
     "MAGIC",
+    "NARROW",
+    "READS",
     "SECTIONS",
     "TREE_SECTIONS",
     "VERSION",
@@ -31,7 +35,8 @@ __all__ = [
 ]
 
 MAGIC = b"TIERFEED"
-VERSION = 1
+VERSION = 2  # 2: the header's "dtypes" may narrow the NARROW sections to <u4
+READS = (1, 2)  # versions this reader opens (1: every NARROW section <u8)
 ALIGN = 64
 INDEX_NAME = "index.tfi"
 
@@ -65,6 +70,12 @@ TREE_SECTIONS: dict[str, tuple[str, str]] = {
     "dir_mode": ("<u2", "d"),
     "dir_mtime": ("<i8", "d"),
 }
+
+
+# Sections written as <u4 where every value fits (the header's "dtypes" names them): offsets
+# into the members and keys, and member offsets and lengths when every chunk is < 4 GiB (so
+# offset + length fits too).
+NARROW = ("sample_member_start", "sample_key_offset", "member_offset", "member_length")
 
 
 def present_sections(names: object) -> dict[str, tuple[str, str]]:
