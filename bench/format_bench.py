@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.synth import SynthSpec, make_imagefolder
 
@@ -35,7 +36,7 @@ def rss():
 from tierfeed.format.index import Index
 before = rss()
 t0 = time.perf_counter()
-ix = Index(sys.argv[1])
+ix = Index(sys.argv[1], recheck=sys.argv[2] == "recheck")
 opened = time.perf_counter() - t0
 after_open = rss()
 rng = np.random.default_rng(0)
@@ -96,23 +97,33 @@ def bench_index(samples: int, workdir: Path) -> dict[str, object]:
     synthetic_index(path, samples)
     build_s = time.perf_counter() - t0
     path.read_bytes()  # warm the page cache for every run alike
-    results = []
-    for _ in range(3):
-        done = subprocess.run(
-            [sys.executable, "-c", _OPEN_CHILD, str(path)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        results.append(json.loads(done.stdout))
+    env = dict(os.environ, TIERFEED_CACHE=str(workdir / f"cache-{samples}"))
+    results: dict[str, list[dict[str, float]]] = {"recheck": [], "stamped": []}
+    for mode in ("recheck", "stamped"):  # checked in full (and stamped), then with the stamp
+        for _ in range(3):
+            done = subprocess.run(
+                [sys.executable, "-c", _OPEN_CHILD, str(path), mode],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+            )
+            results[mode].append(json.loads(done.stdout))
     size = path.stat().st_size
+    with Index(path) as ix:
+        keys = int(ix.sample_key_offset[-1])
+        arrays = sum(n for name, (_, n) in ix.header["sections"].items() if name != "keys")
     path.unlink()
-    med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+    full = {k: statistics.median(r[k] for r in results["recheck"]) for k in results["recheck"][0]}
+    med = {k: statistics.median(r[k] for r in results["stamped"]) for k in results["stamped"][0]}
     return {
         "samples": samples,
         "build_s": round(build_s, 1),
         "file_bytes_per_sample": round(size / samples, 1),
-        "open_s_median": round(med["open_s"], 4),
+        "arrays_bytes_per_sample": round(arrays / samples, 1),
+        "key_bytes_per_sample": round(keys / samples, 1),
+        "open_checked_s_median": round(full["open_s"], 4),
+        "open_stamped_s_median": round(med["open_s"], 5),
         "open_rss_bytes_per_sample": round(med["open_rss"] / samples, 3),
         "rss_after_10k_lookups_bytes_per_sample": round(med["lookups_rss"] / samples, 3),
         "lookup_by_id_us": round(med["lookup_us"], 2),

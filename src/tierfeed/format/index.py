@@ -22,6 +22,7 @@ from tierfeed.format.indexcheck import (
     check_sections,
     damaged,
 )
+from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, stamp
 from tierfeed.format.indexwrite import PREFIX as _PREFIX
 from tierfeed.format.indexwrite import IndexContent, write_index
 from tierfeed.format.layout import (
@@ -65,12 +66,15 @@ class Index:
     Arrays are views of the mapping. Opening validates the header, the section table and
     the invariants readers rely on (vectorised, see `tierfeed.format.indexcheck`), and the
     sections checksum when the sections total at most `CHECKSUM_ON_OPEN_BYTES`; any damage
-    found raises IndexFormatError naming the file. Lookups by path stay safe on a crafted
-    index whose path order is not sorted: they end, and `Store.listdir` raises when it meets
-    paths out of order; `check_path_order` (run by `tierfeed verify`) checks it in full.
+    found raises IndexFormatError naming the file. A large index that passed is stamped
+    (`tierfeed.format.indexstamp`): opening it again, unchanged, on this host skips the
+    O(samples) checks, unless ``recheck`` (what `tierfeed verify` asks for). Lookups by
+    path stay safe on a crafted index whose path order is not sorted: they end, and
+    `Store.listdir` raises when it meets paths out of order; `check_path_order` (run by
+    `tierfeed verify`) checks it in full.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], recheck: bool = False) -> None:
         self.path = Path(path).absolute()  # chunk paths must not depend on a later chdir
         if self.path.is_dir():
             self.path = self.path / INDEX_NAME
@@ -84,7 +88,8 @@ class Index:
         except OSError as exc:
             raise IndexFormatError(f"{self.path}: cannot open index: {exc.strerror}") from None
         try:
-            self._size = os.fstat(fd).st_size
+            self._stat = os.fstat(fd)
+            self._size = self._stat.st_size
             if self._size < _PREFIX.size:
                 raise IndexFormatError(f"{self.path}: not a tierfeed index (file too short)")
             self._mm: mmap.mmap | bytes = _map_or_read(fd, self._size, self.path)
@@ -92,7 +97,7 @@ class Index:
             os.close(fd)
         self.checksum_verified = False
         self.header = self._read_header()
-        self._map_sections()
+        self._map_sections(recheck)
 
     def _read_header(self) -> dict[str, Any]:
         magic, version, hlen = _PREFIX.unpack_from(self._mm, 0)
@@ -116,7 +121,7 @@ class Index:
             raise IndexFormatError(f"{self.path}: index header is corrupt") from None
         return check_header(header, self.path, self._size)
 
-    def _map_sections(self) -> None:
+    def _map_sections(self, recheck: bool) -> None:
         h = self.header
         self.num_samples: int = h["samples"]
         self.num_members: int = h["members"]
@@ -137,9 +142,14 @@ class Index:
             if want is not None and count != want:
                 raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
-        if sum(nbytes for _, nbytes in h["sections"].values()) <= CHECKSUM_ON_OPEN_BYTES:
-            self.check_checksum()
-        check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
+        total = sum(nbytes for _, nbytes in h["sections"].values())
+        stamped = total > STAMP_ABOVE_BYTES and "header_checksum" in h
+        if recheck or not (stamped and has_stamp(self.path, self._stat, h["header_checksum"])):
+            if total <= CHECKSUM_ON_OPEN_BYTES:
+                self.check_checksum()
+            check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
+            if stamped:
+                stamp(self.path, self._stat, h["header_checksum"])
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = check_tree(arrays, self.path) if self.has_tree else []
         self.member_mode: npt.NDArray[np.uint16] | None = arrays.get("member_mode")

@@ -182,7 +182,7 @@ def verify_store(
             (TierfeedError) are problems of that chunk.
     """
     try:
-        ix = Index(path)
+        ix = Index(path, recheck=True)
     except TierfeedError as exc:
         return [str(exc)]
     with ix:
