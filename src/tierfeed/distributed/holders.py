@@ -27,10 +27,6 @@ IntArray = npt.NDArray[np.int64]
 SPLIT = -1  # the holder of a chunk cut between ranks: each holds its own samples of it
 
 
-def _chunk_starts(sample_chunk: IntArray, num_chunks: int) -> IntArray:
-    return np.searchsorted(sample_chunk, np.arange(num_chunks + 1), side="left").astype(np.int64)
-
-
 def chunk_holders(
     shape: DatasetShape, chunk_bytes: npt.ArrayLike, spec: PlanSpec, world_size: int
 ) -> IntArray:
@@ -45,7 +41,7 @@ def chunk_holders(
     sizes = np.asarray(chunk_bytes, dtype=np.int64)
     if spec.policy in ("local", "partial"):
         bounds = local_bounds(shape.num_samples, world_size)
-        starts = _chunk_starts(shape.sample_chunk, len(sizes))
+        starts = shape.first_samples(np.arange(len(sizes) + 1))
         first = np.searchsorted(bounds, starts[:-1], side="right") - 1
         last = np.searchsorted(bounds, np.maximum(starts[1:] - 1, starts[:-1]), side="right") - 1
         first, last = np.clip(first, 0, world_size - 1), np.clip(last, 0, world_size - 1)
@@ -70,7 +66,7 @@ class Holdings:
 
     Attributes:
         holder: per chunk, the rank that staged it whole, or `SPLIT`.
-        sample_chunk: chunk id of each sample.
+        shape: the samples' chunks.
         bounds: partition plans: rank r staged samples [bounds[r], bounds[r+1]) (None for
             ``global``, whose holders are whole chunks).
         local_world_size: ranks per node (they share the node's staged chunks).
@@ -79,7 +75,7 @@ class Holdings:
     """
 
     holder: IntArray
-    sample_chunk: IntArray
+    shape: DatasetShape
     bounds: IntArray | None = None
     local_world_size: int = 1
     per_rank: bool = False
@@ -92,9 +88,7 @@ class Holdings:
         holder = chunk_holders(shape, chunk_bytes, spec, world.world_size)
         partitions = spec.policy in ("local", "partial")
         bounds = local_bounds(shape.num_samples, world.world_size) if partitions else None
-        return cls(
-            holder, shape.sample_chunk, bounds, world.local_world_size, spec.policy == "partial"
-        )
+        return cls(holder, shape, bounds, world.local_world_size, spec.policy == "partial")
 
     def node_of(self, rank: int | IntArray) -> IntArray:
         """Node index of ``rank`` (ranks are laid out node by node)."""
@@ -111,13 +105,13 @@ class Holdings:
         """The rank that staged each of ``samples`` (whole chunk or part)."""
         samples = np.asarray(samples, dtype=np.int64)
         if self.bounds is None:
-            return self.holder[self.sample_chunk[samples]]
+            return np.asarray(self.holder[self.shape.sample_chunk[samples]], dtype=np.int64)
         return (np.searchsorted(self.bounds, samples, side="right") - 1).astype(np.int64)
 
     def local_to_ranks(self, ranks: IntArray, samples: IntArray) -> npt.NDArray[np.bool_]:
         """Per row: can rank ``ranks[i]`` read sample ``samples[i]`` from local storage?"""
         ranks, samples = np.asarray(ranks, np.int64), np.asarray(samples, np.int64)
-        holder = self.holder[self.sample_chunk[samples]]
+        holder = self.holder[self.shape.sample_chunk[samples]]
         whole = holder != SPLIT
         same = self.node_of(holder) == self.node_of(ranks)  # a node's ranks share its chunks
         here = holder == ranks if self.per_rank else same
@@ -128,8 +122,9 @@ class Holdings:
         """The samples ``rank`` copies from the origin (its whole chunks and its parts), in
         store order. O(its samples + chunks)."""
         chunks = self.staged_by(rank)
-        edges = np.searchsorted(self.sample_chunk, np.stack([chunks, chunks + 1]), side="left")
-        runs = [np.arange(lo, hi, dtype=np.int64) for lo, hi in edges.T.tolist()]
+        firsts = self.shape.first_samples(chunks)
+        ends = self.shape.first_samples(chunks + 1)
+        runs = [np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(firsts, ends, strict=True)]
         runs += [np.arange(q.first, q.end, dtype=np.int64) for q in self.parts_of(rank)]
         if not runs:
             return np.zeros(0, dtype=np.int64)
@@ -153,9 +148,11 @@ class Holdings:
         if lo == hi:
             return []
         out = []
-        for chunk in sorted({int(self.sample_chunk[lo]), int(self.sample_chunk[hi - 1])}):
+        for chunk in sorted(
+            {int(self.shape.sample_chunk[lo]), int(self.shape.sample_chunk[hi - 1])}
+        ):
             if self.holder[chunk] != SPLIT:
                 continue
-            first, end = np.searchsorted(self.sample_chunk, [chunk, chunk + 1], side="left")
-            out.append(Part(chunk, max(lo, int(first)), min(hi, int(end))))
+            first, end = self.shape.first_samples([chunk, chunk + 1]).tolist()
+            out.append(Part(chunk, max(lo, first), min(hi, end)))
         return out

@@ -43,12 +43,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.samples is None:
         raise ConfigError("give a STORE, or --samples for a synthetic dataset")
     shape = _shape(args)
+    sizes = shape.sample_bytes
+    total = int(sizes.sum()) if sizes is not None else 0
     plan = Plan(shape, PlanSpec.parse(args.plan, seed=args.seed))
     rows = simulate(shape, plan, args.ranks, args.epochs, args.sample_ranks)
     if args.json:
         print(json.dumps(as_dict(rows), indent=1))
         return 0
-    total = int(shape.sample_bytes.sum())
     print(
         f"{shape.num_samples:,} samples, {human(total)}, {shape.num_chunks:,} chunks, "
         f"{args.ranks:,} ranks, plan {plan.spec} (computed on {min(args.sample_ranks, args.ranks)} "

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tierfeed.format.index import Index
 from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
@@ -171,8 +169,5 @@ def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
     """The plan of a store's samples under ``spec``."""
     if isinstance(spec, str):
         spec = PlanSpec.parse(spec)
-    labels = np.asarray(index.sample_label, dtype=np.int64)
-    shape = DatasetShape(
-        np.asarray(index.sample_chunk, dtype=np.int64), index.sample_bytes(), labels
-    )
-    return Plan(shape, spec)
+    # Views of the index's mapped sections, not copies: a rank's plan reads its part of them.
+    return Plan(DatasetShape(index.sample_chunk, None, index.sample_label), spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -12,25 +13,34 @@ from tierfeed.errors import ConfigError
 __all__ = ["DatasetShape"]
 
 
+_BLOCK = 1 << 24  # elements checked at a time: no temporary the size of the dataset
+
+
 @dataclass(frozen=True)
 class DatasetShape:
     """Samples in store order: ``sample_chunk`` is non-decreasing (chunks hold runs of samples).
 
+    The arrays may be views of an index's mapped sections (any integer dtype): a plan reads
+    only the part of them its rank needs.
+
     Attributes:
         sample_chunk: chunk id of each sample.
-        sample_bytes: size of each sample in bytes.
+        sample_bytes: size of each sample in bytes (what `tierfeed simulate` counts), or None.
         labels: class of each sample (-1 when unknown), for shuffle-quality metrics.
     """
 
-    sample_chunk: npt.NDArray[np.int64]
-    sample_bytes: npt.NDArray[np.int64]
-    labels: npt.NDArray[np.int64] | None = None
+    sample_chunk: npt.NDArray[np.integer[Any]]
+    sample_bytes: npt.NDArray[np.int64] | None = None
+    labels: npt.NDArray[np.integer[Any]] | None = None
 
     def __post_init__(self) -> None:
-        if len(self.sample_chunk) != len(self.sample_bytes):
+        n = len(self.sample_chunk)
+        if self.sample_bytes is not None and n != len(self.sample_bytes):
             raise ConfigError("sample_chunk and sample_bytes must have one entry per sample")
-        if len(self.sample_chunk) and np.any(np.diff(self.sample_chunk) < 0):
-            raise ConfigError("samples must be in chunk order (sample_chunk non-decreasing)")
+        for lo in range(0, max(0, n - 1), _BLOCK):
+            block = self.sample_chunk[lo : lo + _BLOCK + 1]
+            if np.any(block[1:] < block[:-1]):
+                raise ConfigError("samples must be in chunk order (sample_chunk non-decreasing)")
 
     @classmethod
     def uniform(
@@ -52,6 +62,15 @@ class DatasetShape:
 
     def chunk_starts(self) -> npt.NDArray[np.int64]:
         """First sample of every chunk, plus num_samples at the end."""
-        return np.searchsorted(
-            self.sample_chunk, np.arange(self.num_chunks + 1), side="left"
+        return self.first_samples(np.arange(self.num_chunks + 1))
+
+    def first_samples(self, chunks: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """The first sample of each of ``chunks`` (num_samples past the last): a binary search
+        in the array's own dtype, so that numpy never copies the whole array to compare."""
+        dtype = self.sample_chunk.dtype
+        wanted = np.asarray(chunks, dtype=np.int64)
+        top = np.iinfo(dtype).max
+        found = np.searchsorted(
+            self.sample_chunk, np.minimum(wanted, top).astype(dtype), side="left"
         ).astype(np.int64)
+        return np.where(wanted > top, self.num_samples, found)

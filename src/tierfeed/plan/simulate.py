@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tierfeed.errors import ConfigError
 from tierfeed.plan.plan import Plan
 from tierfeed.plan.shape import DatasetShape
 
@@ -38,6 +39,8 @@ class EpochTraffic:
 def _rank_epoch(plan: Plan, epoch: int, rank: int, m: int) -> tuple[float, float, float]:
     """(origin, exchange sent, cache held) bytes of one rank in one epoch."""
     sizes = plan.shape.sample_bytes
+    if sizes is None:
+        raise ConfigError("simulate needs the samples' sizes (DatasetShape.sample_bytes)")
     order = plan.order(epoch, rank, m)
     if plan.spec.policy == "global":
         return float(sizes[np.unique(order)].sum()), 0.0, 0.0
