@@ -6,15 +6,21 @@ Usage:
     python bench/plans.py quality         # batch class entropy and displacement per policy
     python bench/plans.py padding         # rank sizes and padding of local/partial plans
     python bench/plans.py fetch           # one rank's fetch schedule: its own side vs every order
+    python bench/plans.py index --samples 10000000 30000000   # a rank's plan over a real index
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
@@ -129,6 +135,69 @@ def fetch(samples: list[int], ranks: int, per_node: int) -> list[dict[str, objec
     return rows
 
 
+_RANK_PLAN_CHILD = """
+import json, sys, time, tracemalloc
+from tierfeed.format.index import Index
+from tierfeed.loader.compose import plan_for
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+path, spec, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
+index = Index(path)  # stamped already: O(1)
+before = rss()
+t0 = time.perf_counter()
+plan = plan_for(index, spec)
+made = time.perf_counter() - t0
+out = {}
+for epoch in (0, 10):
+    tracemalloc.start()
+    t1 = time.perf_counter()
+    order = plan.order(epoch, 17, ranks)
+    plan.shape.sample_chunk[order]  # the chunk lookup a reader does next
+    out[epoch] = (time.perf_counter() - t1, tracemalloc.get_traced_memory()[1])
+    tracemalloc.stop()
+print(json.dumps({"plan_for_s": made, "epoch0_s": out[0][0], "epoch10_s": out[10][0],
+                  "peak_bytes": max(out[0][1], out[10][1]), "rss_growth": rss() - before,
+                  "order_len": len(order)}))
+"""
+
+
+def rank_plan(samples: list[int], ranks: int, workdir: Path) -> list[dict[str, object]]:
+    """One rank's plan over a synthetic index of each size, in a fresh process (the index
+    opened and stamped first): plan_for's time, the plan's time and peak memory, and how
+    much the process's resident memory grew (the index's pages it touched included)."""
+    from tierfeed.format.synthindex import synthetic_index
+
+    env = dict(os.environ, TIERFEED_CACHE=str(workdir / "cache"))
+    rows = []
+    for n in samples:
+        path = workdir / f"index-{n}.tfi"
+        synthetic_index(path, n)
+        stamp = f"from tierfeed.format.index import Index; Index({str(path)!r})"
+        subprocess.run([sys.executable, "-c", stamp], check=True, env=env)  # checked, stamped
+        for spec in ("global", "global,chunkwise:8", "local", "partial:0.3"):
+            runs = []
+            for _ in range(3):
+                done = subprocess.run(
+                    [sys.executable, "-c", _RANK_PLAN_CHILD, str(path), spec, str(ranks)],
+                    capture_output=True, text=True, check=True, env=env,
+                )  # fmt: skip
+                runs.append(json.loads(done.stdout))
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            rows.append({"samples": n, "ranks": ranks, "plan": spec,
+                         "plan_for_s": round(med["plan_for_s"], 4),
+                         "epoch0_s": round(med["epoch0_s"], 4),
+                         "epoch10_s": round(med["epoch10_s"], 4),
+                         "peak_MiB": round(med["peak_bytes"] / 2**20, 2),
+                         "rss_growth_MiB": round(med["rss_growth"] / 2**20, 1),
+                         "order_len": int(med["order_len"])})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        path.unlink()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -146,8 +215,15 @@ def main() -> None:
     f.add_argument("--samples", type=int, nargs="+", default=[10_000_000, 100_000_000])
     f.add_argument("--ranks", type=int, default=16384)
     f.add_argument("--per-node", type=int, default=8)
+    ix = sub.add_parser("index")
+    ix.add_argument("--samples", type=int, nargs="+", default=[10_000_000])
+    ix.add_argument("--ranks", type=int, default=16384)
+    ix.add_argument("--workdir", default=None)
     args = parser.parse_args()
-    if args.what == "padding":
+    if args.what == "index":
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            rank_plan(args.samples, args.ranks, Path(tmp))
+    elif args.what == "padding":
         padding()
     elif args.what == "fetch":
         fetch(args.samples, args.ranks, args.per_node)

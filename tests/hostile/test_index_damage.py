@@ -302,6 +302,7 @@ CRAFTED: dict[str, tuple[str, Any, str]] = {
     "label below -1": ("sample_label", _set(0, -2), "labels"),
     "member chunk out of range": ("member_chunk", _set(0, 99), "chunk id"),
     "sample chunk out of range": ("sample_chunk", _set(0, 2**32 - 1), "chunk id"),
+    "samples out of chunk order": ("sample_chunk", _swap(0, -1), "chunk order"),
     "member in another chunk": ("member_chunk", _other_chunk, "sample's chunk"),
     "ext id out of range": ("member_ext", _set(0, 2**16 - 1), "extension id"),
     "member past chunk end": ("member_offset", _set(0, 10**6), "past the end of chunk"),

@@ -212,6 +212,9 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
         raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
     if np.any(a["member_ext"] >= exts):
         raise damaged(where, f"a member has an extension id >= {exts}")
+    sample_chunk = a["sample_chunk"]
+    if len(sample_chunk) > 1 and bool(np.any(sample_chunk[1:] < sample_chunk[:-1])):
+        raise damaged(where, "samples are not in chunk order (sample chunk ids decrease)")
     counts = np.diff(start).astype(np.int64)
     if not np.array_equal(np.repeat(a["sample_chunk"], counts), a["member_chunk"]):
         raise damaged(where, "the members of a sample are not all in the sample's chunk")

@@ -170,4 +170,5 @@ def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
     if isinstance(spec, str):
         spec = PlanSpec.parse(spec)
     # Views of the index's mapped sections, not copies: a rank's plan reads its part of them.
-    return Plan(DatasetShape(index.sample_chunk, None, index.sample_label), spec)
+    # The index checked the chunk order on open (`indexcheck.check_invariants`).
+    return Plan(DatasetShape(index.sample_chunk, None, index.sample_label, ordered=True), spec)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,16 +27,21 @@ class DatasetShape:
         sample_chunk: chunk id of each sample.
         sample_bytes: size of each sample in bytes (what `tierfeed simulate` counts), or None.
         labels: class of each sample (-1 when unknown), for shuffle-quality metrics.
+        ordered: the caller vouches that ``sample_chunk`` is non-decreasing (an opened
+            index checked it); otherwise it is checked here, a block at a time.
     """
 
     sample_chunk: npt.NDArray[np.integer[Any]]
     sample_bytes: npt.NDArray[np.int64] | None = None
     labels: npt.NDArray[np.integer[Any]] | None = None
+    ordered: bool = field(default=False, repr=False, compare=False)  # checked already (index)
 
     def __post_init__(self) -> None:
         n = len(self.sample_chunk)
         if self.sample_bytes is not None and n != len(self.sample_bytes):
             raise ConfigError("sample_chunk and sample_bytes must have one entry per sample")
+        if self.ordered:  # an index checked it on open: no page of it is read here
+            return
         for lo in range(0, max(0, n - 1), _BLOCK):
             block = self.sample_chunk[lo : lo + _BLOCK + 1]
             if np.any(block[1:] < block[:-1]):
