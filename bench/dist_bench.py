@@ -110,21 +110,11 @@ def rank_main(
     dist.destroy_process_group()
 
 
-def run_condition(
-    cond: str, slow: Path, work: Path, epochs: int, step_s: float
-) -> list[dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def run_spawned(target: Any, args: list[tuple[Any, ...]], name: str) -> None:
+    """One spawned process per argument tuple (a rank each); wait (15 min at most) and
+    stop the benchmark if any rank failed."""
     ctx = mp.get_context("spawn")
-    outs = [work / f"{cond}.rank{r}.json" for r in range(RANKS)]
-    procs = [
-        ctx.Process(
-            target=rank_main,
-            args=(r, port, cond, str(slow), str(work), epochs, step_s, str(outs[r])),
-        )
-        for r in range(RANKS)
-    ]
+    procs = [ctx.Process(target=target, args=a) for a in args]
     for p in procs:
         p.start()
     for p in procs:
@@ -132,7 +122,26 @@ def run_condition(
         if p.is_alive():
             p.kill()
     if any(p.exitcode != 0 for p in procs):
-        raise SystemExit(f"{cond}: ranks exited {[p.exitcode for p in procs]}")
+        raise SystemExit(f"{name}: ranks exited {[p.exitcode for p in procs]}")
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for the job's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def run_condition(
+    cond: str, slow: Path, work: Path, epochs: int, step_s: float
+) -> list[dict[str, Any]]:
+    port = free_port()
+    outs = [work / f"{cond}.rank{r}.json" for r in range(RANKS)]
+    args = [
+        (r, port, cond, str(slow), str(work), epochs, step_s, str(outs[r])) for r in range(RANKS)
+    ]
+    run_spawned(rank_main, args, cond)
     return [json.loads(o.read_text()) for o in outs]
 
 

@@ -23,17 +23,14 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch.multiprocessing as mp
-
 sys.path.insert(0, str(Path(__file__).parent))
-from dist_bench import make_source
+from dist_bench import free_port, make_source, run_spawned
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 
@@ -107,26 +104,13 @@ def rank_main(
 
 
 def run_job(plan: str, world: int, store: Path, work: Path, epochs: int) -> list[dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    port = free_port()
     work.mkdir(parents=True)
     outs = [work / f"rank{r}.json" for r in range(world)]
-    procs = [
-        ctx.Process(
-            target=rank_main, args=(r, world, port, plan, str(store), str(work), epochs, str(o))
-        )
-        for r, o in enumerate(outs)
+    args = [
+        (r, world, port, plan, str(store), str(work), epochs, str(o)) for r, o in enumerate(outs)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(900)
-        if p.is_alive():
-            p.kill()
-    if any(p.exitcode != 0 for p in procs):
-        raise SystemExit(f"{plan} x{world}: ranks exited {[p.exitcode for p in procs]}")
+    run_spawned(rank_main, args, f"{plan} x{world}")
     return sorted((row for o in outs for row in json.loads(o.read_text())),
                   key=lambda r: (r["epoch"], r["rank"]))  # fmt: skip
 

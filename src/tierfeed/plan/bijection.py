@@ -8,6 +8,8 @@ permuting all N samples as DistributedSampler does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -48,6 +50,27 @@ def _feistel_back(
     return (left << np.uint64(half)) | right
 
 
+def _cycle_walk(
+    start: npt.ArrayLike,
+    n: int,
+    seed_words: npt.NDArray[np.uint64],
+    step: Callable[[npt.NDArray[np.uint64], npt.NDArray[np.uint64], int], npt.NDArray[np.uint64]],
+) -> npt.NDArray[np.int64]:
+    """``step`` (the network or its inverse) applied until every value lies in [0, n)."""
+    out = np.asarray(start, dtype=np.uint64)
+    if n <= 1:
+        return out.astype(np.int64)
+    half = max(1, (int(n - 1).bit_length() + 1) // 2)
+    keys = np.asarray(seed_words[:ROUNDS], dtype=np.uint64)
+    out = step(out, keys, half)
+    # The domain is < 4n, so each step leaves fewer than 3/4 outside [0, n).
+    outside = out >= np.uint64(n)
+    while outside.any():
+        out[outside] = step(out[outside], keys, half)
+        outside = out >= np.uint64(n)
+    return out.astype(np.int64)
+
+
 def feistel_permute(
     positions: npt.ArrayLike, n: int, seed_words: npt.NDArray[np.uint64]
 ) -> npt.NDArray[np.int64]:
@@ -58,18 +81,7 @@ def feistel_permute(
         n: the size of the permuted range.
         seed_words: at least ROUNDS uint64 keys (e.g. SeedSequence.generate_state).
     """
-    pos = np.asarray(positions, dtype=np.uint64)
-    if n <= 1:
-        return pos.astype(np.int64)
-    half = max(1, (int(n - 1).bit_length() + 1) // 2)
-    keys = np.asarray(seed_words[:ROUNDS], dtype=np.uint64)
-    out = _feistel(pos, keys, half)
-    # Cycle-walk: the domain is < 4n, so each step leaves fewer than 3/4 outside [0, n).
-    outside = out >= np.uint64(n)
-    while outside.any():
-        out[outside] = _feistel(out[outside], keys, half)
-        outside = out >= np.uint64(n)
-    return out.astype(np.int64)
+    return _cycle_walk(positions, n, seed_words, _feistel)
 
 
 def feistel_invert(
@@ -77,22 +89,12 @@ def feistel_invert(
 ) -> npt.NDArray[np.int64]:
     """The positions at which `feistel_permute` with the same ``n`` and ``seed_words`` puts
     ``values``: ``feistel_permute(feistel_invert(v, n, w), n, w) == v``. Lets a rank find
-    where the samples it holds fall in a global shuffle in O(its samples).
+    where the samples it holds fall in a global shuffle in O(its samples). The walk goes
+    backwards through the values outside [0, n) that the permutation walked forwards.
 
     Args:
         values: values in [0, n).
         n: the size of the permuted range.
         seed_words: the keys given to `feistel_permute`.
     """
-    val = np.asarray(values, dtype=np.uint64)
-    if n <= 1:
-        return val.astype(np.int64)
-    half = max(1, (int(n - 1).bit_length() + 1) // 2)
-    keys = np.asarray(seed_words[:ROUNDS], dtype=np.uint64)
-    out = _feistel_back(val, keys, half)
-    # Walk the cycle backwards through the values outside [0, n), as permute walked forwards.
-    outside = out >= np.uint64(n)
-    while outside.any():
-        out[outside] = _feistel_back(out[outside], keys, half)
-        outside = out >= np.uint64(n)
-    return out.astype(np.int64)
+    return _cycle_walk(values, n, seed_words, _feistel_back)
