@@ -99,7 +99,9 @@ def padding() -> list[dict[str, object]]:
     return rows
 
 
-def fetch(samples: list[int], ranks: int, per_node: int) -> list[dict[str, object]]:
+def fetch(
+    samples: list[int], ranks: int, per_node: int, spec_text: str = "global"
+) -> list[dict[str, object]]:
     """One rank's fetch schedule of an epoch (global plan over a staged job): its own side
     (`rank_fetch`: its order and the inverse shuffle of what it staged) against computing every
     rank's order, as the exchanger did before. Median of 3, peak memory by tracemalloc."""
@@ -110,7 +112,7 @@ def fetch(samples: list[int], ranks: int, per_node: int) -> list[dict[str, objec
     rows = []
     for n in samples:
         shape = DatasetShape.uniform(n, 500)
-        spec = PlanSpec("global", seed=1)
+        spec = PlanSpec.parse(spec_text, seed=1)
         sizes = np.bincount(shape.sample_chunk) * 110_000
         holdings = Holdings.of(shape, sizes, spec, World(0, ranks, 0, per_node))
         # Every order of 16,384 ranks at 100M samples would take minutes: only up to 10M.
@@ -129,6 +131,7 @@ def fetch(samples: list[int], ranks: int, per_node: int) -> list[dict[str, objec
                 peaks.append(tracemalloc.get_traced_memory()[1])
                 tracemalloc.stop()
             rows.append({"samples": n, "ranks": ranks, "per_node": per_node, "how": how,
+                         "plan": spec_text,
                          "seconds_median": round(statistics.median(times), 4),
                          "peak_MiB": round(max(peaks) / 2**20, 2)})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
@@ -215,6 +218,7 @@ def main() -> None:
     f.add_argument("--samples", type=int, nargs="+", default=[10_000_000, 100_000_000])
     f.add_argument("--ranks", type=int, default=16384)
     f.add_argument("--per-node", type=int, default=8)
+    f.add_argument("--plan", default="global")
     ix = sub.add_parser("index")
     ix.add_argument("--samples", type=int, nargs="+", default=[10_000_000])
     ix.add_argument("--ranks", type=int, default=16384)
@@ -226,7 +230,7 @@ def main() -> None:
     elif args.what == "padding":
         padding()
     elif args.what == "fetch":
-        fetch(args.samples, args.ranks, args.per_node)
+        fetch(args.samples, args.ranks, args.per_node, args.plan)
     elif args.what == "cost":
         cost(args.samples, args.ranks)
     else:

@@ -67,9 +67,10 @@ def test_global_holdings_stay_whole_chunks(case) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(case=cases(), epoch=st.integers(0, 3), window=st.integers(1, 40), drop_last=st.booleans())
+@given(case=cases(), epoch=st.integers(0, 3), window=st.integers(1, 40), drop_last=st.booleans(),
+       chunkwise=st.sampled_from([0, 1, 4]))  # fmt: skip
 def test_one_ranks_fetch_schedule_is_its_rows_of_the_whole_one(
-    case, epoch, window, drop_last
+    case, epoch, window, drop_last, chunkwise
 ) -> None:
     """`rank_fetch` (one rank's order, and the inverse shuffle of what it staged) gives the
     rows of `fetch_transfers` (every rank's orders) in which the rank sends or receives, in
@@ -77,7 +78,7 @@ def test_one_ranks_fetch_schedule_is_its_rows_of_the_whole_one(
     from tierfeed.distributed.schedule import num_windows, rank_fetch
 
     shape, m, per_node = case
-    spec = PlanSpec("global", drop_last=drop_last, seed=epoch)
+    spec = PlanSpec("global", window=chunkwise, drop_last=drop_last, seed=epoch)
     sizes = np.bincount(shape.sample_chunk) * 100
     holdings = Holdings.of(shape, sizes, spec, World(0, m, 0, per_node))
     plan = Plan(shape, spec)

@@ -213,11 +213,13 @@ def test_feistel_invert_finds_each_values_position(n: int, seed: int) -> None:
     assert np.array_equal(feistel_permute(feistel_invert(some, n, words), n, words), some)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(shape=shapes(), m=st.integers(1, 9), epoch=st.integers(0, 3), drop_last=st.booleans(),
-       seed=st.integers(0, 99))  # fmt: skip
-def test_readers_are_where_the_orders_read_each_sample(shape, m, epoch, drop_last, seed) -> None:
-    plan = Plan(shape, PlanSpec("global", drop_last=drop_last, seed=seed))
+       seed=st.integers(0, 99), window=st.sampled_from([0, 1, 3]))  # fmt: skip
+def test_readers_are_where_the_orders_read_each_sample(
+    shape, m, epoch, drop_last, seed, window
+) -> None:
+    plan = Plan(shape, PlanSpec("global", window=window, drop_last=drop_last, seed=seed))
     expected = sorted(
         (int(s), r, i) for r in range(m) for i, s in enumerate(plan.order(epoch, r, m).tolist())
     )
@@ -226,3 +228,12 @@ def test_readers_are_where_the_orders_read_each_sample(shape, m, epoch, drop_las
     some = np.arange(0, shape.num_samples, 3)
     sample, _, _ = plan.readers(epoch, some, m)
     assert set(sample.tolist()) <= set(some.tolist())
+
+
+@settings(max_examples=200)
+@given(n=st.integers(1, 3000), m=st.integers(1, 40), window=st.sampled_from([0, 2]),
+       drop_last=st.booleans())  # fmt: skip
+def test_global_counts_are_the_unpadded_positions(n, m, window, drop_last) -> None:
+    plan = Plan(DatasetShape.uniform(n, 7), PlanSpec("global", window=window, drop_last=drop_last))
+    listed = [int((plan._global_positions(r, m) < n).sum()) for r in range(m)]
+    assert plan.counts(0, m) == listed

@@ -134,7 +134,7 @@ def rank_fetch(
 ) -> RankFetch:
     """Rank ``rank``'s side of the fetch schedule of ``epoch``, in O(N/M + what it sends):
     its own order, and where its staged samples are read (`Plan.readers`, the inverse of the
-    global shuffle) by ranks that cannot read them locally. Sample-level global plans only.
+    global shuffle) by ranks that cannot read them locally. Global plans only.
     """
     order = plan.order(epoch, rank, world_size)
     sample, dst, index = plan.readers(epoch, holdings.samples_staged_by(rank), world_size)

@@ -24,7 +24,6 @@ from tierfeed.distributed.holders import Holdings
 from tierfeed.distributed.schedule import (
     RankFetch,
     Transfers,
-    fetch_transfers,
     move_transfers,
     rank_fetch,
 )
@@ -77,11 +76,11 @@ class ScheduleStrategy(Protocol):
 class FetchStrategy:
     """Fetch each window's samples ``ahead`` windows early; delete them once read.
 
-    Sample-level global plans: each rank computes only its own side of the schedule (its
-    order, and where the samples it staged are read: `rank_fetch`), O(N/M + what it sends),
-    and every window runs its collective where the job spans nodes. ``local`` plans fetch
-    nothing (a rank reads its own partition, all staged by itself). Chunk-wise global plans
-    compute every rank's order (O(N) per rank and epoch).
+    Global plans: each rank computes only its own side of the schedule (its order, and where
+    the samples it staged are read: `rank_fetch`), O(N/M + what it sends; chunk-wise, plus
+    the chunk table and the windows its samples fall in), and every window runs its
+    collective where the job spans nodes. ``local`` plans fetch nothing (a rank reads its own
+    partition, all staged by itself).
     """
 
     plan: Plan
@@ -92,39 +91,24 @@ class FetchStrategy:
     rank: int = 0
     mode: str = "fetch"
     keeps_epochs_apart: bool = True
-    _orders: list[IntArray] = field(default_factory=list)
     _mine: RankFetch | None = None
 
-    def _local_only(self) -> bool:
-        return self.plan.spec.policy == "global" and not self.plan.spec.window
-
     def prepare(self, state: EpochState) -> None:
-        self._orders, self._mine = [], None
-        if self.plan.spec.policy == "local":
-            return
-        if self._local_only():
+        self._mine = None
+        if self.plan.spec.policy == "global":  # local: a rank holds its whole partition
             self._mine = rank_fetch(
                 self.plan, self.holdings, state.epoch, self.rank, self.world_size, self.window
             )
-            return
-        self._orders = [
-            self.plan.order(state.epoch, r, self.world_size) for r in range(self.world_size)
-        ]
 
     def transfers(self, state: EpochState, w: int) -> Transfers:
-        if self._mine is not None:
-            return self._mine.transfers(w, self.holdings)
-        if not self._orders:
+        if self._mine is None:
             return Transfers.empty()
-        a, b = w * self.window, (w + 1) * self.window
-        return fetch_transfers(self._orders, a, b, self.holdings)
+        return self._mine.transfers(w, self.holdings)
 
     def collective(self, transfers: Transfers) -> bool:
-        """Whether this window's all-to-all runs (every rank must decide alike): with one
-        rank's rows only, whenever the job spans nodes."""
-        if self._mine is not None:
-            return self.world_size > self.holdings.local_world_size
-        return len(transfers) > 0
+        """Whether this window's all-to-all runs (every rank must decide alike): it knows
+        only its own rows, so whenever the job spans nodes."""
+        return self._mine is not None and self.world_size > self.holdings.local_world_size
 
     def ready(self, state: EpochState, w: int) -> bool:
         return state.ended or w * self.window < state.consumed + state.margin + (

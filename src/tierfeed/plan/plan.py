@@ -192,27 +192,68 @@ class Plan:
     def readers(
         self, epoch: int, samples: IntArray, world_size: int
     ) -> tuple[IntArray, IntArray, IntArray]:
-        """Where ``samples`` are read in ``epoch`` of a sample-level global plan, without any
-        rank's order: rows (sample, rank, index in that rank's order), one per read (a padded
-        epoch reads a few samples twice, drop_last none of some). O(len(samples)).
+        """Where ``samples`` are read in ``epoch`` of a global plan, without any rank's order:
+        rows (sample, rank, index in that rank's order), one per read (a padded epoch reads a
+        few samples twice, drop_last none of some). Sample-level: O(len(samples)), by the
+        inverse of the shuffle's bijection; chunk-wise: O(chunks + the samples of the windows
+        the samples fall in).
 
         Raises:
-            ConfigError: the plan is not ``global`` without a chunk-wise window.
+            ConfigError: the plan is not ``global``.
         """
-        if self.spec.policy != "global" or self.spec.window:
-            raise ConfigError(f"readers() needs a sample-level global plan, not {self.spec}")
+        if self.spec.policy != "global":
+            raise ConfigError(f"readers() needs a global plan, not {self.spec}")
         n = self.shape.num_samples
         samples = np.asarray(samples, dtype=np.int64)
         per = n // world_size if self.spec.drop_last else -(-n // world_size)
         end = per * world_size  # positions [0, end) are read; those >= n wrap (padding)
-        first = feistel_invert(samples, n, self._order_words(epoch)) if n else samples
-        again = first + n  # the wrapped position of the same permutation entry
-        twice = again < end
-        position = np.concatenate([first, again[twice]])
-        sample = np.concatenate([samples, samples[twice]])
+        if not n or not len(samples):
+            first = samples.copy()
+        elif self.spec.window:
+            first = self._chunkwise_positions(epoch, samples)
+        else:
+            first = feistel_invert(samples, n, self._order_words(epoch))
+        # The same permutation entry again at every wrap of the padding (more than once only
+        # where the ranks outnumber the samples).
+        wraps = np.arange(max(1, -(-end // max(1, n))), dtype=np.int64) * n
+        position = (first[None, :] + wraps[:, None]).reshape(-1)
+        sample = np.tile(samples, len(wraps))
         read = position < end
         position, sample = position[read], sample[read]
+        if self.spec.window:  # chunk-wise: rank r reads the block [r*per, (r+1)*per)
+            return sample, position // per, position % per
         return sample, position % world_size, position // world_size
+
+    def _windows(self, epoch: int) -> tuple[IntArray, IntArray, IntArray]:
+        """Chunk-wise: (chunk at each slot, first position of each window, chunk starts)."""
+        starts = self.shape.chunk_starts()
+        chunks = rng_for(self.spec.seed, epoch, PURPOSE_ORDER).permutation(self.shape.num_chunks)
+        sizes = np.diff(starts)[chunks]
+        window_of_slot = np.arange(len(chunks)) // self.spec.window
+        window_start = np.zeros(int(window_of_slot[-1]) + 2, dtype=np.int64)
+        np.cumsum(np.bincount(window_of_slot, weights=sizes).astype(np.int64), out=window_start[1:])
+        return chunks, window_start, starts
+
+    def _window_sequence(self, epoch: int, w: int, chunks: IntArray, starts: IntArray) -> IntArray:
+        """Chunk-wise: the samples of window ``w`` in the order the epoch reads them."""
+        members = chunks[w * self.spec.window : (w + 1) * self.spec.window]
+        samples = np.concatenate([np.arange(starts[c], starts[c + 1]) for c in members])
+        return rng_for(self.spec.seed, epoch, PURPOSE_ORDER, rank=w + 1).permutation(samples)
+
+    def _chunkwise_positions(self, epoch: int, samples: IntArray) -> IntArray:
+        """Chunk-wise: the position of each of ``samples`` in the epoch's permutation."""
+        chunks, window_start, starts = self._windows(epoch)
+        slot = np.empty(len(chunks), dtype=np.int64)
+        slot[chunks] = np.arange(len(chunks))
+        windows = slot[np.asarray(self.shape.sample_chunk[samples], dtype=np.int64)]
+        windows //= self.spec.window
+        out = np.empty(len(samples), dtype=np.int64)
+        for w in np.unique(windows).tolist():
+            sequence = self._window_sequence(epoch, w, chunks, starts)
+            order = np.argsort(sequence, kind="stable")
+            here = windows == w
+            out[here] = window_start[w] + order[np.searchsorted(sequence[order], samples[here])]
+        return out
 
     def _global_at(self, epoch: int, positions: IntArray) -> IntArray:
         """The epoch's global permutation at ``positions``, without building all of it.
@@ -224,19 +265,11 @@ class Plan:
         n = self.shape.num_samples
         if not self.spec.window:
             return feistel_permute(positions, n, self._order_words(epoch))
-        starts = self.shape.chunk_starts()
-        chunks = rng_for(self.spec.seed, epoch, PURPOSE_ORDER).permutation(self.shape.num_chunks)
-        sizes = np.diff(starts)[chunks]
-        window_of_slot = np.arange(len(chunks)) // self.spec.window
-        window_start = np.zeros(int(window_of_slot[-1]) + 2, dtype=np.int64)
-        np.cumsum(np.bincount(window_of_slot, weights=sizes).astype(np.int64), out=window_start[1:])
+        chunks, window_start, starts = self._windows(epoch)
         windows = np.searchsorted(window_start, positions, side="right") - 1
         out = np.empty(len(positions), dtype=np.int64)
         for w in np.unique(windows).tolist():
-            members = chunks[w * self.spec.window : (w + 1) * self.spec.window]
-            samples = np.concatenate([np.arange(starts[c], starts[c + 1]) for c in members])
-            rng = rng_for(self.spec.seed, epoch, PURPOSE_ORDER, rank=w + 1)
-            sequence = rng.permutation(samples)
+            sequence = self._window_sequence(epoch, w, chunks, starts)
             here = windows == w
             out[here] = sequence[positions[here] - window_start[w]]
         return out
@@ -261,10 +294,14 @@ class Plan:
     def counts(self, epoch: int, world_size: int) -> list[int]:
         """Unpadded samples per rank in ``epoch`` (cheap: no shuffle is computed)."""
         n = self.shape.num_samples
-        if self.spec.policy == "global":
-            return [
-                int((self._global_positions(r, world_size) < n).sum()) for r in range(world_size)
-            ]
+        if self.spec.policy == "global":  # O(M): positions below n, counted, not listed
+            per = n // world_size if self.spec.drop_last else -(-n // world_size)
+            r = np.arange(world_size, dtype=np.int64)
+            if self.spec.window:  # rank r: positions [r*per, (r+1)*per)
+                mine = np.clip(n - r * per, 0, per)
+            else:  # rank r: positions r, r+M, ... below per*M
+                mine = np.minimum(per, np.maximum(0, -(-(n - r) // world_size)))
+            return [int(c) for c in mine]
         return [int(c) for c in np.diff(self._bounds(world_size))]
 
     # --- exchanges (partial) -----------------------------------------------------------
