@@ -156,3 +156,12 @@ def test_an_origin_failing_midway_leaves_no_part(
     with pytest.raises(StorageError, match="went away"):
         stage(store, tmp_path / "node{node}", "local", world=ONE, progress=False)
     assert sorted(p.name for p in parts_dir(tmp_path / "node1", 1).iterdir()) == []
+
+
+def test_the_summary_counts_parts(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 61)
+    first = stage(store, tmp_path / "node{node}", "local", world=ONE, progress=False)
+    assert "2 parts of split chunks" in first.summary()  # rank 1's run is cut at both ends
+    again = stage(store, tmp_path / "node{node}", "local", world=ONE, progress=False)
+    assert "0 chunks and 0 parts of split chunks" in again.summary()
+    assert "and 2 parts already present" in again.summary()

@@ -84,13 +84,14 @@ class StageReport:
         from tierfeed.units import human
 
         rate = self.bytes_copied / self.seconds if self.seconds > 0 else 0.0
-        parts = ""
-        if self.parts_copied or self.parts_present:
-            parts = f" and {self.parts_copied} parts, {self.parts_present} present"
+        copied, present = f"{self.chunks_copied} chunks", f"{self.chunks_present}"
+        if self.parts_copied or self.parts_present:  # chunks cut between partitions
+            copied += f" and {self.parts_copied} parts of split chunks"
+            present = f"{self.chunks_present} chunks and {self.parts_present} parts"
         return (
-            f"staged {self.chunks_copied} chunks ({human(self.bytes_copied)}) in "
-            f"{self.seconds:.1f} s ({human(rate)}/s), {self.chunks_present} already present "
-            f"({human(self.bytes_present)}){parts}; origin: {self.origin_opens} opens, "
+            f"staged {copied} ({human(self.bytes_copied)}) in "
+            f"{self.seconds:.1f} s ({human(rate)}/s), {present} already present "
+            f"({human(self.bytes_present)}); origin: {self.origin_opens} opens, "
             f"{self.origin_reads} reads"
         )
 
