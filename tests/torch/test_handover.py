@@ -18,7 +18,7 @@ from tests.torch.conftest import N
 from tests.torch.test_loader import PermPlan, decode, values
 from tierfeed.storage.store import Sample
 from tierfeed.torch import Dataset, Loader
-from tierfeed.torch.handover import BY_VALUE_BYTES, restore, ship
+from tierfeed.torch.handover import BY_VALUE_BYTES, accelerator_available, restore, ship
 
 Pair = namedtuple("Pair", ["x", "y"])
 
@@ -111,3 +111,35 @@ def test_loader_workers_hand_over_tensors_and_leave_other_types_alone(store_dir:
     assert all(isinstance(b["x"], np.ndarray) for b in batches_np)  # the collate's numpy
     assert all(isinstance(b["label"], torch.Tensor) for b in batches_np)
     assert sorted(int(v) for b in batches_np for v in b["x"]) == list(range(N))
+
+
+def decode_big(sample: Sample) -> dict[str, Any]:
+    """A small tensor (by value), a large one (torch's shared memory), a number."""
+    value = int(sample.fields["txt"])
+    return {"small": torch.tensor([value]), "big": torch.full((20_000,), value), "n": value}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(accelerator_available(), reason="on an accelerator batches are pinned")
+def test_pin_memory_without_an_accelerator_warns_and_delivers(store_dir: Path) -> None:
+    ds = Dataset(store_dir, PermPlan(N), batch_size=16, decode=decode)
+    with pytest.warns(UserWarning, match="no accelerator"):
+        loader = Loader(ds, num_workers=2, pin_memory=True)
+    with loader:
+        assert sorted(values(list(loader))) == list(range(N))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not accelerator_available(), reason="pinning needs an accelerator")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pin_memory_pins_every_tensor_of_every_batch(store_dir: Path, workers: int) -> None:
+    """DataLoader's pin thread saw only the worker's envelope: nothing was ever pinned."""
+    ds = Dataset(store_dir, PermPlan(N), batch_size=16, decode=decode_big)
+    with Loader(ds, num_workers=workers, pin_memory=True) as loader:
+        batches = list(loader)
+    assert sorted(int(v) for b in batches for v in b["small"]) == list(range(N))
+    for b in batches:
+        assert b["small"].is_pinned() and b["big"].is_pinned()
+        assert b["big"].shape == (len(b["small"]), 20_000)
+        on_gpu = b["big"].to("cuda", non_blocking=True)
+        assert int(on_gpu[:, 0].sum()) == int(b["small"].sum())

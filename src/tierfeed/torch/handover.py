@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["BY_VALUE_BYTES", "restore", "ship"]
+__all__ = ["BY_VALUE_BYTES", "accelerator_available", "pin", "restore", "ship"]
 
 BY_VALUE_BYTES = 64 * 1024  # tensors up to this size travel inside the pickle
 
@@ -81,3 +81,23 @@ def ship(data: Any, limit: int = BY_VALUE_BYTES) -> Any:
 def restore(data: Any) -> Any:
     """What `ship` made of a batch, with its tensors again (sharing the arrays' memory)."""
     return _each(data, lambda x: torch.from_numpy(x.array) if isinstance(x, _ByValue) else x)
+
+
+def accelerator_available() -> bool:
+    """Whether there is an accelerator to pin memory for (CUDA, or torch's accelerator)."""
+    found = getattr(torch, "accelerator", None)
+    if found is not None and hasattr(found, "is_available"):
+        return bool(found.is_available())
+    return bool(torch.cuda.is_available())
+
+
+def pin(data: Any) -> Any:
+    """``data`` with its CPU tensors in page-locked memory (what DataLoader's ``pin_memory``
+    gives), so that copies to the accelerator can run asynchronously."""
+
+    def pinned(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and not x.is_pinned():
+            return x.pin_memory()
+        return x
+
+    return _each(data, pinned)

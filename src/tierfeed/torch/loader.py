@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from tierfeed.plan import EpochProgress
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
-from tierfeed.torch.handover import BY_VALUE_BYTES, restore
+from tierfeed.torch.handover import BY_VALUE_BYTES, accelerator_available, pin, restore
 
 __all__ = ["Loader"]
 
@@ -49,7 +50,10 @@ class Loader:
     Args:
         dataset: the tierfeed Dataset (it holds batch size, plan and guard settings).
         num_workers: DataLoader worker processes (0 reads in this process).
-        pin_memory: as DataLoader's.
+        pin_memory: put each batch's CPU tensors in page-locked memory, as DataLoader's
+            option does, once the batch is restored in this process (DataLoader's own pin
+            thread would see only the worker's envelope); a warning, and no pinning, where
+            there is no accelerator.
         prefetch_factor: batches each worker keeps ready (DataLoader's).
         run_file: append per-epoch JSON-lines records here (for `tierfeed report`), and
             a live ``progress`` record every ``live_every_s`` seconds during an epoch.
@@ -74,7 +78,13 @@ class Loader:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
         self.dataset = dataset
         self.num_workers = num_workers
-        self._kwargs: dict[str, Any] = {"pin_memory": pin_memory}
+        self._pin = pin_memory and accelerator_available()
+        if pin_memory and not self._pin:
+            warnings.warn(
+                "Loader(pin_memory=True) but no accelerator is available: batches are not pinned",
+                stacklevel=2,
+            )
+        self._kwargs: dict[str, Any] = {}
         if num_workers > 0:
             self._kwargs["prefetch_factor"] = prefetch_factor or 2
             self._kwargs["multiprocessing_context"] = "fork" if os.name == "posix" else None
@@ -270,6 +280,8 @@ class Loader:
         try:
             for batch in self._epoch_batches(epoch):
                 data = restore(batch.data)
+                if self._pin:
+                    data = pin(data)
                 size = batch_len(data)
                 meter.batch(size, time.perf_counter() - asked)
                 delivered += size
