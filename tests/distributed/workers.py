@@ -98,6 +98,7 @@ def pls_loop(rank: int, world: int, store: str, to: str, q: float) -> dict[str, 
     sent = sched.namespace.exchanger.counters.samples_sent
     sched.clean_local_storage()
     left = [p.name for p in (Path(report.local_dir) / "chunks").iterdir()]
+    left += [p.name for p in (Path(report.local_dir) / "parts" / f"rank{rank}").glob("*")]
     comm.close()
     return {"seen": seen, "sent": sent, "left": left}
 

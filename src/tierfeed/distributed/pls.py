@@ -28,7 +28,9 @@ import numpy.typing as npt
 
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.exchanger import ExchangeOptions
+from tierfeed.distributed.inbox import parts_dir, punched_dir
 from tierfeed.distributed.job import Namespace
+from tierfeed.distributed.namespace import inbox_dir
 from tierfeed.errors import ConfigError
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.store import Store
@@ -96,13 +98,15 @@ class Scheduler:
         self.namespace.exchanger.finish()
 
     def clean_local_storage(self) -> None:
-        """Delete what this rank holds locally: its inbox and the chunks it staged."""
+        """Delete what this rank holds locally: its inbox, its parts of split chunks, its
+        punch marks and the chunks it staged."""
         ns = self.namespace
         local = ns.local_dir
         staged = ns.holdings.staged_by(ns.world.rank)
         names = [self.store.index.chunk_name(int(c)) for c in staged]
         self.close()
-        shutil.rmtree(local / "inbox" / f"rank{ns.world.rank}", ignore_errors=True)
+        for mine in (inbox_dir, parts_dir, punched_dir):
+            shutil.rmtree(mine(local, ns.world.rank), ignore_errors=True)
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 (local / Path(name)).unlink()
