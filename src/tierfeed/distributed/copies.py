@@ -110,8 +110,9 @@ class LocalCopies:
             for m in members.tolist()
             if self.inbox.view.locate(m) is None and self.parts.view.locate(m) is None
         ]
-        self.inbox.discard(members, self._lengths[members])
-        self.parts.discard(members, self._lengths[members])
+        lengths = self._lengths[members]
+        self.inbox.discard(members, lengths)
+        self.parts.discard(members, lengths)
         by_chunk: dict[int, list[tuple[int, int]]] = {}
         for m in in_chunks:
             ranges = by_chunk.setdefault(int(self.index.member_chunk[m]), [])

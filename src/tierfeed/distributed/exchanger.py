@@ -108,10 +108,7 @@ class Exchanger:
         )
         self.mode = self.strategy.mode
         self.counters = ExchangeCounters()
-        staged = self.copies.staged()
-        self.counters.held = self.counters.max_held = len(staged)
-        held_bytes = int(self.copies.sample_bytes[staged].sum())
-        self.counters.held_bytes = self.counters.max_held_bytes = held_bytes
+        self._hold(self.copies.staged())
         self.executor = WindowExecutor(
             comm, self.copies, self.strategy, self.options.window, self.counters
         )
@@ -219,9 +216,13 @@ class Exchanger:
         mine = self.plan.partition(epoch, self.rank, self.world_size)
         gone = np.setdiff1d(self.copies.staged(), mine)
         self.executor.guarded(epoch, RESTORE, lambda: self._discard(gone))
-        self.counters.held = self.counters.max_held = len(mine)
-        held_bytes = int(self.copies.sample_bytes[mine].sum())
-        self.counters.held_bytes = self.counters.max_held_bytes = held_bytes
+        self._hold(mine)
+
+    def _hold(self, samples: npt.NDArray[np.int64]) -> None:
+        """Count ``samples`` as what this rank stores now (and the most so far)."""
+        c = self.counters
+        c.held = c.max_held = len(samples)
+        c.held_bytes = c.max_held_bytes = int(self.copies.sample_bytes[samples].sum())
 
     def _discard(self, samples: npt.NDArray[np.int64]) -> None:
         self.counters.punched_bytes += self.copies.discard(samples)

@@ -27,6 +27,7 @@ from tierfeed.publish import publish
 __all__ = [
     "Inbox",
     "InboxView",
+    "is_punched",
     "mark_punched",
     "part_name",
     "parts_dir",
@@ -54,6 +55,11 @@ def mark_punched(root: Path, chunk: int) -> None:
     a piece of the file for whole; the tier's check of its whole copy is the last word)."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     (root / part_name(chunk)).touch()
+
+
+def is_punched(root: Path, chunk: int) -> bool:
+    """Whether `mark_punched` marked chunk ``chunk`` in ``root``."""
+    return (root / part_name(chunk)).exists()
 
 
 def part_name(chunk: int) -> str:
@@ -85,7 +91,7 @@ class Inbox:
 
     def write(self, name: str, members: IntArray, lengths: IntArray, data: memoryview) -> None:
         """Publish a segment of ``members`` whose bytes lie back to back in ``data``."""
-        publish(self.root / f"{name}.bin", data, fsync=False)
+        publish(self.bin_path(name), data, fsync=False)
         self.add(name, members, lengths)
 
     def add(self, name: str, members: IntArray, lengths: IntArray, fsync: bool = False) -> None:
@@ -123,7 +129,7 @@ class Inbox:
                 freed.pop(name, None)
         for name, ranges in freed.items():
             with contextlib.suppress(FileNotFoundError):
-                punch_holes(self.root / f"{name}.bin", ranges, gap=0)
+                punch_holes(self.bin_path(name), ranges, gap=0)
         return found
 
     def delete(self, name: str) -> None:

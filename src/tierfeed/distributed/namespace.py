@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.distributed.inbox import InboxView, part_name, parts_dir, punched_dir
+from tierfeed.distributed.inbox import InboxView, is_punched, parts_dir, punched_dir
 from tierfeed.errors import ExchangeError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.index import Index
@@ -119,7 +119,7 @@ class NamespaceDriver(Driver):
 
     def _whole(self, chunk: int) -> bool:
         """Whether chunk ``chunk`` lies whole on this node (any range of it can be served):
-        staged here, and where samples may have been punched out, with no hole in its file."""
+        staged here, and where samples may have been punched out, not marked punched."""
         if not self.local[chunk]:
             return False
         with self._mutex:
@@ -131,7 +131,7 @@ class NamespaceDriver(Driver):
         """No sample punched out of the staged file: the rank's exchanger leaves a mark
         before it punches (`tierfeed.distributed.inbox.mark_punched`), and stage-in clears
         the marks of the chunks it verified whole again."""
-        if self.punched is not None and (self.punched / part_name(chunk)).exists():
+        if self.punched is not None and is_punched(self.punched, chunk):
             with self._mutex:
                 self._punched.add(chunk)  # samples were sent away: it stays in part
             return False
@@ -162,8 +162,9 @@ class NamespaceDriver(Driver):
         return data
 
     def _read_whole(self, chunk: int, path: str, offset: int, length: int) -> bytes:
-        """A range of a chunk held whole. Where samples may have been punched out, only the
-        whole chunk, checked: a punched range reads as zeros, never to be served."""
+        """A range of a chunk held whole. Where samples may have been punched out, a whole
+        read is checked here (a punched range reads as zeros, never to be served), and a
+        tier's piece is checked with the rest of its copy before the copy is placed."""
         if self._whole(chunk):
             if not self.verify_local or offset != 0 or length != self._sizes[chunk]:
                 return self.chunks.read_range(chunk, offset, length)  # a piece: checked whole

@@ -20,9 +20,19 @@ from tierfeed.format.index import Index
 from tierfeed.publish import publishing
 from tierfeed.storage import Driver
 
-__all__ = ["StagedParts"]
+__all__ = ["StagedParts", "part_bytes"]
 
 _PART_READ = 8 << 20  # a part is read from the origin in ranges of about this many bytes
+
+
+def part_bytes(index: Index, part: Part) -> int:
+    """Bytes of a part at the origin: from its first member's data to its last one's end
+    (the tar headers between them included: what stage-in reads)."""
+    lo, hi = int(index.sample_member_start[part.first]), int(index.sample_member_start[part.end])
+    if lo == hi:
+        return 0
+    end = int(index.member_offset[hi - 1]) + int(index.member_length[hi - 1])
+    return end - int(index.member_offset[lo])
 
 
 class StagedParts:
@@ -46,13 +56,8 @@ class StagedParts:
         return np.arange(self._start[part.first], self._start[part.end], dtype=np.int64)
 
     def nbytes(self, part: Part) -> int:
-        """Bytes of the part at the origin: from its first member's data to its last's end
-        (the tar headers between them included: what stage-in reads)."""
-        members = self.members(part)
-        if len(members) == 0:
-            return 0
-        last = members[-1]
-        return int(self._offset[last] + self._length[last] - self._offset[members[0]])
+        """Bytes of the part at the origin (`part_bytes`)."""
+        return part_bytes(self.index, part)
 
     def present(self, part: Part) -> bool:
         """Whether the part is published whole: its table names its members and each one's

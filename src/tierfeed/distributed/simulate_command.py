@@ -27,14 +27,16 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _shape(args: argparse.Namespace) -> DatasetShape:
+def _shape(args: argparse.Namespace) -> tuple[DatasetShape, int]:
+    """The synthetic dataset, and its total bytes."""
     n = args.samples
     mean: int = args.sample_bytes
     rng = np.random.default_rng(args.seed)
     sizes = rng.lognormal(np.log(mean) - args.sigma**2 / 2, args.sigma, size=n).astype(np.int64)
     per_chunk = max(1, args.chunk_size // max(1, mean))
     chunk = np.arange(n, dtype=np.int64) // per_chunk
-    return DatasetShape(chunk, np.maximum(sizes, 1))
+    sizes = np.maximum(sizes, 1)
+    return DatasetShape(chunk, sizes), int(sizes.sum())
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -42,9 +44,7 @@ def _run(args: argparse.Namespace) -> int:
         return _run_store(args)
     if args.samples is None:
         raise ConfigError("give a STORE, or --samples for a synthetic dataset")
-    shape = _shape(args)
-    sizes = shape.sample_bytes
-    total = int(sizes.sum()) if sizes is not None else 0
+    shape, total = _shape(args)
     plan = Plan(shape, PlanSpec.parse(args.plan, seed=args.seed))
     rows = simulate(shape, plan, args.ranks, args.epochs, args.sample_ranks)
     if args.json:

@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.distributed.exchanger import ExchangeOptions
 from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.parts import part_bytes
 from tierfeed.distributed.schedule import Transfers, fetch_transfers, move_transfers, num_windows
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import plan_for
@@ -72,7 +74,7 @@ def job_traffic(
     world_size: int,
     local_world_size: int = 1,
     epochs: int = 3,
-    window: int = 64,
+    window: int | None = None,
 ) -> list[RankEpoch]:
     """Every rank's traffic in each of ``epochs`` epochs of a job staged from ``index``'s store.
 
@@ -82,13 +84,14 @@ def job_traffic(
         world_size: ranks in the job.
         local_world_size: ranks per node (they share a node's staged chunks).
         epochs: epochs to compute.
-        window: positions per exchange window (`ExchangeOptions.window`).
+        window: positions per exchange window (default `ExchangeOptions`' own).
 
     Returns:
         One row per (epoch, rank), epoch by epoch.
     """
     p = plan_for(index, plan)
     m = world_size
+    window = ExchangeOptions().window if window is None else window
     chunk_bytes = np.asarray(index.chunk_size, dtype=np.int64)
     holdings = Holdings.of(p.shape, chunk_bytes, p.spec, World(0, m, 0, local_world_size))
     sizes = index.sample_bytes()
@@ -97,12 +100,9 @@ def job_traffic(
     held = np.array(
         [int(sizes[holdings.local_samples(r, everything)].sum()) for r in range(m)], np.int64
     )
-    starts = np.asarray(index.sample_member_start, dtype=np.int64)
-    offsets = np.asarray(index.member_offset, dtype=np.int64)
-    ends = offsets + np.asarray(index.member_length, dtype=np.int64)
-    staged = [  # a part is read from its first member's data to its last one's end
+    staged = [
         int(chunk_bytes[holdings.staged_by(r)].sum())
-        + sum(int(ends[starts[q.end] - 1] - offsets[starts[q.first]]) for q in holdings.parts_of(r))
+        + sum(part_bytes(index, q) for q in holdings.parts_of(r))
         for r in range(m)
     ]
     whole = [holdings.local_to(r) for r in range(m)]

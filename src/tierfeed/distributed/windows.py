@@ -149,15 +149,15 @@ class WindowExecutor:
             self.copies.publish(name, received.sample, memoryview(b"".join(parts)))
         timing.written = time.perf_counter()
         c = self.counters
+        out, into = sum(len(s) for s in sends), sum(recv_sizes)
         if settle:
             c.punched_bytes += self.strategy.settle(self.copies, sent, received)
-            out, into = sum(len(s) for s in sends), sum(recv_sizes)
             if self.strategy.mode == "move":  # what arrived is published before what left goes
                 c.held += len(received) - len(sent)
                 c.max_held = max(c.max_held, c.held)
                 c.max_held_bytes = max(c.max_held_bytes, c.held_bytes + into)
                 c.held_bytes += into - out
-        self._count(timing, sent, received, sum(len(s) for s in sends), sum(recv_sizes))
+        self._count(timing, sent, received, out, into)
 
     def _count(self, t: _Timing, sent: Transfers, received: Transfers, out: int, into: int) -> None:
         c, now = self.counters, time.perf_counter()

@@ -173,14 +173,19 @@ class Plan:
 
     # --- orders ------------------------------------------------------------------------
 
+    def _per_rank(self, world_size: int) -> int:
+        """Positions each rank reads in a global epoch: N/M rounded up (padded) or down
+        (drop_last)."""
+        n = self.shape.num_samples
+        return n // world_size if self.spec.drop_last else -(-n // world_size)
+
     def _global_positions(self, rank: int, world_size: int) -> IntArray:
         """Positions of rank's share in the epoch's permutation padded to equal counts.
 
         Positions >= num_samples are padding: they wrap to the permutation's start, as
         DistributedSampler pads. drop_last cuts the permutation instead.
         """
-        n = self.shape.num_samples
-        per = n // world_size if self.spec.drop_last else -(-n // world_size)
+        per = self._per_rank(world_size)
         if self.spec.window:  # chunk-wise: contiguous shares keep whole windows on a rank
             return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
         return np.arange(rank, per * world_size, world_size, dtype=np.int64)
@@ -205,7 +210,7 @@ class Plan:
             raise ConfigError(f"readers() needs a global plan, not {self.spec}")
         n = self.shape.num_samples
         samples = np.asarray(samples, dtype=np.int64)
-        per = n // world_size if self.spec.drop_last else -(-n // world_size)
+        per = self._per_rank(world_size)
         end = per * world_size  # positions [0, end) are read; those >= n wrap (padding)
         if not n or not len(samples):
             first = samples.copy()
@@ -295,7 +300,7 @@ class Plan:
         """Unpadded samples per rank in ``epoch`` (cheap: no shuffle is computed)."""
         n = self.shape.num_samples
         if self.spec.policy == "global":  # O(M): positions below n, counted, not listed
-            per = n // world_size if self.spec.drop_last else -(-n // world_size)
+            per = self._per_rank(world_size)
             r = np.arange(world_size, dtype=np.int64)
             if self.spec.window:  # rank r: positions [r*per, (r+1)*per)
                 mine = np.clip(n - r * per, 0, per)
