@@ -7,6 +7,7 @@ Usage:
     python bench/plans.py padding         # rank sizes and padding of local/partial plans
     python bench/plans.py fetch           # one rank's fetch schedule: its own side vs every order
     python bench/plans.py index --samples 10000000 30000000   # a rank's plan over a real index
+    python bench/plans.py partial --samples 2300000000        # partial(q) by epoch, any N
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,31 +30,73 @@ from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.plan.quality import batch_class_entropy, displacement
 
 
+def timed(run: Callable[[], object], runs: int = 3) -> tuple[float, int]:
+    """The median time of ``runs`` calls, then the peak memory of one more call under
+    tracemalloc (which slows numpy's allocations several times: never timed under it)."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    tracemalloc.start()
+    try:
+        run()
+        return statistics.median(times), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def cost(samples: int, ranks: int) -> list[dict[str, object]]:
     shape = DatasetShape.uniform(samples, 500)  # 20,000 chunks of 500 samples
     rows = []
     for spec in ("global", "global,chunkwise:8", "local", "partial:0.3", "partial:0.3,chunkwise:8"):
         for epoch in (0, 10):
-            times, peaks = [], []
-            for _ in range(3):
+
+            def run(spec: str = spec, epoch: int = epoch) -> None:
                 plan = Plan(shape, PlanSpec.parse(spec, seed=1))  # fresh: no cached bounds
-                tracemalloc.start()
-                t0 = time.perf_counter()
                 order = plan.order(epoch, 17, ranks)
                 shape.sample_chunk[order]  # the chunk lookup a reader does next
-                times.append(time.perf_counter() - t0)
-                peaks.append(tracemalloc.get_traced_memory()[1])
-                tracemalloc.stop()
+
+            seconds, peak = timed(run)
             rows.append(
                 {
                     "plan": spec,
                     "epoch": epoch,
-                    "seconds_median": round(statistics.median(times), 4),
-                    "peak_MiB": round(max(peaks) / 2**20, 1),
+                    "seconds_median": round(seconds, 4),
+                    "peak_MiB": round(peak / 2**20, 1),
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+class _ChunkColumn:
+    """sample // per_chunk computed where it is read: a chunk column of any length without
+    its memory (a partial plan without windows reads only its length and its own samples)."""
+
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, samples: int, per_chunk: int) -> None:
+        self.samples, self.per_chunk = samples, per_chunk
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        return np.asarray(index, dtype=np.int64) // self.per_chunk
+
+
+def partial_by_epoch(samples: int, ranks: int, q: float, epochs: list[int]) -> None:
+    """One rank's partial(q) order at each epoch, in a fresh Plan each time (median of 3):
+    the cost grows with the epoch (each traced back) and with N/M, not with N or M."""
+    shape = DatasetShape(_ChunkColumn(samples, 580), ordered=True)  # type: ignore[arg-type]
+    spec = PlanSpec("partial", q=q, seed=1)
+    for epoch in epochs:
+        seconds, peak = timed(lambda epoch=epoch: Plan(shape, spec).order(epoch, 17, ranks))
+        print(json.dumps({"samples": samples, "ranks": ranks, "plan": f"partial:{q:g}",
+                          "per_rank": -(-samples // ranks), "epoch": epoch,
+                          "seconds_median": round(seconds, 4),
+                          "peak_MiB": round(peak / 2**20, 1)}), flush=True)  # fmt: skip
 
 
 def quality(samples: int, classes: int, per_chunk: int, ranks: int, batch: int) -> None:
@@ -117,23 +161,24 @@ def fetch(
         holdings = Holdings.of(shape, sizes, spec, World(0, ranks, 0, per_node))
         # Every order of 16,384 ranks at 100M samples would take minutes: only up to 10M.
         for how in ("own side", "every order") if n <= 10_000_000 else ("own side",):
-            times, peaks = [], []
-            for _ in range(3):
+
+            def run(
+                how: str = how,
+                shape: DatasetShape = shape,
+                spec: PlanSpec = spec,
+                holdings: Holdings = holdings,
+            ) -> None:
                 plan = Plan(shape, spec)
-                tracemalloc.start()
-                t0 = time.perf_counter()
                 if how == "own side":
                     rank_fetch(plan, holdings, 1, 17, ranks, 256)
                 else:
                     for r in range(ranks):
                         plan.order(1, r, ranks)
-                times.append(time.perf_counter() - t0)
-                peaks.append(tracemalloc.get_traced_memory()[1])
-                tracemalloc.stop()
+
+            seconds, peak = timed(run, runs=3 if how == "own side" else 1)
             rows.append({"samples": n, "ranks": ranks, "per_node": per_node, "how": how,
-                         "plan": spec_text,
-                         "seconds_median": round(statistics.median(times), 4),
-                         "peak_MiB": round(max(peaks) / 2**20, 2)})  # fmt: skip
+                         "plan": spec_text, "seconds_median": round(seconds, 4),
+                         "peak_MiB": round(peak / 2**20, 2)})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -154,12 +199,14 @@ t0 = time.perf_counter()
 plan = plan_for(index, spec)
 made = time.perf_counter() - t0
 out = {}
-for epoch in (0, 10):
-    tracemalloc.start()
+for epoch in (0, 10):  # timed, then traced on a fresh plan (tracemalloc slows numpy)
     t1 = time.perf_counter()
     order = plan.order(epoch, 17, ranks)
     plan.shape.sample_chunk[order]  # the chunk lookup a reader does next
-    out[epoch] = (time.perf_counter() - t1, tracemalloc.get_traced_memory()[1])
+    took = time.perf_counter() - t1
+    tracemalloc.start()
+    plan_for(index, spec).order(epoch, 17, ranks)
+    out[epoch] = (took, tracemalloc.get_traced_memory()[1])
     tracemalloc.stop()
 print(json.dumps({"plan_for_s": made, "epoch0_s": out[0][0], "epoch10_s": out[10][0],
                   "peak_bytes": max(out[0][1], out[10][1]), "rss_growth": rss() - before,
@@ -219,6 +266,11 @@ def main() -> None:
     f.add_argument("--ranks", type=int, default=16384)
     f.add_argument("--per-node", type=int, default=8)
     f.add_argument("--plan", default="global")
+    pe = sub.add_parser("partial")
+    pe.add_argument("--samples", type=int, default=2_300_000_000)
+    pe.add_argument("--ranks", type=int, default=16384)
+    pe.add_argument("--q", type=float, default=0.3)
+    pe.add_argument("--epochs", type=int, nargs="+", default=[0, 1, 10, 100])
     ix = sub.add_parser("index")
     ix.add_argument("--samples", type=int, nargs="+", default=[10_000_000])
     ix.add_argument("--ranks", type=int, default=16384)
@@ -227,6 +279,8 @@ def main() -> None:
     if args.what == "index":
         with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
             rank_plan(args.samples, args.ranks, Path(tmp))
+    elif args.what == "partial":
+        partial_by_epoch(args.samples, args.ranks, args.q, args.epochs)
     elif args.what == "padding":
         padding()
     elif args.what == "fetch":

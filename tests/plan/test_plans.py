@@ -237,3 +237,21 @@ def test_global_counts_are_the_unpadded_positions(n, m, window, drop_last) -> No
     plan = Plan(DatasetShape.uniform(n, 7), PlanSpec("global", window=window, drop_last=drop_last))
     listed = [int((plan._global_positions(r, m) < n).sum()) for r in range(m)]
     assert plan.counts(0, m) == listed
+
+
+@settings(max_examples=100)
+@given(m=st.integers(2, 300), seed=st.integers(0, 1000), epoch=st.integers(1, 50))
+def test_each_ring_is_one_cycle_through_every_rank(m, seed, epoch) -> None:
+    plan = Plan(DatasetShape(np.repeat(np.arange(m), 2)), PlanSpec("partial", 0.5, seed=seed))
+    ranks = np.arange(m, dtype=np.int64)
+    for g in range(min(m, 32)):
+        sender = plan._senders(epoch, m, np.full(m, g), ranks)
+        assert sorted(sender.tolist()) == list(range(m))  # one-to-one
+        r, seen = 0, 0
+        while True:  # follow the ring from rank 0: it meets every rank before coming back
+            r, seen = int(sender[r]), seen + 1
+            if r == 0:
+                break
+        assert seen == m
+        # One rank's sender, asked alone, is the same as asked with every rank.
+        assert int(plan._senders(epoch, m, np.array([g]), np.array([m - 1]))[0]) == sender[-1]

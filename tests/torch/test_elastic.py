@@ -27,6 +27,7 @@ from tierfeed.plan import (
     remaining_order,
     remaining_shares,
 )
+from tierfeed.plan.plan import PLANS
 from tierfeed.torch import Dataset, Loader
 from tierfeed.world import World
 
@@ -129,6 +130,25 @@ def test_a_state_names_its_plan_and_another_plan_is_refused(store_dir: Path) -> 
     with pytest.raises(ConfigError, match="resume with the same plan"):
         other.load_state_dict(state)  # its positions would name other samples
     other.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_state_of_older_partial_plans_is_refused_a_global_one_resumes(store_dir: Path) -> None:
+    for spec, refused in (("partial:0.5", True), ("local", True), ("global", False)):
+        old = loader(store_dir, 0, spec)
+        list(itertools.islice(iter(old), 2))
+        state = old.state_dict()
+        old.close()
+        assert state["plan"]["plans"] == PLANS
+        del state["plan"]["plans"]  # as a tierfeed before generations were recorded saved it
+        new = loader(store_dir, 0, spec)
+        if refused:
+            with pytest.raises(ConfigError, match=r"plans differ .*generation 1, this is 2"):
+                new.load_state_dict(state)
+        else:
+            new.load_state_dict(state)  # the global plan is the same in every generation
+            assert len(list(iter(new))) > 0
+        new.close()
 
 
 # --- the bookkeeping, over shapes (no DataLoader) -----------------------------------------

@@ -22,6 +22,7 @@ from tierfeed.errors import ConfigError
 from tierfeed.loader.batching import read_positions, worker_slice
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
+from tierfeed.plan.plan import PLANS
 from tierfeed.plan.progress import Done, EpochProgress, PlanState
 from tierfeed.world import World
 
@@ -95,12 +96,20 @@ def check_plan(state: Mapping[str, Any], plan: object) -> None:
     """Refuse a state saved reading another plan: its positions would name other samples."""
     if "plan" not in state or not isinstance(plan, Plan):
         return
-    saved, now = PlanState.from_state_dict(state["plan"]).spec, plan.spec
+    saved_state = PlanState.from_state_dict(state["plan"])
+    saved, now = saved_state.spec, plan.spec
     if (str(saved), saved.seed, saved.drop_last) != (str(now), now.seed, now.drop_last):
         raise ConfigError(
             f"the state was saved reading plan {saved} (seed {saved.seed}, drop_last "
             f"{saved.drop_last}); this loader reads {now} (seed {now.seed}, drop_last "
             f"{now.drop_last}): resume with the same plan"
+        )
+    if saved_state.plans != PLANS and now.policy != "global":
+        raise ConfigError(
+            f"the state was saved by a tierfeed whose {now.policy} plans differ from this "
+            f"one's (generation {saved_state.plans}, this is {PLANS}): its positions name "
+            "other samples. Finish the epoch with the tierfeed that saved it, or start this "
+            "epoch afresh (set_epoch without load_state_dict)"
         )
 
 

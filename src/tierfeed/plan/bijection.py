@@ -23,10 +23,13 @@ _M2 = np.uint64(0x94D049BB133111EB)
 def _mix(x: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint64]:
     """splitmix64's finaliser of x ^ key: every output bit depends on every input bit."""
     with np.errstate(over="ignore"):
-        z = x ^ key
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        z = x ^ key  # the only new array: the steps below work in place
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+        return z
 
 
 def _feistel(
@@ -66,7 +69,7 @@ def _cycle_walk(
     # The domain is < 4n, so each step leaves fewer than 3/4 outside [0, n).
     outside = out >= np.uint64(n)
     while outside.any():
-        out[outside] = step(out[outside], keys, half)
+        out[outside] = step(out[outside], keys if keys.ndim == 1 else keys[:, outside], half)
         outside = out >= np.uint64(n)
     return out.astype(np.int64)
 
@@ -79,7 +82,9 @@ def feistel_permute(
     Args:
         positions: indices in [0, n).
         n: the size of the permuted range.
-        seed_words: at least ROUNDS uint64 keys (e.g. SeedSequence.generate_state).
+        seed_words: at least ROUNDS uint64 keys (e.g. SeedSequence.generate_state), or
+            an array of shape (ROUNDS, len(positions)): a permutation of its own for each
+            position.
     """
     return _cycle_walk(positions, n, seed_words, _feistel)
 

@@ -13,13 +13,17 @@ Policies:
 Partial shuffling without history replay: every rank has slots 0..n_r-1, initially holding its
 local partition in order. At epoch t a slot set J_t (k = floor(q * min n) indices drawn from
 [0, min n)) is common to all ranks and split into G = min(M, 32) groups; each group g has its
-own random ring sigma_{t,g} (one cycle through all ranks, a one-to-one matching): slot (r, j)
-of group g receives what slot (sigma_{t,g}^-1(r), j) held, so a rank receives from up to G
-peers and q = 1 mixes like a global shuffle. Slot indices never move, so the content of slot
-(r, j) at epoch e is the initial content of slot (R, j), where R follows the inverse rings
-back through the epochs t <= e with j in J_t. One rank's plan at epoch e costs
-O(e * (N/M + G*M)) time and O(N/M + G*M) memory, with no communication, and every rank can
-compute every other rank's plan and the whole exchange schedule.
+own random ring sigma_{t,g} (one cycle through all ranks, a one-to-one matching; a keyed
+Feistel permutation of the ranks, so one rank's sender is computed without the others):
+slot (r, j) of group g receives what slot (sigma_{t,g}^-1(r), j) held, so a rank receives from
+up to G peers and q = 1 mixes like a global shuffle. Slot indices never move, so the content
+of slot (r, j) at epoch e is the initial content of slot (R, j), where R follows the inverse
+rings back through the epochs t <= e with j in J_t. One rank's plan at epoch e costs
+O(e * N/M) time and O(N/M) memory, with no communication, and every rank can compute every
+other rank's plan and the whole exchange schedule.
+
+`PLANS` names this generation of the local and partial plans; a loader state records it, and a
+state saved under another generation is refused mid-epoch (its positions name other samples).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
-from tierfeed.plan.bijection import feistel_invert, feistel_permute
+from tierfeed.plan.bijection import ROUNDS, feistel_invert, feistel_permute
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.shuffle import (
     PURPOSE_ORDER,
@@ -42,10 +46,14 @@ from tierfeed.plan.shuffle import (
     shuffle_samples,
 )
 
-__all__ = ["Exchange", "Plan", "PlanSpec"]
+__all__ = ["PLANS", "Exchange", "Plan", "PlanSpec"]
 
 IntArray = npt.NDArray[np.int64]
 POLICIES = ("global", "local", "partial")
+# Generations of the local and partial plans: 1, partitions of whole chunks and rings drawn
+# whole (states written before generations were recorded, before 2026-11-26); 2, partitions
+# balanced to the sample and rings evaluated per rank. The global plan is the same in both.
+PLANS = 2
 _GROUPS = 32  # rings per epoch in partial(q): a rank receives from up to this many peers
 
 
@@ -142,15 +150,19 @@ class Plan:
             return 0
         return int(self.spec.q * int(np.diff(self._bounds(world_size)).min()))
 
-    def _ring_inverses(self, epoch: int, world_size: int) -> IntArray:
-        """inverse[g, r]: the rank that rank r receives from in group g (G rings)."""
+    def _senders(self, epoch: int, world_size: int, group: IntArray, rank: IntArray) -> IntArray:
+        """The rank that each ``rank`` receives from in ring ``group`` of ``epoch``.
+
+        Ring g is a keyed permutation pi of the ranks (`feistel_permute`, keys of its own)
+        read as one cycle: pi[i] receives from pi[i - 1]. It is evaluated at the ranks asked
+        about only, so tracing one rank's slots costs nothing per rank of the world.
+        """
         groups = min(world_size, _GROUPS)
-        rng = rng_for(self.spec.seed, epoch, PURPOSE_RING)
-        rings = rng.permuted(np.tile(np.arange(world_size), (groups, 1)), axis=1)
-        inverse = np.empty_like(rings)
-        rows = np.arange(groups)[:, None]
-        inverse[rows, rings] = np.roll(rings, 1, axis=1)  # ring[i] receives from ring[i - 1]
-        return inverse
+        seq = np.random.SeedSequence([self.spec.seed, epoch, PURPOSE_RING])
+        words = np.asarray(seq.generate_state(groups * ROUNDS, np.uint64), dtype=np.uint64)
+        keys = words.reshape(groups, ROUNDS).T[:, group]  # (ROUNDS, len(rank)): each its ring
+        at = feistel_invert(rank, world_size, keys)  # where each rank sits on its ring
+        return feistel_permute((at - 1) % world_size, world_size, keys)
 
     def _slot_set(self, epoch: int, world_size: int, n_min: int) -> tuple[IntArray, IntArray]:
         """The exchanged slots of ``epoch`` and the ring group of each."""
@@ -168,7 +180,7 @@ class Plan:
             n_min = int(np.diff(bounds).min())
             for t in range(epoch, 0, -1):  # trace back: the latest exchange first
                 j, g = self._slot_set(t, world_size, n_min)
-                src[j] = self._ring_inverses(t, world_size)[g, src[j]]
+                src[j] = self._senders(t, world_size, g, src[j])
         return bounds[src] + np.arange(n_r, dtype=np.int64)
 
     # --- orders ------------------------------------------------------------------------
@@ -318,26 +330,22 @@ class Plan:
         if epoch < 1 or k == 0:
             return Exchange(epoch, empty, empty, empty, empty)
         bounds = self._bounds(world_size)
-        j, g = self._slot_set(epoch, world_size, int(np.diff(bounds).min()))
-        inverse = self._ring_inverses(epoch, world_size)
-        held = [self.partition(epoch - 1, r, world_size) for r in range(world_size)]
+        n_min = int(np.diff(bounds).min())
+        j, g = self._slot_set(epoch, world_size, n_min)
+        # Exchanged slots lie below the smallest partition: every rank's first n_min slots.
+        held = np.stack(
+            [self.partition(epoch - 1, r, world_size)[:n_min] for r in range(world_size)]
+        )
         # The step after which the sender no longer needs each sample in epoch - 1: its last
         # read (a padded order reads some samples twice).
         last_use = np.zeros(self.shape.num_samples, dtype=np.int64)
         for r in range(world_size):
             order = self.order(epoch - 1, r, world_size)
             np.maximum.at(last_use, order, np.arange(len(order)) // max(1, batch_size))
-        samples, srcs, dsts = [], [], []
-        for dst in range(world_size):
-            src = inverse[g, dst]  # per exchanged slot
-            samples.append(np.array([held[s][slot] for s, slot in zip(src, j, strict=True)]))
-            srcs.append(src)
-            dsts.append(np.full(k, dst))
-        sample = np.concatenate(samples).astype(np.int64)
-        return Exchange(
-            epoch, sample, np.concatenate(srcs).astype(np.int64), np.concatenate(dsts),
-            last_use[sample],
-        )  # fmt: skip
+        dst = np.repeat(np.arange(world_size, dtype=np.int64), k)  # rank by rank, slot order
+        src = self._senders(epoch, world_size, np.tile(g, world_size), dst)
+        sample = held[src, np.tile(j, world_size)]
+        return Exchange(epoch, sample, src, dst, last_use[sample])
 
 
 def _fit(order: IntArray, target: int) -> IntArray:

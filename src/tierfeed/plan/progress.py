@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
-from tierfeed.plan.plan import Plan, PlanSpec, _fit
+from tierfeed.plan.plan import PLANS, Plan, PlanSpec, _fit
 
 __all__ = ["Done", "EpochProgress", "PlanState", "remaining_order", "remaining_shares"]
 
@@ -110,10 +110,12 @@ class PlanState:
     spec: PlanSpec
     epoch: int = 0
     progress: EpochProgress = field(default_factory=EpochProgress)
+    plans: int = PLANS  # the generation of local and partial plans the state was saved under
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values."""
         return {
+            "plans": self.plans,
             "spec": str(self.spec),
             "seed": self.spec.seed,
             "drop_last": self.spec.drop_last,
@@ -125,7 +127,8 @@ class PlanState:
     def from_state_dict(cls, d: dict[str, Any]) -> PlanState:
         """Inverse of `state_dict`."""
         spec = PlanSpec.parse(d["spec"], seed=int(d["seed"]), drop_last=bool(d["drop_last"]))
-        return cls(spec, int(d["epoch"]), EpochProgress.from_list(d["segments"]))
+        plans = int(d.get("plans", 1))  # states of generation 1 did not say
+        return cls(spec, int(d["epoch"]), EpochProgress.from_list(d["segments"]), plans)
 
 
 def _left_over(plan: Plan, epoch: int, progress: EpochProgress) -> IntArray | None:
