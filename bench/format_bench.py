@@ -49,8 +49,16 @@ for i in rng.integers(0, ix.num_samples, size=1000).tolist():
     assert ix.find_sample(ix.key(i)) == i
 path_us = (time.perf_counter() - t2) / 1000 * 1e6
 after_lookups = rss()
+peak = 0
+if sys.argv[2] == "recheck":  # what the checks allocate, in one more open (not timed)
+    import tracemalloc
+    tracemalloc.start()
+    Index(sys.argv[1], recheck=True).close()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
 print(json.dumps(dict(open_s=opened, open_rss=after_open - before,
-      lookups_rss=after_lookups - before, lookup_us=lookup_us, path_lookup_us=path_us)))
+      lookups_rss=after_lookups - before, lookup_us=lookup_us, path_lookup_us=path_us,
+      check_peak=peak)))
 """
 
 
@@ -123,6 +131,7 @@ def bench_index(samples: int, workdir: Path) -> dict[str, object]:
         "arrays_bytes_per_sample": round(arrays / samples, 1),
         "key_bytes_per_sample": round(keys / samples, 1),
         "open_checked_s_median": round(full["open_s"], 4),
+        "open_checked_peak_MiB": round(full["check_peak"] / 2**20, 1),
         "open_stamped_s_median": round(med["open_s"], 5),
         "open_rss_bytes_per_sample": round(med["open_rss"] / samples, 3),
         "rss_after_10k_lookups_bytes_per_sample": round(med["lookups_rss"] / samples, 3),

@@ -16,6 +16,7 @@ import pytest
 from tests.format.conftest import write_tree
 from tests.hostile import indexedit as ie
 from tierfeed.errors import IndexFormatError, TierfeedError
+from tierfeed.format import indexcheck
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME, SECTIONS
 from tierfeed.format.pack import PackOptions, pack
@@ -327,11 +328,22 @@ def wide(pristine: tuple[Path, bytes], tmp_path_factory: pytest.TempPathFactory)
     return path.read_bytes()
 
 
+@pytest.mark.parametrize("block", [None, 2], ids=["one block", "blocks of 2"])
 @pytest.mark.parametrize("layout", ["narrow", "wide"])
 @pytest.mark.parametrize("case", list(CRAFTED))
 def test_crafted_invariant_broken(
-    case: str, layout: str, pristine: tuple[Path, bytes], wide: bytes, damaged: Any
+    case: str,
+    layout: str,
+    block: int | None,
+    pristine: tuple[Path, bytes],
+    wide: bytes,
+    damaged: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Each broken invariant is named, whether the checks see the arrays whole or in blocks
+    (on threads, a block's edges reading one entry past them)."""
+    if block is not None:
+        monkeypatch.setattr(indexcheck, "_BLOCK", block)
     name, change, match = CRAFTED[case]
     raw = pristine[1] if layout == "narrow" else wide
     try:

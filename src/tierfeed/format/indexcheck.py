@@ -14,7 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,8 @@ def check_sections(
 
 
 Arrays = Mapping[str, npt.NDArray[Any]]
+_THREADS = min(8, os.cpu_count() or 1)
+_NOT_IN_CHUNK = "the members of a sample are not all in the sample's chunk"
 
 
 def _monotone_offsets(a: npt.NDArray[np.uint64], total: int, what: str, where: Path) -> None:
@@ -192,64 +195,137 @@ def _monotone_offsets(a: npt.NDArray[np.uint64], total: int, what: str, where: P
         raise damaged(where, f"{what} offsets are not monotone from 0 to {total}")
 
 
+_BLOCK = 1 << 20  # samples or members per block: ~25 MiB of temporaries a thread
+
+
+def _blocks(n: int, block: int = _BLOCK) -> list[tuple[int, int]]:
+    return [(lo, min(n, lo + block)) for lo in range(0, n, block)]
+
+
+def _run_blocks(check: Callable[[int, int], None], n: int, block: int = _BLOCK) -> None:
+    """``check(lo, hi)`` over [0, n) in blocks, on up to `_THREADS` threads (numpy releases
+    the GIL in the work of a block); the first damage in block order is raised."""
+    spans = _blocks(n, block)
+    if len(spans) <= 1:
+        for lo, hi in spans:
+            check(lo, hi)
+        return
+    with ThreadPoolExecutor(min(_THREADS, len(spans))) as pool:
+        for _ in pool.map(lambda span: check(*span), spans):
+            pass
+
+
 def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: int) -> None:
     """What readers rely on, vectorised over the arrays (section lengths already match the
-    header's counts)."""
+    header's counts), in blocks of `_BLOCK` on several threads: the temporaries stay a few
+    tens of MiB a thread at any size, and a many-core host checks in a fraction of the time."""
     members = len(a["member_chunk"])
     start = a["sample_member_start"]
-    if start[0] != 0 or start[-1] != members or np.any(start[1:] <= start[:-1]):
+    if start[0] != 0 or start[-1] != members:
         raise damaged(where, "sample member ranges are not contiguous and non-empty")
-    _monotone_offsets(a["sample_key_offset"], len(a["keys"]), "sample key", where)
+    key_offset, keys = a["sample_key_offset"], a["keys"]
+    if key_offset[0] != 0 or key_offset[-1] != len(keys):
+        raise damaged(where, f"sample key offsets are not monotone from 0 to {len(keys)}")
     _monotone_offsets(a["chunk_name_offset"], len(a["chunk_names"]), "chunk name", where)
-    if np.any(a["keys"] == 0) or np.any(a["chunk_names"] == 0):
+    if np.any(a["chunk_names"] == 0):
         raise damaged(where, "a sample key or chunk name holds a NUL byte")
     if np.any(np.diff(a["chunk_name_offset"]) == 0):
         raise damaged(where, "a chunk name is empty")
-    labels = a["sample_label"]
-    if np.any((labels < -1) | (labels >= classes)):
-        raise damaged(where, f"sample labels outside [-1, {classes})")
-    if np.any(a["sample_chunk"] >= chunks) or np.any(a["member_chunk"] >= chunks):
-        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
-    if np.any(a["member_ext"] >= exts):
-        raise damaged(where, f"a member has an extension id >= {exts}")
-    sample_chunk = a["sample_chunk"]
-    if len(sample_chunk) > 1 and bool(np.any(sample_chunk[1:] < sample_chunk[:-1])):
-        raise damaged(where, "samples are not in chunk order (sample chunk ids decrease)")
-    counts = np.diff(start).astype(np.int64)
-    if not np.array_equal(np.repeat(a["sample_chunk"], counts), a["member_chunk"]):
-        raise damaged(where, "the members of a sample are not all in the sample's chunk")
     size = a["chunk_size"]
     if np.any(size > MAX_CHUNK_BYTES):
         raise damaged(where, f"a chunk is larger than {MAX_CHUNK_BYTES} bytes")
     narrow = a["member_offset"].dtype.itemsize == 4 or a["member_length"].dtype.itemsize == 4
     if narrow and len(size) and int(size.max()) >= 2**32:
         raise damaged(where, "32-bit member offsets with a chunk of 4 GiB or more")
-    _check_member_ranges(a, where)
+    samples = len(a["sample_chunk"])
+    _run_blocks(lambda lo, hi: _check_samples(a, where, chunks, classes, lo, hi), samples)
+    _run_blocks(lambda lo, hi: _check_keys(a, where, lo, hi), len(keys), 16 * _BLOCK)
+    _run_blocks(lambda lo, hi: _check_members(a, where, chunks, exts, lo, hi), members)
+    _run_blocks(lambda lo, hi: _check_owners(a, where, lo, hi), samples)
     order = a["path_order"]
-    seen = np.zeros(members, dtype=bool)
     if len(order) and order.max() >= members:
         raise damaged(where, "the path order names a member id out of range")
-    seen[order] = True
+    seen = np.zeros(members, dtype=bool)  # one byte a member: the only O(N) allocation
+    _run_blocks(lambda lo, hi: seen.__setitem__(order[lo:hi], True), members)
     if not seen.all():
         raise damaged(where, "the path order is not a permutation of the members")
 
 
-def _check_member_ranges(a: Arrays, where: Path) -> None:
-    """offset + length <= chunk size, without uint64 wrap-around."""
-    size = a["chunk_size"][a["member_chunk"]]
-    length, offset = a["member_length"], a["member_offset"]
+def _check_samples(a: Arrays, where: Path, chunks: int, classes: int, lo: int, hi: int) -> None:
+    """Samples [lo, hi): member ranges, key offsets, labels, chunk ids and their order (each
+    block reads one entry past its end)."""
+    start = a["sample_member_start"][lo : hi + 1]
+    if np.any(start[1:] <= start[:-1]):
+        raise damaged(where, "sample member ranges are not contiguous and non-empty")
+    key_offset = a["sample_key_offset"][lo : hi + 1]
+    if np.any(key_offset[1:] < key_offset[:-1]):
+        raise damaged(where, f"sample key offsets are not monotone from 0 to {len(a['keys'])}")
+    labels = a["sample_label"][lo:hi]
+    if np.any((labels < -1) | (labels >= classes)):
+        raise damaged(where, f"sample labels outside [-1, {classes})")
+    chunk = a["sample_chunk"][lo : hi + 1]
+    if np.any(chunk[: hi - lo] >= chunks):
+        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+    if len(chunk) > 1 and bool(np.any(chunk[1:] < chunk[:-1])):
+        raise damaged(where, "samples are not in chunk order (sample chunk ids decrease)")
+
+
+def _check_owners(a: Arrays, where: Path, lo: int, hi: int) -> None:
+    """The members of samples [lo, hi) lie in their sample's chunk (after both columns'
+    ids were checked, so the more precise of two messages is the one raised)."""
+    start = a["sample_member_start"][lo : hi + 1]
+    chunk = a["sample_chunk"][lo:hi]
+    # Members of these samples: runs of equal chunk ids, one run a sample. Compared in
+    # slices of at most _BLOCK members (one sample may own more).
+    member_chunk = a["member_chunk"]
+    counts = np.diff(start).astype(np.int64)
+    first = 0
+    while first < hi - lo:
+        total = np.cumsum(counts[first:])
+        last = first + max(1, int(np.searchsorted(total, _BLOCK, "right")))
+        m0, m1 = int(start[first]), int(start[last])
+        if last - first == 1:  # a single sample, perhaps with very many members
+            for s0, s1 in _blocks(m1 - m0):
+                if np.any(member_chunk[m0 + s0 : m0 + s1] != chunk[first]):
+                    raise damaged(where, _NOT_IN_CHUNK)
+        elif not np.array_equal(
+            np.repeat(chunk[first:last], counts[first:last]), member_chunk[m0:m1]
+        ):
+            raise damaged(where, _NOT_IN_CHUNK)
+        first = last
+
+
+def _check_keys(a: Arrays, where: Path, lo: int, hi: int) -> None:
+    if np.any(a["keys"][lo:hi] == 0):
+        raise damaged(where, "a sample key or chunk name holds a NUL byte")
+
+
+def _check_members(a: Arrays, where: Path, chunks: int, exts: int, lo: int, hi: int) -> None:
+    """Members [lo, hi): chunk ids and extension ids in range, and inside their chunk
+    (offset + length <= chunk size, without uint64 wrap-around)."""
+    member_chunk = a["member_chunk"][lo:hi]
+    if np.any(member_chunk >= chunks):
+        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+    if np.any(a["member_ext"][lo:hi] >= exts):
+        raise damaged(where, f"a member has an extension id >= {exts}")
+    size = a["chunk_size"][member_chunk]
+    length, offset = a["member_length"][lo:hi], a["member_offset"][lo:hi]
     past = np.flatnonzero((length > size) | (offset > size - np.minimum(length, size)))
     if len(past):
-        m = int(past[0])
-        start = a["sample_member_start"]
-        owner = int(np.searchsorted(start, start.dtype.type(m), "right")) - 1
-        ko = a["sample_key_offset"]
-        path = a["keys"][int(ko[owner]) : int(ko[owner + 1])].tobytes()
-        c = int(a["member_chunk"][m])
-        no = a["chunk_name_offset"]
-        chunk = a["chunk_names"][int(no[c]) : int(no[c + 1])].tobytes()
-        raise damaged(
-            where,
-            f"member {m} of sample {os.fsdecode(path)!r} points past the end of chunk "
-            f"{os.fsdecode(chunk)} ({int(offset[m])}+{int(length[m])} > {int(size[m])} bytes)",
-        )
+        raise damaged(where, _past_the_end(a, lo + int(past[0])))
+
+
+def _past_the_end(a: Arrays, m: int) -> str:
+    """What is wrong with member ``m``, which points past the end of its chunk."""
+    start = a["sample_member_start"]
+    owner = int(np.searchsorted(start, start.dtype.type(m), "right")) - 1
+    ko = a["sample_key_offset"]
+    path = a["keys"][int(ko[owner]) : int(ko[owner + 1])].tobytes()
+    c = int(a["member_chunk"][m])
+    no = a["chunk_name_offset"]
+    chunk = a["chunk_names"][int(no[c]) : int(no[c + 1])].tobytes()
+    offset, length = int(a["member_offset"][m]), int(a["member_length"][m])
+    return (
+        f"member {m} of sample {os.fsdecode(path)!r} points past the end of chunk "
+        f"{os.fsdecode(chunk)} ({offset}+{length} > {int(a['chunk_size'][c])} bytes)"
+    )
