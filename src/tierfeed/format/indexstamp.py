@@ -1,7 +1,7 @@
 """Stamps of index files checked in full, so that opening one again on this host is O(1).
 
 Opening an index checks every invariant readers rely on (`indexcheck.check_invariants`):
-O(samples), ~60 ms per million. Every DataLoader worker and every rank opens the index, so a
+O(samples), ~10 ms per million on 2 cores. Every DataLoader worker and every rank opens the index, so a
 large one would be checked again and again. Once a large index has passed, a stamp in the
 user's cache directory records the file's identity: device, inode, size, mtime and ctime
 (any write to the file changes its ctime, which no user can set) and its header checksum.
