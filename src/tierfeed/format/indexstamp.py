@@ -1,10 +1,11 @@
 """Stamps of index files checked in full, so that opening one again on this host is O(1).
 
 Opening an index checks every invariant readers rely on (`indexcheck.check_invariants`):
-O(samples), ~10 ms per million on 2 cores. Every DataLoader worker and every rank opens the index, so a
-large one would be checked again and again. Once a large index has passed, a stamp in the
-user's cache directory records the file's identity: device, inode, size, mtime and ctime
-(any write to the file changes its ctime, which no user can set) and its header checksum.
+O(samples), ~10 ms per million on 2 cores. Every DataLoader worker and every rank opens the
+index, so a large one would be checked again and again. Once a large index has passed, a
+stamp in the user's cache directory records the file's identity: device, inode, size, mtime
+and ctime (any write to the file changes its ctime, which no user can set) and its header
+checksum.
 An open that finds a stamp matching the file it mapped skips the O(N) checks; any other open
 runs them. A stamp is trusted only if this user owns it and nobody else may write it. File
 times tick with the kernel's coarse clock (a few ms); only indexes whose checks take longer
