@@ -95,3 +95,61 @@ def test_small_indexes_are_not_stamped(tmp_path: Path, monkeypatch: pytest.Monke
     Index(path).close()
     assert not (tmp_path / "cache").exists()
     assert os.path.getsize(path) < indexstamp.STAMP_ABOVE_BYTES
+
+
+_OPEN_AT = """
+import json, sys, time
+from tierfeed.format.index import Index
+start = float(sys.argv[2])
+while time.time() < start:  # every process opens at the same moment, as ranks do
+    time.sleep(0.0005)
+with Index(sys.argv[1]) as ix:
+    print(json.dumps(ix.checked_here))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_processes_opening_at_once_check_once(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "index.tfi"
+    synthetic_index(path, 1_000_000)  # ~57 MB: above the stamping threshold
+    with Index(path, recheck=True) as ix:
+        total = sum(n for _, n in ix.header["sections"].values())
+    assert total > indexstamp.STAMP_ABOVE_BYTES
+    env = dict(os.environ, TIERFEED_CACHE=str(tmp_path / "cache"))
+    start = time.time() + 3.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AT, str(path), str(start)],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(4)
+    ]
+    checked = [json.loads(p.communicate(timeout=90)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(checked) == [False, False, False, True]  # one checked, three took its stamp
+
+
+def test_a_checker_holding_on_past_the_bound_is_not_waited_for(
+    tmp_path: Path, counted: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    path = tmp_path / "index.tfi"
+    synthetic_index(path, 2000)
+    name = indexstamp._stamp_path(path.absolute(), path.stat()).stem
+    lock = tmp_path / "cache" / "checking" / f"{name}.lock"
+    lock.parent.mkdir(parents=True)
+    monkeypatch.setattr(indexstamp, "CHECKER_WAIT_S", 0.3)
+    with lock.open("w") as held:  # another process's check, stuck
+        fcntl.flock(held, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        with Index(path) as ix:
+            assert ix.checked_here and len(counted) == 1
+        assert 0.3 <= time.monotonic() - t0 < 5
+    with Index(path) as ix:  # its stamp serves the next open
+        assert not ix.checked_here

@@ -22,7 +22,7 @@ from tierfeed.format.indexcheck import (
     check_sections,
     damaged,
 )
-from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, stamp
+from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, one_checker, stamp
 from tierfeed.format.indexwrite import PREFIX as _PREFIX
 from tierfeed.format.indexwrite import IndexContent, write_index
 from tierfeed.format.layout import (
@@ -96,6 +96,7 @@ class Index:
         finally:
             os.close(fd)
         self.checksum_verified = False
+        self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)
         self.header = self._read_header()
         self._map_sections(recheck)
 
@@ -144,12 +145,13 @@ class Index:
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
         total = sum(nbytes for _, nbytes in h["sections"].values())
         stamped = total > STAMP_ABOVE_BYTES and "header_checksum" in h
-        if recheck or not (stamped and has_stamp(self.path, self._stat, h["header_checksum"])):
-            if total <= CHECKSUM_ON_OPEN_BYTES:
-                self.check_checksum()
-            check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
-            if stamped:
-                stamp(self.path, self._stat, h["header_checksum"])
+        if recheck or not stamped:
+            self._check(arrays, total, stamped)
+        elif not has_stamp(self.path, self._stat, h["header_checksum"]):
+            with one_checker(self.path, self._stat):
+                # Another process of this host may have checked it while this one waited.
+                if not has_stamp(self.path, self._stat, h["header_checksum"]):
+                    self._check(arrays, total, stamped)
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = check_tree(arrays, self.path) if self.has_tree else []
         self.member_mode: npt.NDArray[np.uint16] | None = arrays.get("member_mode")
@@ -175,6 +177,16 @@ class Index:
         self.chunk_size: npt.NDArray[np.uint64] = arrays["chunk_size"]
         self.chunk_checksum: npt.NDArray[np.uint64] = arrays["chunk_checksum"]
         self._arrays = arrays
+
+    def _check(self, arrays: dict[str, Any], total: int, stamped: bool) -> None:
+        """The O(N) checks (`indexcheck.check_invariants`, the sections checksum when small),
+        then the stamp that spares the next opens of a large index."""
+        if total <= CHECKSUM_ON_OPEN_BYTES:
+            self.check_checksum()
+        check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
+        self.checked_here = True
+        if stamped:
+            stamp(self.path, self._stat, self.header["header_checksum"])
 
     # --- lookups ------------------------------------------------------------------
 

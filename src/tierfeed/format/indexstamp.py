@@ -11,23 +11,35 @@ runs them. A stamp is trusted only if this user owns it and nobody else may writ
 times tick with the kernel's coarse clock (a few ms); only indexes whose checks take longer
 than that are stamped, so a change after a stamp always moves the ctime.
 `tierfeed verify` never trusts stamps: bit rot changes no ctime.
+
+Every rank of a node opens the index at the same moment when a job starts: `one_checker` lets
+one of this user's processes check an unstamped index while the others wait for its stamp
+(a lock that the kernel lets go if the checker dies), instead of every rank checking at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tierfeed.config import default_cache_dir
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.publish import publish
 
-__all__ = ["STAMP_ABOVE_BYTES", "has_stamp", "stamp"]
+__all__ = ["CHECKER_WAIT_S", "STAMP_ABOVE_BYTES", "has_stamp", "one_checker", "stamp"]
 
 # Indexes whose sections total more than this are stamped (smaller ones check in < ~15 ms).
 STAMP_ABOVE_BYTES = 16 * 2**20
+# How long a process waits for another one's check of the same index before checking itself
+# (the checks take ~10 s per billion samples and core; a checker stuck on its storage is not
+# waited for forever).
+CHECKER_WAIT_S = 600.0
 
 
 def _identity(st: os.stat_result, header_checksum: int) -> dict[str, int]:
@@ -78,3 +90,32 @@ def stamp(path: Path, st: os.stat_result, header_checksum: int) -> None:
         publish(where, json.dumps(_identity(st, header_checksum)).encode(), 0o600, fsync=False)
     except OSError:
         return
+
+
+@contextlib.contextmanager
+def one_checker(path: Path, st: os.stat_result, wait_s: float | None = None) -> Iterator[None]:
+    """Hold this user's right to check index ``path`` on this host, waiting (at most
+    ``wait_s``, default `CHECKER_WAIT_S`) while another process holds it. The caller then looks
+    for a stamp again before checking. A lock that cannot be made (no cache directory) or is
+    held past the bound lets the caller check on its own: never worse than without it."""
+    name = _stamp_path(path, st).stem
+    where = default_cache_dir() / "checking" / f"{name}.lock"
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + (CHECKER_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
