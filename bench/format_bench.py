@@ -3,6 +3,7 @@
 Usage:
     python bench/format_bench.py pack --files 10000 --runs 3
     python bench/format_bench.py index --samples 1000000 10000000
+    python bench/format_bench.py at-once --samples 30000000 --procs 4 [--code OLD/src]
 
 Both tools read the same page-cached tree and write to the same disk; runs alternate
 (tar, pack, tar, pack, ...) so the machine's noise hits both alike, and medians are reported.
@@ -140,6 +141,47 @@ def bench_index(samples: int, workdir: Path) -> dict[str, object]:
     }
 
 
+_AT_ONCE_CHILD = """
+import json, sys, time
+from tierfeed.format.index import Index
+start = float(sys.argv[2])
+while time.time() < start:  # every process opens at the same moment, as a node's ranks do
+    time.sleep(0.0005)
+with Index(sys.argv[1]) as ix:
+    print(json.dumps([time.time() - start, getattr(ix, "checked_here", None)]))
+"""
+
+
+def bench_at_once(samples: int, procs: int, runs: int, code: str | None, workdir: Path) -> None:
+    """``procs`` processes open one unstamped index at the same moment (a fresh cache each
+    run): when the last of them has it open, and how many ran the O(N) checks (None: code
+    that does not say). ``code``: a src directory to run instead of this one's."""
+    from tierfeed.format.synthindex import synthetic_index
+
+    path = workdir / f"index-{samples}.tfi"
+    synthetic_index(path, samples)
+    path.read_bytes()  # warm the page cache for every run alike
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = code
+    lasts = []
+    for run in range(runs):
+        env["TIERFEED_CACHE"] = str(workdir / f"cache-{run}")
+        start = time.time() + 3.0
+        children = [
+            subprocess.Popen([sys.executable, "-c", _AT_ONCE_CHILD, str(path), str(start)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(procs)
+        ]  # fmt: skip
+        rows = [json.loads(c.communicate()[0]) for c in children]
+        lasts.append(max(r[0] for r in rows))
+        print(json.dumps({"samples": samples, "procs": procs, "code": code or ".",
+                          "last_open_s": round(lasts[-1], 3),
+                          "checked": [r[1] for r in rows]}), flush=True)  # fmt: skip
+    print(json.dumps({"samples": samples, "procs": procs, "code": code or ".",
+                      "last_open_s_median": round(statistics.median(lasts), 3)}))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -148,11 +190,18 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     i = sub.add_parser("index")
     i.add_argument("--samples", type=int, nargs="+", default=[1_000_000])
+    a = sub.add_parser("at-once")  # a node's ranks opening one unstamped index together
+    a.add_argument("--samples", type=int, default=30_000_000)
+    a.add_argument("--procs", type=int, default=4)
+    a.add_argument("--runs", type=int, default=3)
+    a.add_argument("--code", default=None, help="a src directory to run instead of this one's")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         if args.what == "pack":
             print(json.dumps(bench_pack(args.files, args.runs, Path(tmp)), indent=1))
+        elif args.what == "at-once":
+            bench_at_once(args.samples, args.procs, args.runs, args.code, Path(tmp))
         else:
             for n in args.samples:
                 print(json.dumps(bench_index(n, Path(tmp)), indent=1), flush=True)
