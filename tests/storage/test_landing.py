@@ -428,3 +428,77 @@ def test_where_no_link_can_be_made_the_bytes_are_written(
         ops = disk.driver.counters.snapshot()
         assert ops["links"] == 0 and ops["bytes_written"] == info.size
         assert (cache / cache_key(info)).read_bytes() == (store_dir / info.name).read_bytes()
+
+
+def test_in_flight_names_the_copies_landing_on_the_host(store_dir: Path, tmp_path: Path) -> None:
+    infos = Index(store_dir).chunks()
+    (tmp_path / "tier").mkdir()
+    for landing in (FileLanding(tmp_path / "tier"), MemoryLanding()):
+        assert landing.in_flight() == set()
+        first, second = landing.begin(infos[0], PIECE), landing.begin(infos[1], PIECE)
+        if isinstance(landing, FileLanding):  # stray names in the directory are not copies
+            (landing.dir / "notes.map").write_bytes(b"x")
+            (landing.dir / ".00000002-0123456789abcdef.map.tmp").write_bytes(b"x")
+            (landing.dir / "00000003-0123456789abcdef.map").write_bytes(b"short")
+            crashed = landing.begin(infos[2], PIECE)  # its fetcher killed: nothing lands
+            _rewrite_owner(landing.dir, infos[2], _exited_pid())
+            crashed.close()
+        want = {(infos[0].id, infos[0].checksum), (infos[1].id, infos[1].checksum)}
+        assert landing.in_flight() == want
+        landing.end(first)
+        assert landing.in_flight() == {(infos[1].id, infos[1].checksum)}
+        landing.end(second)
+        assert landing.in_flight() == set()
+
+
+def test_a_copy_landing_for_a_sibling_takes_room_in_the_shared_tier(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # Two stacks over one directory stand for two DataLoader workers of a host. The tier has
+    # room for one chunk: while the first worker's copy of chunk 0 lands, the second does not
+    # start a copy of chunk 1 (both would land; one would be evicted, its bytes read for
+    # nothing), neither by a read's demand nor by a clairvoyant prefetch.
+    cache = tmp_path / "cache"
+    sizes = [c.size for c in Index(store_dir).chunks()]
+    quota = max(sizes[0], sizes[1]) + 1
+    with (
+        slow_stack(store_dir, [disk_tier(cache, quota)], median_ms=400) as first,
+        TierStack(
+            Index(store_dir).chunks(),
+            PosixDriver(store_dir, read_only=True),
+            [disk_tier(cache, quota)],
+            policy="clairvoyant",
+            options=TierOptions(piece_bytes=PIECE),
+        ) as second,
+    ):
+        assert second._needed(1)  # nothing held, nothing landing: room for it
+        assert first.schedule(0)
+        until(lambda: first.landing.find(first.chunks[0]) is not None)
+        assert not second._needed(1)
+        second._refused.clear()
+        second.set_future([0, 1] * 25)  # its prefetch copies nothing while chunk 0 lands
+        second.drain()
+        assert second.stats()["fetch"]["pieces"] == 0 and 1 not in second.tiers[0].held
+        first.drain()
+        assert 0 in first.tiers[0].held
+        time.sleep(0.15)  # past the sibling's view of the directory
+        second._refused.clear()
+        assert not second._needed(1)  # placed now: held, still no room
+
+
+def _exited_pid() -> int:
+    """The pid of a process that has exited."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _rewrite_owner(directory: Path, info: ChunkInfo, pid: int) -> None:
+    """Make the map of ``info``'s arrival name ``pid`` as its fetcher."""
+    from tierfeed.storage.landing import _HEADER
+
+    path = directory / f"{info.id:08d}-{info.checksum:016x}.map"
+    raw = bytearray(path.read_bytes())
+    magic, _, piece, size = _HEADER.unpack_from(raw)
+    raw[: _HEADER.size] = _HEADER.pack(magic, pid, piece, size)
+    path.write_bytes(bytes(raw))

@@ -45,6 +45,7 @@ _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at mos
 # A process that claims a copy writes its arrival's map at once: a claim found taken more than
 # this long ago is over (its copy placed, refused or failed), not about to begin.
 _CLAIM_TO_MAP_S = 0.2
+_VIEW_S = 0.1  # a placement decision looks at a shared tier again after this long
 _HEDGE_SHARE = 0.02  # second requests for late pieces read at most this share of the copies' bytes
 
 
@@ -95,6 +96,7 @@ class TierFilling(ABC):
     _demanded: dict[int, int]
     _elsewhere: dict[int, float]
     _splits: int
+    _landing_seen: set[int]  # what `_landing_here` found landing last time
     _gate: Gate
     tuner: FetchTuner
     _copier: Copier
@@ -122,15 +124,50 @@ class TierFilling(ABC):
         refusal is remembered until room is made or the future changes: a full tier is not
         asked again on every read."""
         size = self._sizes[chunk]
+        landing = self._landing_here()  # outside the lock: a directory listing
         with self._mutex:
             lacking = [(t, p) for t, p in zip(self.tiers, self.policies, strict=True)
                        if chunk not in t.held]  # fmt: skip
             if not lacking or chunk in self._refused:
                 return False
-            if any(p.choose(t.held, chunk, size, t.quota, fetched=True)[0] for t, p in lacking):
+            if any(
+                p.choose(self._committed(t, landing, chunk), chunk, size, t.quota, fetched=True)[0]
+                for t, p in lacking
+            ):
                 return True
             self._refused.add(chunk)  # every tier that lacks it said no
             return False
+
+    def _landing_here(self) -> set[int]:
+        """This store's chunks whose copies land on this host now (any process's): the
+        room they will take. A shared tier's view of what it holds is refreshed when a copy
+        seen landing before has ended (placed, most likely: in the directory now, and no
+        longer landing) or the view is older than `_VIEW_S`."""
+        landing = {
+            c for c, checksum in self.landing.in_flight()
+            if 0 <= c < len(self.chunks) and self.chunks[c].checksum == checksum
+        }  # fmt: skip
+        with self._mutex:
+            ended = bool(self._landing_seen - landing)
+            self._landing_seen = landing
+        for tier in self.tiers:
+            if tier.shared and (ended or time.monotonic() - tier.scanned > _VIEW_S):
+                with contextlib.suppress(StorageError):
+                    self._scan(tier)
+        return landing
+
+    def _committed(self, tier: Tier, landing: set[int], chunk: int) -> dict[int, int]:
+        """What a placement decision for ``chunk`` counts as taken in ``tier`` (under
+        `_mutex`): what it holds and, in a tier the host's processes share, the copies
+        landing for it. Deciding on what was held alone, each of two DataLoader workers saw
+        room for the same bytes: both copied, and chunks were evicted before their reads
+        came (1.10x the store in a cold epoch with half the cache, 1.02x with one worker)."""
+        if not tier.shared:
+            return tier.held
+        view = dict(tier.held)
+        for c in landing - {chunk} - view.keys():
+            view[c] = self._sizes[c]
+        return view
 
     # --- reads served by copies in flight ----------------------------------------------
 

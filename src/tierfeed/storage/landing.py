@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import struct
 import threading
 import time
@@ -43,6 +44,7 @@ _HEADER = struct.Struct("<4sIQQ")  # magic, owner pid, piece size, chunk size
 _MAGIC = b"TFL1"
 _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.02
+_MAP_NAME = re.compile(r"([0-9]{8,})-([0-9a-f]{16})\.map")  # `FileLanding._paths`
 
 
 @dataclass
@@ -154,6 +156,10 @@ class Landing(ABC):
         """Remove arrivals whose fetcher is gone; returns how many."""
         return 0
 
+    @abstractmethod
+    def in_flight(self) -> set[tuple[int, int]]:
+        """(chunk id, chunk checksum) of every arrival in flight now, whoever fetches it."""
+
 
 class _MemoryArrival(Arrival):
     def __init__(self, info: ChunkInfo, piece: int) -> None:
@@ -193,6 +199,10 @@ class MemoryLanding(Landing):
     def find(self, info: ChunkInfo) -> Arrival | None:
         with self._lock:
             return self._arrivals.get(info.id)
+
+    def in_flight(self) -> set[tuple[int, int]]:
+        with self._lock:
+            return {(a.info.id, a.info.checksum) for a in self._arrivals.values()}
 
     def end(self, arrival: Arrival) -> None:
         with self._lock:
@@ -333,6 +343,25 @@ class FileLanding(Landing):
                 os.close(data_fd)
                 os.close(map_fd)
         return arrival
+
+    def in_flight(self) -> set[tuple[int, int]]:
+        # The published maps (a map appears last, and goes first when a fetch ends) whose
+        # fetcher lives: a killed fetcher's map, left until a sweep, lands nothing.
+        out = set()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.dir):
+                m = _MAP_NAME.fullmatch(entry.name)
+                if m is None:
+                    continue
+                try:
+                    with open(entry.path, "rb") as f:
+                        header = f.read(_HEADER.size)
+                    magic, owner, _, _ = _HEADER.unpack(header)
+                except (OSError, struct.error):
+                    continue
+                if magic == _MAGIC and _pid_alive(owner):
+                    out.add((int(m.group(1)), int(m.group(2), 16)))
+        return out
 
     def end(self, arrival: Arrival) -> None:
         data_path, map_path = self._paths(arrival.info)

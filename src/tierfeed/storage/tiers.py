@@ -149,6 +149,7 @@ class TierStack(TierFilling, ChunkSource):
         self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
         self._elsewhere: dict[int, float] = {}  # chunk -> when its claim was found taken
         self._splits = 0  # pieces read as halves for the tuner's fit (a few)
+        self._landing_seen: set[int] = set()
         self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
         # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
         self._looks_ahead = any(isinstance(p, Clairvoyant) for p in self.policies)
@@ -389,10 +390,13 @@ class TierStack(TierFilling, ChunkSource):
         """Queue the chunks of the next ``horizon`` reads of the known future that fit (the
         tiers' quotas and policies decide); returns how many."""
         queued = 0
+        landing: set[int] | None = None
         for tier, policy in zip(self.tiers, self.policies, strict=True):
             if isinstance(policy, Clairvoyant):
+                landing = self._landing_here() if landing is None else landing
                 with self._mutex:
-                    chosen = list(policy.prefetch(tier.held, tier.quota, self._sizes, horizon))
+                    taken = self._committed(tier, landing, -1)
+                    chosen = list(policy.prefetch(taken, tier.quota, self._sizes, horizon))
                 for chunk in chosen:
                     queued += self.schedule(chunk)
         return queued
