@@ -124,6 +124,9 @@ class TierFilling(ABC):
         refusal is remembered until room is made or the future changes: a full tier is not
         asked again on every read."""
         size = self._sizes[chunk]
+        with self._mutex:  # asked on every read of a chunk no tier holds: the cheap answers
+            if chunk in self._refused or all(chunk in t.held for t in self.tiers):
+                return False
         landing = self._landing_here()  # outside the lock: a directory listing
         with self._mutex:
             lacking = [(t, p) for t, p in zip(self.tiers, self.policies, strict=True)
