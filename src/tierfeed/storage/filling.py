@@ -118,7 +118,11 @@ class TierFilling(ABC):
         """Where in the epoch's order of consumption each read of ``chunk`` comes, and the
         offset it reads at (empty when not told)."""
 
-    def _needed(self, chunk: int) -> bool:
+    def _shares_room(self) -> bool:
+        """Whether a tier's room is shared with the host's other processes."""
+        return any(t.shared for t in self.tiers)
+
+    def _needed(self, chunk: int, fresh: bool = False) -> bool:
         """Whether a tier lacks ``chunk`` and its policy would take it (the copier asks once it
         marked the chunk in flight, so a copy landing meanwhile is seen and not repeated). A
         refusal is remembered until room is made or the future changes: a full tier is not
@@ -127,7 +131,7 @@ class TierFilling(ABC):
         with self._mutex:  # asked on every read of a chunk no tier holds: the cheap answers
             if chunk in self._refused or all(chunk in t.held for t in self.tiers):
                 return False
-        landing = self._landing_here()  # outside the lock: a directory listing
+        landing = self._landing_here(fresh)  # outside the lock: a directory listing
         with self._mutex:
             lacking = [(t, p) for t, p in zip(self.tiers, self.policies, strict=True)
                        if chunk not in t.held]  # fmt: skip
@@ -141,11 +145,12 @@ class TierFilling(ABC):
             self._refused.add(chunk)  # every tier that lacks it said no
             return False
 
-    def _landing_here(self) -> set[int]:
+    def _landing_here(self, fresh: bool = False) -> set[int]:
         """This store's chunks whose copies land on this host now (any process's): the
         room they will take. A shared tier's view of what it holds is refreshed when a copy
         seen landing before has ended (placed, most likely: in the directory now, and no
-        longer landing) or the view is older than `_VIEW_S`."""
+        longer landing), the view is older than `_VIEW_S`, or ``fresh`` (the last look before
+        a copy begins)."""
         landing = {
             c for c, checksum in self.landing.in_flight()
             if 0 <= c < len(self.chunks) and self.chunks[c].checksum == checksum
@@ -154,7 +159,7 @@ class TierFilling(ABC):
             ended = bool(self._landing_seen - landing)
             self._landing_seen = landing
         for tier in self.tiers:
-            if tier.shared and (ended or time.monotonic() - tier.scanned > _VIEW_S):
+            if tier.shared and (fresh or ended or time.monotonic() - tier.scanned > _VIEW_S):
                 with contextlib.suppress(StorageError):
                     self._scan(tier)
         return landing
@@ -322,11 +327,16 @@ class TierFilling(ABC):
             if data is not None:
                 self._place_all(info, _Landed(data), started)
                 return
-            try:
-                arrival = self.landing.begin(info, self.tuner.piece)
-            except OSError as exc:
-                self._landing_failed(info, exc)
-                return
+            # Decided again and begun under the tier's placement lock: a sibling deciding at
+            # the same moment sees this copy landing (its room taken), and this one sees its.
+            with claims.placing():
+                if self._shares_room() and not self._needed(chunk, fresh=True):
+                    return
+                try:
+                    arrival = self.landing.begin(info, self.tuner.piece)
+                except OSError as exc:
+                    self._landing_failed(info, exc)
+                    return
             with self._mutex:
                 self._begun_bytes += info.size
             try:
