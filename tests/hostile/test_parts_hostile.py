@@ -19,6 +19,12 @@ from tierfeed.publish import is_temporary
 pytestmark = pytest.mark.timeout(60)
 
 
+def assert_part_served(store: Path, local_dir: Path, sample: int) -> None:
+    """Rank 1's namespace serves ``sample`` of a part it staged, with the right bytes."""
+    with namespace_store(local_dir, holdings_of(store, "local"), 1) as s:
+        assert next(iter(s.read_sample(sample).fields.values())) == payload(sample)
+
+
 def test_a_full_disk_while_copying_a_part_leaves_nothing_served(
     tmp_path: Path, tmpfs: Callable[..., Path]
 ) -> None:
@@ -46,8 +52,7 @@ def test_a_full_disk_while_copying_a_part_leaves_nothing_served(
     filler.unlink()
     again = stage(store, disk / "node{node}", "local", world=ONE, progress=False)
     assert again.parts_copied >= 1 and again.chunks_copied == 0
-    with namespace_store(first.local_dir, holdings_of(store, "local"), 1) as s:
-        assert next(iter(s.read_sample(part.first).fields.values())) == payload(part.first)
+    assert_part_served(store, first.local_dir, part.first)
 
 
 def test_stray_files_in_the_parts_directory_are_left_alone(tmp_path: Path) -> None:
@@ -60,9 +65,7 @@ def test_stray_files_in_the_parts_directory_are_left_alone(tmp_path: Path) -> No
     again = stage(store, tmp_path / "node{node}", "local", world=ONE, progress=False)
     assert again.parts_copied == 0 and again.parts_present == 2
     assert (where / "notes.txt").read_text() == "a user's file"
-    part = holdings_of(store, "local").parts_of(1)[0]
-    with namespace_store(first.local_dir, holdings_of(store, "local"), 1) as s:
-        assert next(iter(s.read_sample(part.first).fields.values())) == payload(part.first)
+    assert_part_served(store, first.local_dir, holdings_of(store, "local").parts_of(1)[0].first)
 
 
 def test_parts_are_the_rank_owners_alone(tmp_path: Path) -> None:

@@ -273,16 +273,17 @@ def _check_samples(a: Arrays, where: Path, chunks: int, classes: int, lo: int, h
 def _check_owners(a: Arrays, where: Path, lo: int, hi: int) -> None:
     """The members of samples [lo, hi) lie in their sample's chunk (after both columns'
     ids were checked, so the more precise of two messages is the one raised)."""
-    start = a["sample_member_start"][lo : hi + 1]
+    start = a["sample_member_start"][lo : hi + 1].astype(np.int64)  # a running count
     chunk = a["sample_chunk"][lo:hi]
     # Members of these samples: runs of equal chunk ids, one run a sample. Compared in
     # slices of at most _BLOCK members (one sample may own more).
     member_chunk = a["member_chunk"]
-    counts = np.diff(start).astype(np.int64)
+    counts = np.diff(start)
     first = 0
     while first < hi - lo:
-        total = np.cumsum(counts[first:])
-        last = first + max(1, int(np.searchsorted(total, _BLOCK, "right")))
+        # The most samples from ``first`` on whose members fit a block; one at least.
+        fit = int(np.searchsorted(start, start[first] + _BLOCK, "right")) - 1
+        last = max(first + 1, fit)
         m0, m1 = int(start[first]), int(start[last])
         if last - first == 1:  # a single sample, perhaps with very many members
             for s0, s1 in _blocks(m1 - m0):

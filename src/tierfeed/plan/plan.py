@@ -23,7 +23,8 @@ O(e * N/M) time and O(N/M) memory, with no communication, and every rank can com
 other rank's plan and the whole exchange schedule.
 
 `PLANS` names this generation of the local and partial plans; a loader state records it, and a
-state saved under another generation is refused mid-epoch (its positions name other samples).
+local or partial state saved under another generation is refused (its positions name other
+samples).
 """
 
 from __future__ import annotations
@@ -158,8 +159,7 @@ class Plan:
         about only, so tracing one rank's slots costs nothing per rank of the world.
         """
         groups = min(world_size, _GROUPS)
-        seq = np.random.SeedSequence([self.spec.seed, epoch, PURPOSE_RING])
-        words = np.asarray(seq.generate_state(groups * ROUNDS, np.uint64), dtype=np.uint64)
+        words = self._words(epoch, PURPOSE_RING, groups * ROUNDS)
         keys = words.reshape(groups, ROUNDS).T[:, group]  # (ROUNDS, len(rank)): each its ring
         at = feistel_invert(rank, world_size, keys)  # where each rank sits on its ring
         return feistel_permute((at - 1) % world_size, world_size, keys)
@@ -202,9 +202,13 @@ class Plan:
             return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
         return np.arange(rank, per * world_size, world_size, dtype=np.int64)
 
+    def _words(self, epoch: int, purpose: int, count: int) -> npt.NDArray[np.uint64]:
+        """``count`` keys for the Feistel networks of ``epoch``'s ``purpose``."""
+        seq = np.random.SeedSequence([self.spec.seed, epoch, purpose])
+        return np.asarray(seq.generate_state(count, np.uint64), dtype=np.uint64)
+
     def _order_words(self, epoch: int) -> npt.NDArray[np.uint64]:
-        seq = np.random.SeedSequence([self.spec.seed, epoch, PURPOSE_ORDER])
-        return np.asarray(seq.generate_state(8, np.uint64), dtype=np.uint64)
+        return self._words(epoch, PURPOSE_ORDER, 8)
 
     def readers(
         self, epoch: int, samples: IntArray, world_size: int

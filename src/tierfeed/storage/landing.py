@@ -212,6 +212,20 @@ class MemoryLanding(Landing):
             arrival.ended = True
 
 
+def _map_header(path: str) -> tuple[bytes, int] | None:
+    """(magic, fetcher's pid) of an arrival's map; None if it is too short to hold them.
+
+    Raises:
+        OSError: the map cannot be read (gone, say).
+    """
+    with open(path, "rb") as f:
+        header = f.read(_HEADER.size)
+    if len(header) != _HEADER.size:
+        return None
+    magic, owner, _, _ = _HEADER.unpack(header)
+    return magic, owner
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -354,12 +368,10 @@ class FileLanding(Landing):
                 if m is None:
                     continue
                 try:
-                    with open(entry.path, "rb") as f:
-                        header = f.read(_HEADER.size)
-                    magic, owner, _, _ = _HEADER.unpack(header)
-                except (OSError, struct.error):
+                    found = _map_header(entry.path)
+                except OSError:
                     continue
-                if magic == _MAGIC and _pid_alive(owner):
+                if found is not None and found[0] == _MAGIC and _pid_alive(found[1]):
                     out.add((int(m.group(1)), int(m.group(2), 16)))
         return out
 
@@ -381,11 +393,10 @@ class FileLanding(Landing):
                 if writer is not None or not entry.name.endswith(".map"):
                     continue
                 try:
-                    with open(entry.path, "rb") as f:
-                        header = f.read(_HEADER.size)
-                    owner = _HEADER.unpack(header)[1] if len(header) == _HEADER.size else 0
-                except (OSError, struct.error):
+                    found = _map_header(entry.path)
+                except OSError:
                     continue
+                owner = found[1] if found is not None else 0
                 if owner and _pid_alive(owner):
                     continue
                 for path in (entry.path, entry.path[: -len(".map")]):
