@@ -88,6 +88,7 @@ def test_partial_moves_q_and_stays_within_bounds(shape, q, m, seed, epochs) -> N
             # Holding bound: partition plus what arrives before the sent ones leave.
             assert n[r] + len(got) <= max(n) + q * min(n)
             assert np.all(ex.step[ex.src == r] >= 0)
+        assert np.all(ex.src != ex.dst)
 
 
 @settings(max_examples=100)
@@ -239,19 +240,49 @@ def test_global_counts_are_the_unpadded_positions(n, m, window, drop_last) -> No
     assert plan.counts(0, m) == listed
 
 
-@settings(max_examples=100)
-@given(m=st.integers(2, 300), seed=st.integers(0, 1000), epoch=st.integers(1, 50))
-def test_each_ring_is_one_cycle_through_every_rank(m, seed, epoch) -> None:
-    plan = Plan(DatasetShape(np.repeat(np.arange(m), 2)), PlanSpec("partial", 0.5, seed=seed))
-    ranks = np.arange(m, dtype=np.int64)
-    for g in range(min(m, 32)):
-        sender = plan._senders(epoch, m, np.full(m, g), ranks)
-        assert sorted(sender.tolist()) == list(range(m))  # one-to-one
-        r, seen = 0, 0
-        while True:  # follow the ring from rank 0: it meets every rank before coming back
-            r, seen = int(sender[r]), seen + 1
-            if r == 0:
-                break
-        assert seen == m
-        # One rank's sender, asked alone, is the same as asked with every rank.
-        assert int(plan._senders(epoch, m, np.array([g]), np.array([m - 1]))[0]) == sender[-1]
+@settings(max_examples=150)
+@given(m=st.integers(2, 300), seed=st.integers(0, 1000), sweep=st.lists(st.integers(0, 10**6),
+       min_size=1, max_size=40), q=st.sampled_from([0.01, 0.3, 1.0]))  # fmt: skip
+def test_the_closed_form_offsets_are_the_steps_replayed(m, seed, sweep, q) -> None:
+    """A slot's offset after c exchanges, read from the tables, is its c steps summed one by
+    one; every step moves a slot to another rank (no rank keeps its own)."""
+    plan = Plan(DatasetShape.uniform(10**7, 100), PlanSpec("partial", q, seed=seed))
+    p = np.asarray(sweep, dtype=np.int64)
+    total = np.zeros(len(p), dtype=np.int64)
+    for c in range(1, 70):  # more than two periods of the group table
+        counts = np.full(len(p), c, dtype=np.int64)
+        step = plan._steps(counts, p, m)
+        assert np.all((step >= 1) & (step <= m - 1))
+        total = (total + step) % m
+        assert np.array_equal(plan._offsets(counts, p, m), total)
+    mixed = np.arange(len(p), dtype=np.int64) % 70  # counts differing slot by slot
+    replayed = [sum(int(plan._steps(np.array([i]), p[j : j + 1], m)[0]) for i in range(1, c + 1))
+                for j, c in enumerate(mixed.tolist())]  # fmt: skip
+    assert plan._offsets(mixed, p, m).tolist() == [r % m for r in replayed]
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(2, 200), n_per=st.integers(1, 60), q=st.sampled_from([0.05, 0.3, 1.0]),
+       seed=st.integers(0, 1000), epoch=st.integers(1, 400))  # fmt: skip
+def test_every_exchange_sends_k_to_other_ranks_and_few_peers(m, n_per, q, seed, epoch) -> None:
+    plan = Plan(DatasetShape.uniform(m * n_per + m // 2, 7), PlanSpec("partial", q, seed=seed))
+    k = plan.exchange_size(m)
+    ex = plan.exchange(epoch, m)
+    assert np.all(ex.src != ex.dst)
+    assert np.all(np.bincount(ex.src, minlength=m) == k)
+    assert np.all(np.bincount(ex.dst, minlength=m) == k)
+    for r in range(m):  # a window of the sweep meets at most three blocks: 3 x 32 peers
+        assert len(np.unique(ex.src[ex.dst == r])) <= 96
+        assert len(np.unique(ex.dst[ex.src == r])) <= 96
+
+
+def test_a_partial_plan_costs_the_same_at_any_epoch() -> None:
+    """No replay: epoch 10,000 is computed as epoch 1 is, and the sweep covers every slot
+    exactly ceil or floor of e*k/n_min times."""
+    shape = DatasetShape.uniform(64 * 1000, 100)
+    plan = Plan(shape, PlanSpec("partial", q=0.3, seed=2))
+    slots = [np.concatenate([plan.exchanged_slots(t, 64)[0] for t in range(1, 11)])]
+    assert sorted(np.bincount(slots[0], minlength=1000).tolist()) == [3] * 1000
+    for epoch in (10_000, 10_001):
+        parts = [plan.partition(epoch, r, 64) for r in range(64)]
+        assert sorted(np.concatenate(parts).tolist()) == list(range(64 * 1000))

@@ -134,19 +134,26 @@ def test_a_state_names_its_plan_and_another_plan_is_refused(store_dir: Path) -> 
 
 @pytest.mark.timeout(120)
 def test_a_state_of_older_partial_plans_is_refused_a_global_one_resumes(store_dir: Path) -> None:
-    for spec, refused in (("partial:0.5", True), ("local", True), ("global", False)):
+    cases = (  # (plan, generation saved under (None: not recorded), refused)
+        ("partial:0.5", None, True), ("local", None, True), ("global", None, False),
+        ("partial:0.5", 2, True), ("local", 2, False),  # 3 changed partial plans only
+    )  # fmt: skip
+    for spec, generation, refused in cases:
         old = loader(store_dir, 0, spec)
         list(itertools.islice(iter(old), 2))
         state = old.state_dict()
         old.close()
         assert state["plan"]["plans"] == PLANS
-        del state["plan"]["plans"]  # as a tierfeed before generations were recorded saved it
+        if generation is None:
+            del state["plan"]["plans"]  # as a tierfeed before generations were recorded did
+        else:
+            state["plan"]["plans"] = generation
         new = loader(store_dir, 0, spec)
         if refused:
-            with pytest.raises(ConfigError, match=r"plans differ .*generation 1, this is 2"):
+            with pytest.raises(ConfigError, match=rf"generation {generation or 1}, this is 3"):
                 new.load_state_dict(state)
         else:
-            new.load_state_dict(state)  # the global plan is the same in every generation
+            new.load_state_dict(state)  # the same plan in both generations
             assert len(list(iter(new))) > 0
         new.close()
 

@@ -22,7 +22,7 @@ from tierfeed.errors import ConfigError
 from tierfeed.loader.batching import read_positions, worker_slice
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
-from tierfeed.plan.plan import PLANS
+from tierfeed.plan.plan import PLANS, plans_match
 from tierfeed.plan.progress import Done, EpochProgress, PlanState
 from tierfeed.world import World
 
@@ -104,7 +104,7 @@ def check_plan(state: Mapping[str, Any], plan: object) -> None:
             f"{saved.drop_last}); this loader reads {now} (seed {now.seed}, drop_last "
             f"{now.drop_last}): resume with the same plan"
         )
-    if saved_state.plans != PLANS and now.policy != "global":
+    if not plans_match(saved_state.plans, now.policy):
         raise ConfigError(
             f"the state was saved by a tierfeed whose {now.policy} plans differ from this "
             f"one's (generation {saved_state.plans}, this is {PLANS}): its positions name "

@@ -13,15 +13,16 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["feistel_invert", "feistel_permute"]
+__all__ = ["feistel_invert", "feistel_permute", "mix"]
 
 ROUNDS = 6
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(x: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint64]:
-    """splitmix64's finaliser of x ^ key: every output bit depends on every input bit."""
+def mix(x: npt.NDArray[np.uint64], key: np.uint64) -> npt.NDArray[np.uint64]:
+    """splitmix64's finaliser of x ^ key: every output bit depends on every input bit (a
+    keyed hash of each value, also the round function of the networks below)."""
     with np.errstate(over="ignore"):
         z = x ^ key  # the only new array: the steps below work in place
         z ^= z >> np.uint64(30)
@@ -38,7 +39,7 @@ def _feistel(
     mask = np.uint64((1 << half) - 1)
     left, right = x >> np.uint64(half), x & mask
     for key in keys:
-        left, right = right, left ^ (_mix(right, key) & mask)
+        left, right = right, left ^ (mix(right, key) & mask)
     return (left << np.uint64(half)) | right
 
 
@@ -49,7 +50,7 @@ def _feistel_back(
     mask = np.uint64((1 << half) - 1)
     left, right = y >> np.uint64(half), y & mask
     for key in keys[::-1]:
-        left, right = right ^ (_mix(left, key) & mask), left
+        left, right = right ^ (mix(left, key) & mask), left
     return (left << np.uint64(half)) | right
 
 

@@ -10,21 +10,26 @@ Policies:
                 a random q-fraction of its partition to a peer and receives as many.
     chunkwise   (composes with the three) DIESEL's window shuffle instead of a full one.
 
-Partial shuffling without history replay: every rank has slots 0..n_r-1, initially holding its
-local partition in order. At epoch t a slot set J_t (k = floor(q * min n) indices drawn from
-[0, min n)) is common to all ranks and split into G = min(M, 32) groups; each group g has its
-own random ring sigma_{t,g} (one cycle through all ranks, a one-to-one matching; a keyed
-Feistel permutation of the ranks, so one rank's sender is computed without the others):
-slot (r, j) of group g receives what slot (sigma_{t,g}^-1(r), j) held, so a rank receives from
-up to G peers and q = 1 mixes like a global shuffle. Slot indices never move, so the content
-of slot (r, j) at epoch e is the initial content of slot (R, j), where R follows the inverse
-rings back through the epochs t <= e with j in J_t. One rank's plan at epoch e costs
-O(e * N/M) time and O(N/M) memory, with no communication, and every rank can compute every
-other rank's plan and the whole exchange schedule.
+Partial shuffling in closed form: every rank has slots 0..n_r-1, initially holding its local
+partition in order; slot indices never move, and only the first n_min (the smallest partition)
+are ever exchanged. A keyed permutation of those slots is swept k = floor(q * n_min) at a time:
+epoch t exchanges the slots at sweep positions [(t-1)k, tk) modulo n_min, so after e epochs a
+slot at sweep position p has been exchanged c = ceil((e*k - p) / n_min) times (0 if negative).
+The ranks sit on one keyed cycle pi (a Feistel permutation of the ranks); a slot's c-th
+exchange moves its content d + s_c * g steps along it: d drawn per (count, block of the sweep),
+s_c per count, g in [0, G) (G = min(32, M - 1)) per (count, class of the slot), all chosen so
+that a step lies in [1, M - 1]. Each exchange is then a rotation of each (block, group)'s slots
+along the cycle: one-to-one, no rank keeps its own, every rank sends and receives exactly k
+samples, to and from at most 3G peers (a window of the sweep meets at most three blocks).
+The content of slot (r, j) after c exchanges is the initial content of slot
+(pi^-1(pi(r) - o), j), o the sum of its c steps: the groups and strides repeat with period 32
+in c (a table per class), the draws are summed per block. One rank's plan at any epoch costs
+O(N/M + 64 q e) time and O(N/M + 64 q e) memory, with no communication and no replay of
+earlier epochs; slots of one rank part unless they share class and block.
 
 `PLANS` names this generation of the local and partial plans; a loader state records it, and a
-local or partial state saved under another generation is refused (its positions name other
-samples).
+state saved under a generation in which its policy was another plan is refused (its positions
+name other samples).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
-from tierfeed.plan.bijection import ROUNDS, feistel_invert, feistel_permute
+from tierfeed.plan.bijection import ROUNDS, feistel_invert, feistel_permute, mix
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.shuffle import (
     PURPOSE_ORDER,
@@ -47,15 +52,25 @@ from tierfeed.plan.shuffle import (
     shuffle_samples,
 )
 
-__all__ = ["PLANS", "Exchange", "Plan", "PlanSpec"]
+__all__ = ["PLANS", "Exchange", "Plan", "PlanSpec", "plans_match"]
 
 IntArray = npt.NDArray[np.int64]
 POLICIES = ("global", "local", "partial")
 # Generations of the local and partial plans: 1, partitions of whole chunks and rings drawn
 # whole (states written before generations were recorded, before 2026-11-26); 2, partitions
-# balanced to the sample and rings evaluated per rank. The global plan is the same in both.
-PLANS = 2
-_GROUPS = 32  # rings per epoch in partial(q): a rank receives from up to this many peers
+# balanced to the sample and rings evaluated per rank; 3, partial exchanges in closed form
+# (a sweep of the slots, steps along one cycle). The global plan is the same in all three.
+PLANS = 3
+_SINCE = {"global": 1, "local": 2, "partial": 3}  # the generation each policy last changed in
+_GROUPS = 32  # step groups per count in partial(q): a rank sends to at most 2x this many peers
+_CLASSES = 1024  # slots of one class and one rank travel together in partial(q)
+_PERIOD = 32  # counts after which a class's groups and the strides repeat
+_BLOCKS = 64  # blocks of the sweep whose steps are drawn apart
+
+
+def plans_match(generation: int, policy: str) -> bool:
+    """Whether a state saved under plans of ``generation`` reads the same ``policy`` plan."""
+    return generation >= _SINCE.get(policy, PLANS)
 
 
 @dataclass(frozen=True)
@@ -151,36 +166,95 @@ class Plan:
             return 0
         return int(self.spec.q * int(np.diff(self._bounds(world_size)).min()))
 
-    def _senders(self, epoch: int, world_size: int, group: IntArray, rank: IntArray) -> IntArray:
-        """The rank that each ``rank`` receives from in ring ``group`` of ``epoch``.
+    def _slot_words(self) -> npt.NDArray[np.uint64]:
+        return self._words(0, PURPOSE_SLOTS, ROUNDS)  # fixed: the sweep order of the slots
 
-        Ring g is a keyed permutation pi of the ranks (`feistel_permute`, keys of its own)
-        read as one cycle: pi[i] receives from pi[i - 1]. It is evaluated at the ranks asked
-        about only, so tracing one rank's slots costs nothing per rank of the world.
-        """
-        groups = min(world_size, _GROUPS)
-        words = self._words(epoch, PURPOSE_RING, groups * ROUNDS)
-        keys = words.reshape(groups, ROUNDS).T[:, group]  # (ROUNDS, len(rank)): each its ring
-        at = feistel_invert(rank, world_size, keys)  # where each rank sits on its ring
-        return feistel_permute((at - 1) % world_size, world_size, keys)
+    def _ring_words(self) -> npt.NDArray[np.uint64]:
+        return self._words(0, PURPOSE_RING, ROUNDS + 3)  # the cycle's keys, then the steps'
 
-    def _slot_set(self, epoch: int, world_size: int, n_min: int) -> tuple[IntArray, IntArray]:
-        """The exchanged slots of ``epoch`` and the ring group of each."""
+    def _strides(self, world_size: int) -> IntArray:
+        """The stride s_c between the groups' steps at count c, periodic in c:
+        strides[(c - 1) % PERIOD], each in [1, (M - 1) // G]."""
+        groups = min(_GROUPS, world_size - 1)
+        words = mix(np.arange(_PERIOD, dtype=np.uint64), self._ring_words()[ROUNDS])
+        return (words % np.uint64((world_size - 1) // groups)).astype(np.int64) + 1
+
+    def _draws(self, counts: IntArray, blocks: IntArray, world_size: int) -> IntArray:
+        """The draw d of each (count, block): the same for every slot of a block at that count,
+        in [1, M - 1 - s_c (G - 1)], so a step d + s_c g (g < G) lies in [1, M - 1]."""
+        groups = min(_GROUPS, world_size - 1)
+        stride = self._strides(world_size)[(counts - 1) % _PERIOD]
+        words = mix((counts * _BLOCKS + blocks).astype(np.uint64), self._ring_words()[ROUNDS + 2])
+        room = (world_size - 1 - stride * (groups - 1)).astype(np.uint64)
+        return (words % room).astype(np.int64) + 1
+
+    def _group_table(self, world_size: int) -> IntArray:
+        """groups[k, (c - 1) % PERIOD]: the group in [0, G) of a slot of class k at its c-th
+        exchange (periodic in c, random otherwise)."""
+        groups = min(_GROUPS, world_size - 1)
+        words = mix(np.arange(_CLASSES * _PERIOD, dtype=np.uint64), self._ring_words()[ROUNDS + 1])
+        return (words % np.uint64(groups)).astype(np.int64).reshape(_CLASSES, _PERIOD)
+
+    def _steps(self, counts: IntArray, sweep: IntArray, world_size: int) -> IntArray:
+        """The step along the cycle of each slot's ``counts``-th exchange (counts >= 1):
+        d_c + s_c * group, the group drawn for the slot's class at that count."""
+        at = (counts - 1) % _PERIOD
+        group = self._group_table(world_size)[sweep % _CLASSES, at]
+        draws = self._draws(counts, self._block(sweep, world_size), world_size)
+        return draws + self._strides(world_size)[at] * group
+
+    def _offsets(self, counts: IntArray, sweep: IntArray, world_size: int) -> IntArray:
+        """The steps of every exchange of each slot so far, summed modulo ``world_size``: its
+        content came from the rank that far back along the cycle."""
+        top = int(counts.max(initial=0))
+        base = np.zeros((_BLOCKS, top + 1), dtype=np.int64)  # the draws of counts 1..c, summed
+        every = np.arange(1, top + 1, dtype=np.int64)
+        blocks = np.arange(_BLOCKS, dtype=np.int64)[:, None]
+        np.cumsum(self._draws(every[None, :], blocks, world_size), axis=1, out=base[:, 1:])
+        base %= world_size
+        # The group parts s_i * group repeat with period PERIOD in i: their running sums over
+        # one period for every class, then c // PERIOD whole periods and the rest.
+        table = np.zeros((_CLASSES, _PERIOD + 1), dtype=np.int64)
+        terms = self._group_table(world_size) * self._strides(world_size)
+        np.cumsum(terms, axis=1, out=table[:, 1:])
+        k = sweep % _CLASSES
+        periods, rest = np.divmod(counts, _PERIOD)
+        group_sum: IntArray = periods % world_size * table[k, _PERIOD] + table[k, rest]
+        return (base[self._block(sweep, world_size), counts] + group_sum) % world_size
+
+    def _block(self, sweep: IntArray, world_size: int) -> IntArray:
+        """The block of each sweep position: one epoch's window of k positions, modulo
+        BLOCKS; a window meets at most three blocks (two, and block 0 where it wraps)."""
+        return (sweep // max(1, self.exchange_size(world_size))) % _BLOCKS
+
+    def _cycle(self, ranks: npt.ArrayLike, world_size: int, back: bool = False) -> IntArray:
+        """Positions of ``ranks`` on the exchange cycle (or, ``back``, the ranks at
+        positions)."""
+        keys = self._ring_words()[:ROUNDS]
+        return (feistel_invert if back else feistel_permute)(ranks, world_size, keys)
+
+    def exchanged_slots(self, epoch: int, world_size: int) -> tuple[IntArray, IntArray]:
+        """The slots every rank exchanges in ``epoch`` (>= 1) and how many times each has
+        been exchanged then, this time included."""
         k = self.exchange_size(world_size)
-        rng = rng_for(self.spec.seed, epoch, PURPOSE_SLOTS)
-        slots = rng.choice(n_min, k, replace=False)
-        return slots, rng.integers(0, min(world_size, _GROUPS), size=k)
+        n_min = int(np.diff(self._bounds(world_size)).min()) if k else 1
+        covered = np.arange((epoch - 1) * k, epoch * k, dtype=np.int64)
+        slots = feistel_invert(covered % n_min, n_min, self._slot_words())
+        return slots, covered // n_min + 1
 
     def partition(self, epoch: int, rank: int, world_size: int) -> IntArray:
         """Samples rank ``rank`` holds in ``epoch`` (local, partial), in slot order."""
         bounds = self._bounds(world_size)
         n_r = int(bounds[rank + 1] - bounds[rank])
         src = np.full(n_r, rank, dtype=np.int64)
-        if self.spec.policy == "partial" and self.exchange_size(world_size) > 0:
+        k = self.exchange_size(world_size)
+        if self.spec.policy == "partial" and k > 0 and epoch > 0:
             n_min = int(np.diff(bounds).min())
-            for t in range(epoch, 0, -1):  # trace back: the latest exchange first
-                j, g = self._slot_set(t, world_size, n_min)
-                src[j] = self._senders(t, world_size, g, src[j])
+            sweep = feistel_permute(np.arange(n_min), n_min, self._slot_words())
+            counts = -((sweep - epoch * k) // n_min)  # ceil((e*k - p) / n_min), or 0
+            offsets = self._offsets(counts, sweep, world_size)
+            here = int(self._cycle([rank], world_size)[0])
+            src[:n_min] = self._cycle((here - offsets) % world_size, world_size, back=True)
         return bounds[src] + np.arange(n_r, dtype=np.int64)
 
     # --- orders ------------------------------------------------------------------------
@@ -333,9 +407,8 @@ class Plan:
         empty = np.zeros(0, dtype=np.int64)
         if epoch < 1 or k == 0:
             return Exchange(epoch, empty, empty, empty, empty)
-        bounds = self._bounds(world_size)
-        n_min = int(np.diff(bounds).min())
-        j, g = self._slot_set(epoch, world_size, n_min)
+        n_min = int(np.diff(self._bounds(world_size)).min())
+        j, counts = self.exchanged_slots(epoch, world_size)
         # Exchanged slots lie below the smallest partition: every rank's first n_min slots.
         held = np.stack(
             [self.partition(epoch - 1, r, world_size)[:n_min] for r in range(world_size)]
@@ -347,7 +420,11 @@ class Plan:
             order = self.order(epoch - 1, r, world_size)
             np.maximum.at(last_use, order, np.arange(len(order)) // max(1, batch_size))
         dst = np.repeat(np.arange(world_size, dtype=np.int64), k)  # rank by rank, slot order
-        src = self._senders(epoch, world_size, np.tile(g, world_size), dst)
+        step = np.tile(
+            self._steps(counts, feistel_permute(j, n_min, self._slot_words()), world_size),
+            world_size,
+        )
+        src = self._cycle((self._cycle(dst, world_size) - step) % world_size, world_size, True)
         sample = held[src, np.tile(j, world_size)]
         return Exchange(epoch, sample, src, dst, last_use[sample])
 

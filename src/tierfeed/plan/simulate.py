@@ -51,7 +51,7 @@ def _rank_epoch(plan: Plan, epoch: int, rank: int, m: int) -> tuple[float, float
     k = plan.exchange_size(m)
     if epoch >= 1 and k:
         before = plan.partition(epoch - 1, rank, m)
-        slots, _ = plan._slot_set(epoch, m, int(np.diff(plan._bounds(m)).min()))
+        slots, _ = plan.exchanged_slots(epoch, m)
         sent = float(sizes[before[slots]].sum())
     return origin, sent, held + sent  # at worst, received samples land before sent ones go
 
