@@ -179,11 +179,15 @@ def test_a_dataset_tells_a_tier_stack_its_reads_before_the_future(
     store_dir: Path, tmp_path: Path
 ) -> None:
     told: list[tuple[str, int]] = []
+    spans: list[tuple[np.ndarray, np.ndarray]] = []
 
     class Recording(TierStack):
-        def set_reads(self, chunks: npt.ArrayLike, offsets: npt.ArrayLike) -> None:
+        def set_reads(
+            self, chunks: npt.ArrayLike, offsets: npt.ArrayLike, ends: npt.ArrayLike | None = None
+        ) -> None:
             told.append(("reads", len(np.asarray(chunks))))
-            super().set_reads(chunks, offsets)
+            spans.append((np.asarray(offsets), np.asarray(ends)))
+            super().set_reads(chunks, offsets, ends)
 
         def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
             told.append(("future", len(np.asarray(sequence))))  # its prefetch starts copies
@@ -206,3 +210,11 @@ def test_a_dataset_tells_a_tier_stack_its_reads_before_the_future(
         loader.close()
     assert told[0] == ("reads", N)  # the whole rank's epoch, before any copy begins
     assert told[1][0] == "future"
+    # Each read's byte range holds every member of its sample (the rank's order: _Perm's).
+    index = Index(store_dir)
+    starts, ends = spans[0]
+    order = _Perm().order(0, 0, 1)
+    for sample, lo, hi in zip(order.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        for m in index.members(sample):
+            offset, length = int(index.member_offset[m]), int(index.member_length[m])
+            assert lo <= offset and offset + length <= hi

@@ -246,6 +246,38 @@ def test_piece_order_is_every_piece_once_first_then_by_first_need(
     assert unread == sorted(unread)  # the rest in offset order
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    reads=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 5_000)), max_size=60),
+    piece=st.integers(1, 3000),
+    size=st.integers(1, 10_000),
+)
+def test_piece_order_needs_every_piece_a_read_spans_when_the_read_comes(
+    reads: list[tuple[int, int]], piece: int, size: int
+) -> None:
+    """A read that crosses into the next pieces needs those when it comes, not when a later
+    read starts in them: a sample straddling a piece boundary held its batch for the second
+    piece until late in the copy (issue 16)."""
+    pieces = -(-size // piece)
+    offsets = np.asarray([o % size for o, _ in reads], dtype=np.int64)
+    ends = np.minimum(offsets + np.asarray([n for _, n in reads], dtype=np.int64), size)
+    positions = np.arange(len(offsets), dtype=np.int64)
+    order = piece_order(positions, offsets, piece, pieces, None, ends)
+    assert sorted(order) == list(range(pieces))
+    need: dict[int, int] = {}
+    for pos, lo, hi in zip(positions.tolist(), offsets.tolist(), ends.tolist(), strict=True):
+        for i in range(lo // piece, (max(hi, lo + 1) - 1) // piece + 1):
+            need[i] = min(need.get(i, pos), pos)
+    ranks = [need.get(i, 1 << 62) for i in order]
+    assert ranks == sorted(ranks)  # by first need, every spanned piece counted
+    unread = [i for i in order if i not in need]
+    assert unread == sorted(unread)
+    # Without ends, as before: the piece each read starts in.
+    assert piece_order(positions, offsets, piece, pieces) == piece_order(
+        positions, offsets, piece, pieces, None, offsets + 1
+    )
+
+
 def test_a_copy_fetches_the_pieces_the_plan_reads_first_first(
     store_dir: Path, tmp_path: Path
 ) -> None:
@@ -270,6 +302,39 @@ def test_a_copy_fetches_the_pieces_the_plan_reads_first_first(
         stack.schedule(0)
         stack.drain()
         assert asked == sorted(asked, reverse=True)  # last piece first, as the plan reads
+        assert len(asked) == pieces
+    finally:
+        stack.close()
+
+
+def test_a_copy_fetches_both_pieces_of_a_read_across_a_boundary_first(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    index = Index(store_dir)
+    info = index.chunk(0)
+    asked: list[int] = []
+
+    class Recording(PosixDriver):
+        def read_range(self, path: str, offset: int, length: int) -> bytes:
+            asked.append(offset)
+            return super().read_range(path, offset, length)
+
+    origin = Recording(store_dir, read_only=True)
+    options = TierOptions(piece_bytes=PIECE, fetch_threads=1)
+    stack = TierStack(index.chunks(), origin, [disk_tier(tmp_path / "c", 10**9)], options=options)
+    try:
+        stack._splits = 10**6
+        pieces = -(-info.size // PIECE)
+        assert pieces >= 4
+        # The first read starts near the end of piece 1 and ends in piece 2; the next reads
+        # start in pieces 0, then 3 and on: piece 2 is needed by the first read, not later.
+        spans = [(2 * PIECE - 10, 2 * PIECE + 10), (0, 10)]
+        spans += [(k * PIECE, k * PIECE + 10) for k in range(3, pieces)]
+        starts, ends = zip(*spans, strict=True)
+        stack.set_reads([0] * len(spans), list(starts), list(ends))
+        stack.schedule(0)
+        stack.drain()
+        assert asked[:3] == [PIECE, 2 * PIECE, 0]
         assert len(asked) == pieces
     finally:
         stack.close()

@@ -286,8 +286,7 @@ class Feed:
         # The whole rank's order (every worker's batches, as the Loader hands them out): a
         # copy this worker makes serves the other workers' reads of the chunk too. Told
         # before the future, whose prefetch starts the first copies.
-        index = store.index
-        source.set_reads(chunk_of[rank], index.member_offset[index.sample_member_start[rank]])
+        source.set_reads(chunk_of[rank], *_byte_spans(store.index, rank))
         source.set_future(reads, read_bytes=footprint)
 
     def _process_readers(self) -> Readers:
@@ -367,3 +366,21 @@ class Feed:
         tiers = self.store().source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
         return Batch(self.collate(items), worker, epoch, state, counters, tiers, last)
+
+
+def _byte_spans(
+    index: Index, samples: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Where each sample's bytes lie in its chunk: from its first member's start to its last
+    member's end (the members of a sample lie together; a hint either way), so that a copy
+    fetches every piece a read of the sample needs, not only the piece it starts in."""
+    start = index.sample_member_start
+    first = np.asarray(start[samples], dtype=np.int64)
+    last = np.asarray(start[samples + 1], dtype=np.int64) - 1
+    offset, length = index.member_offset, index.member_length
+    begins = np.asarray(offset[first], dtype=np.int64), np.asarray(offset[last], dtype=np.int64)
+    ends = (
+        begins[0] + np.asarray(length[first], dtype=np.int64),
+        begins[1] + np.asarray(length[last], dtype=np.int64),
+    )
+    return np.minimum(*begins), np.maximum(*ends)

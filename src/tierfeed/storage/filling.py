@@ -114,9 +114,11 @@ class TierFilling(ABC):
         """Log the first failure of a kind."""
 
     @abstractmethod
-    def _reads_of(self, chunk: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    def _reads_of(
+        self, chunk: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Where in the epoch's order of consumption each read of ``chunk`` comes, and the
-        offset it reads at (empty when not told)."""
+        byte range it reads, start and end (empty when not told)."""
 
     def _shares_room(self) -> bool:
         """Whether a tier's room is shared with the host's other processes."""
@@ -382,7 +384,7 @@ class TierFilling(ABC):
         # plan reads them (told by `set_reads`), else in offset order.
         demanded = self._demanded.pop(arrival.info.id, None)
         first = None if demanded is None else demanded // arrival.piece
-        positions, offsets = self._reads_of(arrival.info.id)
+        positions, offsets, ends = self._reads_of(arrival.info.id)
         pieces = PieceFetch(
             arrival,
             lambda index, begun, hedge: self._read_piece(arrival, index, begun, hedge),
@@ -394,7 +396,7 @@ class TierFilling(ABC):
             self._gate.set_aside,
         )
         pieces.run(
-            piece_order(positions, offsets, arrival.piece, arrival.pieces, first),
+            piece_order(positions, offsets, arrival.piece, arrival.pieces, first, ends),
             self.tuner.limits.max_inflight,
         )
         info = arrival.info

@@ -175,6 +175,7 @@ def piece_order(
     piece: int,
     pieces: int,
     first: int | None = None,
+    ends: npt.NDArray[np.integer[Any]] | None = None,
 ) -> list[int]:
     """The order to fetch a chunk's ``pieces`` of ``piece`` bytes in: piece ``first`` if any (a
     read waits for it), then by when the plan reads them first, then the ones it does not
@@ -186,11 +187,23 @@ def piece_order(
         piece: bytes per piece.
         pieces: how many pieces the chunk has.
         first: the piece to fetch first (None: none is waited for).
+        ends: the byte offset each read ends at (exclusive), so that every piece a read
+            spans is needed when it is; None: each read needs the piece it starts in only.
     """
     never = np.iinfo(np.int64).max
     rank = np.full(pieces, never, dtype=np.int64)
-    at = np.minimum(np.asarray(offsets, dtype=np.int64) // max(1, piece), pieces - 1)
-    np.minimum.at(rank, np.clip(at, 0, pieces - 1), np.asarray(positions, dtype=np.int64))
+    size = max(1, piece)
+    starts = np.asarray(offsets, dtype=np.int64)
+    lo = np.clip(starts // size, 0, pieces - 1)
+    at, when = lo, np.asarray(positions, dtype=np.int64)
+    if ends is not None and len(starts):
+        last = np.maximum(np.asarray(ends, dtype=np.int64), starts + 1) - 1
+        spans = np.clip(last // size, 0, pieces - 1) - lo + 1  # >= 1: pieces each read needs
+        into = np.arange(int(spans.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(spans) - spans, spans
+        )
+        at, when = np.repeat(lo, spans) + into, np.repeat(when, spans)
+    np.minimum.at(rank, at, when)
     if first is not None:
         rank[min(max(first, 0), pieces - 1)] = -1
     return [int(i) for i in np.lexsort((np.arange(pieces), rank))]

@@ -71,10 +71,12 @@ class ChunkSource(ABC):
         ignores it (and says so with `uses_future` False)."""
         return None
 
-    def set_reads(self, chunks: npt.ArrayLike, offsets: npt.ArrayLike) -> None:
+    def set_reads(
+        self, chunks: npt.ArrayLike, offsets: npt.ArrayLike, ends: npt.ArrayLike | None = None
+    ) -> None:
         """Hint: this epoch's reads in the order they are consumed, as the chunk and the byte
-        offset of each, so that a copy fetches first what is read first. The default ignores
-        it."""
+        range of each (``ends`` exclusive; None: the start only), so that a copy fetches first
+        what is read first. The default ignores it."""
         return None
 
     def prefetch(self) -> int:

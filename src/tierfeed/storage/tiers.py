@@ -160,7 +160,7 @@ class TierStack(TierFilling, ChunkSource):
         self._hedge_origin = origin.for_hedges() if self.tiers else origin
         self._hedged_bytes = self._begun_bytes = 0
         empty = np.zeros(0, dtype=np.int64)
-        self._reads = (empty, empty, empty)  # see `set_reads`
+        self._reads = (empty, empty, empty, empty)  # see `set_reads`
         threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
         self._copier = Copier(
             self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
@@ -373,18 +373,27 @@ class TierStack(TierFilling, ChunkSource):
                     self._refused.clear()  # the future decides what a tier takes
         self.prefetch()
 
-    def set_reads(self, chunks: npt.ArrayLike, offsets: npt.ArrayLike) -> None:
-        """This epoch's reads in the order they are consumed (their chunks, and the offsets
-        they read at): a copy fetches its chunk's pieces in the order these need them."""
+    def set_reads(
+        self, chunks: npt.ArrayLike, offsets: npt.ArrayLike, ends: npt.ArrayLike | None = None
+    ) -> None:
+        """This epoch's reads in the order they are consumed (their chunks, and the byte
+        ranges they read: ``offsets`` to ``ends``, exclusive; None: the start only): a copy
+        fetches its chunk's pieces in the order these need them, every piece a read spans."""
         chunk_of = np.asarray(chunks, dtype=np.int64)
         by_chunk = np.argsort(chunk_of, kind="stable")  # each chunk's reads, in order
-        self._reads = (chunk_of[by_chunk], by_chunk, np.asarray(offsets, dtype=np.int64))
+        starts = np.asarray(offsets, dtype=np.int64)
+        stops = starts + 1 if ends is None else np.asarray(ends, dtype=np.int64)
+        self._reads = (chunk_of[by_chunk], by_chunk, starts, stops)
 
-    def _reads_of(self, chunk: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        sorted_chunks, positions, offsets = self._reads
+    def _reads_of(
+        self, chunk: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The positions of ``chunk``'s reads in the order of consumption, and their byte
+        ranges (start, end)."""
+        sorted_chunks, positions, starts, stops = self._reads
         lo, hi = np.searchsorted(sorted_chunks, (chunk, chunk + 1))
         mine = positions[lo:hi]
-        return mine, offsets[mine]
+        return mine, starts[mine], stops[mine]
 
     def prefetch(self, horizon: int = 64) -> int:
         """Queue the chunks of the next ``horizon`` reads of the known future that fit (the
