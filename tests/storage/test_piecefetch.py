@@ -278,11 +278,12 @@ def test_piece_order_needs_every_piece_a_read_spans_when_the_read_comes(
     )
 
 
-def test_a_copy_fetches_the_pieces_the_plan_reads_first_first(
-    store_dir: Path, tmp_path: Path
-) -> None:
+def copied_in_order(
+    store_dir: Path, tmp_path: Path, reads: Callable[[int], tuple[list[int], ...]]
+) -> tuple[list[int], int]:
+    """The offsets chunk 0's copy asked the origin for, in order, when the tiers were told
+    ``reads(pieces)`` (``set_reads``'s arguments), and how many pieces the chunk has."""
     index = Index(store_dir)
-    info = index.chunk(0)
     asked: list[int] = []
 
     class Recording(PosixDriver):
@@ -295,46 +296,40 @@ def test_a_copy_fetches_the_pieces_the_plan_reads_first_first(
     stack = TierStack(index.chunks(), origin, [disk_tier(tmp_path / "c", 10**9)], options=options)
     try:
         stack._splits = 10**6  # no pieces read as halves: one request per piece
-        pieces = -(-info.size // PIECE)
-        # The plan reads chunk 0 from its end backwards, with a read of chunk 1 between.
-        offsets = [(pieces - 1 - k) * PIECE for k in range(pieces)]
-        stack.set_reads([0, 1, *[0] * (pieces - 1)], [offsets[0], 0, *offsets[1:]])
+        pieces = -(-index.chunk(0).size // PIECE)
+        stack.set_reads(*reads(pieces))
         stack.schedule(0)
         stack.drain()
-        assert asked == sorted(asked, reverse=True)  # last piece first, as the plan reads
-        assert len(asked) == pieces
     finally:
         stack.close()
+    return asked, pieces
+
+
+def test_a_copy_fetches_the_pieces_the_plan_reads_first_first(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    def reads(pieces: int) -> tuple[list[int], ...]:
+        # The plan reads chunk 0 from its end backwards, with a read of chunk 1 between.
+        offsets = [(pieces - 1 - k) * PIECE for k in range(pieces)]
+        return [0, 1, *[0] * (pieces - 1)], [offsets[0], 0, *offsets[1:]]
+
+    asked, pieces = copied_in_order(store_dir, tmp_path, reads)
+    assert asked == sorted(asked, reverse=True)  # last piece first, as the plan reads
+    assert len(asked) == pieces
 
 
 def test_a_copy_fetches_both_pieces_of_a_read_across_a_boundary_first(
     store_dir: Path, tmp_path: Path
 ) -> None:
-    index = Index(store_dir)
-    info = index.chunk(0)
-    asked: list[int] = []
-
-    class Recording(PosixDriver):
-        def read_range(self, path: str, offset: int, length: int) -> bytes:
-            asked.append(offset)
-            return super().read_range(path, offset, length)
-
-    origin = Recording(store_dir, read_only=True)
-    options = TierOptions(piece_bytes=PIECE, fetch_threads=1)
-    stack = TierStack(index.chunks(), origin, [disk_tier(tmp_path / "c", 10**9)], options=options)
-    try:
-        stack._splits = 10**6
-        pieces = -(-info.size // PIECE)
-        assert pieces >= 4
+    def reads(pieces: int) -> tuple[list[int], ...]:
         # The first read starts near the end of piece 1 and ends in piece 2; the next reads
         # start in pieces 0, then 3 and on: piece 2 is needed by the first read, not later.
+        assert pieces >= 4
         spans = [(2 * PIECE - 10, 2 * PIECE + 10), (0, 10)]
         spans += [(k * PIECE, k * PIECE + 10) for k in range(3, pieces)]
         starts, ends = zip(*spans, strict=True)
-        stack.set_reads([0] * len(spans), list(starts), list(ends))
-        stack.schedule(0)
-        stack.drain()
-        assert asked[:3] == [PIECE, 2 * PIECE, 0]
-        assert len(asked) == pieces
-    finally:
-        stack.close()
+        return [0] * len(spans), list(starts), list(ends)
+
+    asked, pieces = copied_in_order(store_dir, tmp_path, reads)
+    assert asked[:3] == [PIECE, 2 * PIECE, 0]
+    assert len(asked) == pieces
