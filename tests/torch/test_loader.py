@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
@@ -377,3 +378,33 @@ def test_hedges_cover_a_stalled_open(store_dir: Path) -> None:
         assert loader.last_epoch is not None
         assert loader.last_epoch["batch_wait"]["max"] < 1.5  # not the 3 s stall
         assert loader.last_epoch["guard"]["hedge_wins"] > 0
+
+
+def frozen_and_pid(sample: Sample) -> tuple[int, int]:
+    """What the collector of the process that decodes ``sample`` has frozen, and its pid."""
+    return gc.get_freeze_count(), os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_workers_freeze_what_they_inherit_and_the_main_process_is_left_alone(
+    store_dir: Path,
+) -> None:
+    """A full garbage collection in a worker walked every object it inherited (torch's: ~80
+    ms holding the GIL, with no read thread able to issue a request) at the start of the
+    first epoch; workers freeze what they inherit, the training process is not touched."""
+    before = gc.get_freeze_count()
+    ds = Dataset(store_dir, PermPlan(N), batch_size=16, decode=frozen_and_pid)
+    for workers in (0, 2):
+        loader = Loader(ds, num_workers=workers)
+        rows = [
+            (int(f), int(p)) for frozen, pids in loader for f, p in zip(frozen, pids, strict=True)
+        ]
+        loader.close()
+        assert len(rows) == N
+        if workers == 0:
+            assert {p for _, p in rows} == {os.getpid()}
+            assert all(f == before for f, _ in rows)
+        else:
+            assert os.getpid() not in {p for _, p in rows}
+            assert all(f > 0 for f, _ in rows)  # frozen before its first sample is decoded
+    assert gc.get_freeze_count() == before
