@@ -408,3 +408,17 @@ def test_workers_freeze_what_they_inherit_and_the_main_process_is_left_alone(
             assert os.getpid() not in {p for _, p in rows}
             assert all(f > 0 for f, _ in rows)  # frozen before its first sample is decoded
     assert gc.get_freeze_count() == before
+
+
+@pytest.mark.timeout(120)
+def test_a_freeze_the_training_process_made_itself_stays(store_dir: Path) -> None:
+    gc.freeze()  # as a training script may, before forking its own workers
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        loader = Loader(Dataset(store_dir, PermPlan(N), batch_size=16, decode=frozen_and_pid), 2)
+        assert sum(len(f) for f, _ in loader) == N
+        loader.close()
+        assert gc.get_freeze_count() > frozen // 2  # not unfrozen (freed ones leave it)
+    finally:
+        gc.unfreeze()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import warnings
@@ -266,7 +267,7 @@ class Loader:
         if self._iter is None or self._iter_epoch != epoch:
             # Start (or restart: another epoch was chosen, or the last one was left early)
             # the workers' iteration at this epoch; what ran ahead is dropped.
-            self._iter, self._ahead = iter(loader), []
+            self._iter, self._ahead = _start(loader), []
         self._iter_epoch = epoch
         start = self._resumed_positions()
         if exchange is not None:
@@ -424,3 +425,18 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start(loader: DataLoader[Batch]) -> Iterator[Batch]:
+    """``iter(loader)``, which forks its workers, with this process's objects frozen for the
+    fork (`gc.freeze`, then unfrozen here at once): each worker then starts with everything it
+    inherited out of its garbage collector's reach. Otherwise a full collection in a new worker
+    walks all of it (with torch loaded ~90 ms, holding the GIL) as the first epoch starts.
+    Left as it is where this process froze objects itself (an unfreeze would undo that)."""
+    if loader.num_workers == 0 or gc.get_freeze_count():
+        return iter(loader)
+    gc.freeze()
+    try:
+        return iter(loader)
+    finally:
+        gc.unfreeze()
