@@ -377,10 +377,10 @@ def _byte_spans(
     start = index.sample_member_start
     first = np.asarray(start[samples], dtype=np.int64)
     last = np.asarray(start[samples + 1], dtype=np.int64) - 1
-    offset, length = index.member_offset, index.member_length
-    begins = np.asarray(offset[first], dtype=np.int64), np.asarray(offset[last], dtype=np.int64)
-    ends = (
-        begins[0] + np.asarray(length[first], dtype=np.int64),
-        begins[1] + np.asarray(length[last], dtype=np.int64),
-    )
-    return np.minimum(*begins), np.maximum(*ends)
+
+    def span(members: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], ...]:
+        begin = np.asarray(index.member_offset[members], dtype=np.int64)
+        return begin, begin + np.asarray(index.member_length[members], dtype=np.int64)
+
+    (begin0, end0), (begin1, end1) = span(first), span(last)
+    return np.minimum(begin0, begin1), np.maximum(end0, end1)

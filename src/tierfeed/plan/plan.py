@@ -233,28 +233,37 @@ class Plan:
         keys = self._ring_words()[:ROUNDS]
         return (feistel_invert if back else feistel_permute)(ranks, world_size, keys)
 
-    def exchanged_slots(self, epoch: int, world_size: int) -> tuple[IntArray, IntArray]:
-        """The slots every rank exchanges in ``epoch`` (>= 1) and how many times each has
-        been exchanged then, this time included."""
+    def _swept(self, epoch: int, world_size: int) -> tuple[IntArray, IntArray, int]:
+        """The sweep positions exchanged in ``epoch`` (>= 1), how many times each has been
+        exchanged then (this time included), and the number of slots swept (n_min)."""
         k = self.exchange_size(world_size)
         n_min = int(np.diff(self._bounds(world_size)).min()) if k else 1
         covered = np.arange((epoch - 1) * k, epoch * k, dtype=np.int64)
-        slots = feistel_invert(covered % n_min, n_min, self._slot_words())
-        return slots, covered // n_min + 1
+        return covered % n_min, covered // n_min + 1, n_min
+
+    def exchanged_slots(self, epoch: int, world_size: int) -> tuple[IntArray, IntArray]:
+        """The slots every rank exchanges in ``epoch`` (>= 1) and how many times each has
+        been exchanged then, this time included."""
+        sweep, counts, n_min = self._swept(epoch, world_size)
+        return feistel_invert(sweep, n_min, self._slot_words()), counts
+
+    def _slot_offsets(self, epoch: int, world_size: int) -> IntArray:
+        """How far back along the cycle the content of each of the first n_min slots came
+        from by ``epoch`` (partial plans exchanging samples; the same for every rank)."""
+        n_min = int(np.diff(self._bounds(world_size)).min())
+        sweep = feistel_permute(np.arange(n_min), n_min, self._slot_words())
+        counts = -((sweep - epoch * self.exchange_size(world_size)) // n_min)  # ceil, or 0
+        return self._offsets(counts, sweep, world_size)
 
     def partition(self, epoch: int, rank: int, world_size: int) -> IntArray:
         """Samples rank ``rank`` holds in ``epoch`` (local, partial), in slot order."""
         bounds = self._bounds(world_size)
         n_r = int(bounds[rank + 1] - bounds[rank])
         src = np.full(n_r, rank, dtype=np.int64)
-        k = self.exchange_size(world_size)
-        if self.spec.policy == "partial" and k > 0 and epoch > 0:
-            n_min = int(np.diff(bounds).min())
-            sweep = feistel_permute(np.arange(n_min), n_min, self._slot_words())
-            counts = -((sweep - epoch * k) // n_min)  # ceil((e*k - p) / n_min), or 0
-            offsets = self._offsets(counts, sweep, world_size)
+        if self.spec.policy == "partial" and self.exchange_size(world_size) > 0 and epoch > 0:
+            offsets = self._slot_offsets(epoch, world_size)
             here = int(self._cycle([rank], world_size)[0])
-            src[:n_min] = self._cycle((here - offsets) % world_size, world_size, back=True)
+            src[: len(offsets)] = self._cycle((here - offsets) % world_size, world_size, True)
         return bounds[src] + np.arange(n_r, dtype=np.int64)
 
     # --- orders ------------------------------------------------------------------------
@@ -407,12 +416,14 @@ class Plan:
         empty = np.zeros(0, dtype=np.int64)
         if epoch < 1 or k == 0:
             return Exchange(epoch, empty, empty, empty, empty)
-        n_min = int(np.diff(self._bounds(world_size)).min())
-        j, counts = self.exchanged_slots(epoch, world_size)
-        # Exchanged slots lie below the smallest partition: every rank's first n_min slots.
-        held = np.stack(
-            [self.partition(epoch - 1, r, world_size)[:n_min] for r in range(world_size)]
-        )
+        sweep, counts, n_min = self._swept(epoch, world_size)
+        j = feistel_invert(sweep, n_min, self._slot_words())
+        # Exchanged slots lie below the smallest partition: every rank's first n_min slots,
+        # whose sources are one set of offsets along the cycle for all ranks.
+        offsets = self._slot_offsets(epoch - 1, world_size)  # all 0 before the first
+        here = self._cycle(np.arange(world_size), world_size)
+        from_rank = self._cycle((here[:, None] - offsets[None, :]) % world_size, world_size, True)
+        held = self._bounds(world_size)[from_rank] + np.arange(n_min, dtype=np.int64)
         # The step after which the sender no longer needs each sample in epoch - 1: its last
         # read (a padded order reads some samples twice).
         last_use = np.zeros(self.shape.num_samples, dtype=np.int64)
@@ -420,10 +431,7 @@ class Plan:
             order = self.order(epoch - 1, r, world_size)
             np.maximum.at(last_use, order, np.arange(len(order)) // max(1, batch_size))
         dst = np.repeat(np.arange(world_size, dtype=np.int64), k)  # rank by rank, slot order
-        step = np.tile(
-            self._steps(counts, feistel_permute(j, n_min, self._slot_words()), world_size),
-            world_size,
-        )
+        step = np.tile(self._steps(counts, sweep, world_size), world_size)
         src = self._cycle((self._cycle(dst, world_size) - step) % world_size, world_size, True)
         sample = held[src, np.tile(j, world_size)]
         return Exchange(epoch, sample, src, dst, last_use[sample])
