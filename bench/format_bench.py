@@ -37,10 +37,22 @@ def rss():
 from tierfeed.format.index import Index
 before = rss()
 t0 = time.perf_counter()
-ix = Index(sys.argv[1], recheck=sys.argv[2] == "recheck")
+ix = Index(sys.argv[1], recheck=sys.argv[2] == "recheck", lazy=sys.argv[2] == "lazy")
 opened = time.perf_counter() - t0
 after_open = rss()
+assert ix.checked == (sys.argv[2] != "lazy")
 rng = np.random.default_rng(0)
+rows_s = batch_us = 0.0
+if sys.argv[2] == "lazy":  # what checking rows on use costs: a rank's epoch, one batch
+    rank = rng.integers(0, ix.num_samples, size=140_381)  # 2.3 billion / 16,384 ranks
+    t3 = time.perf_counter()
+    ix.check_samples(rank)
+    rows_s = time.perf_counter() - t3
+    batches = [rng.integers(0, ix.num_samples, size=32) for _ in range(200)]
+    t3 = time.perf_counter()
+    for batch in batches:
+        ix.check_samples(batch)
+    batch_us = (time.perf_counter() - t3) / len(batches) * 1e6
 t1 = time.perf_counter()
 for i in rng.integers(0, ix.num_samples, size=10000).tolist():
     ix.key(i); ix.member_offset[ix.members(i).start]
@@ -59,7 +71,7 @@ if sys.argv[2] == "recheck":  # what the checks allocate, in one more open (not 
     tracemalloc.stop()
 print(json.dumps(dict(open_s=opened, open_rss=after_open - before,
       lookups_rss=after_lookups - before, lookup_us=lookup_us, path_lookup_us=path_us,
-      check_peak=peak)))
+      check_peak=peak, rank_rows_s=rows_s, batch_rows_us=batch_us)))
 """
 
 
@@ -107,8 +119,9 @@ def bench_index(samples: int, workdir: Path) -> dict[str, object]:
     build_s = time.perf_counter() - t0
     path.read_bytes()  # warm the page cache for every run alike
     env = dict(os.environ, TIERFEED_CACHE=str(workdir / f"cache-{samples}"))
-    results: dict[str, list[dict[str, float]]] = {"recheck": [], "stamped": []}
-    for mode in ("recheck", "stamped"):  # checked in full (and stamped), then with the stamp
+    results: dict[str, list[dict[str, float]]] = {"lazy": [], "recheck": [], "stamped": []}
+    # Checked on use (no stamp yet), checked in full (and stamped), then with the stamp.
+    for mode in results:
         for _ in range(3):
             done = subprocess.run(
                 [sys.executable, "-c", _OPEN_CHILD, str(path), mode],
@@ -125,6 +138,7 @@ def bench_index(samples: int, workdir: Path) -> dict[str, object]:
     path.unlink()
     full = {k: statistics.median(r[k] for r in results["recheck"]) for k in results["recheck"][0]}
     med = {k: statistics.median(r[k] for r in results["stamped"]) for k in results["stamped"][0]}
+    lazy = {k: statistics.median(r[k] for r in results["lazy"]) for k in results["lazy"][0]}
     return {
         "samples": samples,
         "build_s": round(build_s, 1),
@@ -134,6 +148,10 @@ def bench_index(samples: int, workdir: Path) -> dict[str, object]:
         "open_checked_s_median": round(full["open_s"], 4),
         "open_checked_peak_MiB": round(full["check_peak"] / 2**20, 1),
         "open_stamped_s_median": round(med["open_s"], 5),
+        "open_checked_on_use_s_median": round(lazy["open_s"], 5),
+        "checked_on_use_rank_rows_s_median": round(lazy["rank_rows_s"], 4),
+        "checked_on_use_batch_of_32_us_median": round(lazy["batch_rows_us"], 1),
+        "checked_on_use_lookup_by_id_us": round(lazy["lookup_us"], 2),
         "open_rss_bytes_per_sample": round(med["open_rss"] / samples, 3),
         "rss_after_10k_lookups_bytes_per_sample": round(med["lookups_rss"] / samples, 3),
         "lookup_by_id_us": round(med["lookup_us"], 2),

@@ -103,3 +103,25 @@ def test_index_opens_where_files_cannot_be_mapped(
     with Index(tmp_path) as ix:
         assert ix.num_samples == 2000 and ix.find_sample(ix.key(1234)) == 1234
         assert ix.sections_checksum() == ix.header["sections_checksum"]
+
+
+def test_sample_bytes_of_some_samples(tmp_path: Path) -> None:
+    """A loader's worker sizes only its own samples (several members each here)."""
+    from tests.format.conftest import write_tree
+    from tierfeed.format.pack import PackOptions, pack
+
+    files = {
+        b"x/a.jpg": b"A" * 100,
+        b"x/a.txt": b"t" * 7,
+        b"x/b.jpg": b"B" * 50,
+        b"y/c.png": b"C" * 3,
+        b"y/c.json": b"{}",
+    }
+    write_tree(tmp_path / "src", files)
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(workers=1, progress=False))
+    with Index(tmp_path / "store") as ix:
+        every = ix.sample_bytes()
+        assert sorted(every.tolist()) == [5, 50, 107]
+        ids = np.array([2, 0, 0, 1])
+        assert ix.sample_bytes(ids).tolist() == every[ids].tolist()
+        assert ix.sample_bytes(np.zeros(0, dtype=np.int64)).tolist() == []

@@ -102,3 +102,59 @@ def _verdict(a: dict[str, Any]) -> str | None:
     except IndexFormatError as exc:
         return str(exc)
     return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=0, max_size=20),
+    base=st.integers(0, 50),
+    block=st.integers(1, 16),
+)
+def test_spans_are_the_ranges_in_bounded_blocks(lengths, base, block) -> None:
+    lo = np.cumsum([0, *lengths[:-1]]) * 3 + base if lengths else np.zeros(0, dtype=np.int64)
+    hi = lo + np.asarray(lengths, dtype=np.int64)
+    rows, values = [], []
+    for r, v in indexcheck._spans(lo, hi, block):
+        assert len(r) == len(v) and (len(v) <= block or len(set(r.tolist())) == 1)
+        rows += r.tolist()
+        values += v.tolist()
+    assert values == [x for a, b in zip(lo, hi, strict=True) for x in range(a, b)]
+    assert rows == [i for i, n in enumerate(lengths) for _ in range(n)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5), min_size=2, max_size=30),
+    block=st.integers(1, 8),
+    flaw=st.sampled_from(["owner", "past end", "label", "key NUL", "ext"]),
+    at=st.integers(0, 10**6),
+)
+def test_rows_find_a_flaw_in_the_row_that_holds_it(sizes, block, flaw, at) -> None:
+    """What an index checked on use runs on the rows a reader takes: the damaged row is
+    refused with the message of the full checks, in blocks of any size; the other rows pass."""
+    a = arrays(sizes, (np.arange(len(sizes)) // 3).tolist())
+    starts = a["sample_member_start"].astype(np.int64)
+    s = at % len(sizes)
+    m = int(starts[s]) + at % sizes[s]  # a member of sample s
+    if flaw == "owner":
+        a["member_chunk"][m] += 1
+    elif flaw == "past end":
+        a["member_offset"][m] = a["chunk_size"][a["member_chunk"][m]]
+    elif flaw == "label":
+        a["sample_label"][s] = 1
+    elif flaw == "key NUL":
+        a["keys"] = a["keys"].copy()
+        a["keys"][int(a["sample_key_offset"][s]) + 1] = 0
+    else:
+        a["member_ext"][m] = 1
+    whole = _verdict(a)
+    assert whole is not None
+    chunks = len(a["chunk_size"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexcheck, "_BLOCK", block)
+        with pytest.raises(IndexFormatError) as info:
+            indexcheck.check_sample_rows(a, WHERE, np.arange(len(sizes)), chunks, 1, 1)
+        assert str(info.value) == whole
+        others = np.array([i for i in range(len(sizes)) if i != s], dtype=np.int64)
+        indexcheck.check_sample_rows(a, WHERE, others, chunks, 1, 1)
+        indexcheck.check_sample_rows(a, WHERE, others[::-1].copy(), chunks, 1, 1)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from tierfeed.format.layout import INDEX_NAME, SECTIONS
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.format.verify import summarize, verify_store
 from tierfeed.loader.compose import open_store
+from tierfeed.storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -351,6 +354,158 @@ def test_crafted_invariant_broken(
     except OverflowError:
         pytest.skip("the value does not fit a 32-bit section: the wide layout carries it")
     assert_rejected(damaged(edited), match=match)
+
+
+# An index checked on use (`Index(lazy=True)`, a large one that this host has not stamped):
+# what an open checks at any size fails on open; a damaged row fails when a reader takes it,
+# naming the file; the global invariants that reads do not need are not checked by reads.
+ON_OPEN = {
+    "member start not from 0",
+    "member start not to members",
+    "key offsets past blob",
+    "name offsets past blob",
+    "chunk size huge",
+    "NUL in a chunk name",
+}
+NOT_FOR_READS = {"path order duplicate", "path order out of range"}
+# The swapped chunk ids put sample 0 in the last chunk: its members are not in it.
+ON_USE_MATCH = {"samples out of chunk order": "sample's chunk"}
+
+
+@pytest.fixture
+def on_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every index is large enough to be checked on use; stamps go to a fresh cache."""
+    from tierfeed.format import index as index_module
+
+    monkeypatch.setenv("TIERFEED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(index_module, "STAMP_ABOVE_BYTES", 0)
+
+
+def _reads(store: Store, i: int) -> bytes | None:
+    """Sample ``i``'s member bytes (sorted, joined), or None when its rows are refused."""
+    try:
+        return b"|".join(sorted(store.read_sample(i).fields.values()))
+    except IndexFormatError as exc:
+        assert str(store.index.path) in str(exc)
+        return None
+
+
+@pytest.mark.parametrize("layout", ["narrow", "wide"])
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_crafted_invariant_broken_checked_on_use(
+    case: str, layout: str, pristine: tuple[Path, bytes], wide: bytes, damaged: Any, on_use: None
+) -> None:
+    name, change, match = CRAFTED[case]
+    try:
+        edited = ie.edit_array(pristine[1] if layout == "narrow" else wide, name, change)
+    except OverflowError:
+        pytest.skip("the value does not fit a 32-bit section: the wide layout carries it")
+    store = damaged(edited)
+    where = str(store / INDEX_NAME)
+    if case in ON_OPEN:
+        with pytest.raises(IndexFormatError, match=match) as info:
+            open_store(store, lazy=True)
+        assert where in str(info.value)
+        return
+    with open_store(store, lazy=True) as s:
+        assert not s.index.checked
+        if case in NOT_FOR_READS:
+            assert_reads_exactly_from(s)
+            for path in FILES:  # a lookup by path ends: the member, none, or the crafted id
+                with contextlib.suppress(IndexFormatError):
+                    member = s.index.find_member(path)
+                    assert member is None or s.read_member(member) == FILES[path]
+            return
+        with pytest.raises(IndexFormatError, match=ON_USE_MATCH.get(case, match)) as info:
+            s.read_samples(range(len(s)))
+        assert where in str(info.value)
+        # Row by row: the damaged rows are refused, every other sample reads as packed.
+        got = [_reads(s, i) for i in range(len(s))]
+        assert 0 < got.count(None) < len(s)
+        with Index(pristine[0]) as ix, open_store(pristine[0]) as whole:
+            wanted = [
+                b"|".join(sorted(whole.read_sample(i).fields.values())) for i in range(len(ix))
+            ]
+        assert all(g is None or g == w for g, w in zip(got, wanted, strict=True))
+        with pytest.raises(IndexFormatError, match=match):  # a walk over the whole index
+            s.index.check_all()
+
+
+def assert_reads_exactly_from(s: Store) -> None:
+    got = [data for i in range(len(s)) for data in s.read_sample(i).fields.values()]
+    assert sorted(got) == sorted(FILES.values())
+
+
+def test_an_index_checked_on_use_reads_whole_and_stamps_when_checked(
+    pristine: tuple[Path, bytes], damaged: Any, on_use: None, tmp_path: Path
+) -> None:
+    store = damaged(pristine[1])
+    with open_store(store, lazy=True) as s:
+        assert not s.index.checked and not s.index.checked_here
+        assert_reads_exactly_from(s)
+        assert [len(x.fields) for x in s.read_samples(range(len(s)))] == [
+            len(s.read_sample(i).fields) for i in range(len(s))
+        ]
+        assert not list((tmp_path / "cache").glob("checked/*"))
+        s.index.check_all()
+        assert s.index.checked and s.index.checked_here
+    assert len(list((tmp_path / "cache").glob("checked/*"))) == 1
+    with Index(store, lazy=True) as again:  # stamped: every invariant holds, rows need none
+        assert again.checked and not again.checked_here
+
+
+def test_an_index_checked_on_use_opens_without_the_full_checks(
+    pristine: tuple[Path, bytes], damaged: Any, on_use: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tierfeed.format import index as index_module
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the O(N) checks ran")
+
+    store = damaged(pristine[1])
+    monkeypatch.setattr(index_module, "check_invariants", refuse)
+    with open_store(store, lazy=True) as s:
+        assert_reads_exactly_from(s)
+    with pytest.raises(AssertionError, match="O\\(N\\) checks ran"):
+        Index(store)  # not lazy: checked in full on open, as before
+
+
+def _label(sample: Any) -> int:
+    return int(sample.label)
+
+
+def _end_workers(loader: Any) -> None:
+    """End the persistent workers of a Loader whose epoch raised: PyTorch's own shutdown of
+    them then waits 5 s a worker (they miss its stop signal; pytorch/pytorch#81794, the same
+    with a plain DataLoader), which would land in whichever test collects the loader."""
+    running = loader._loader._iterator if loader._loader is not None else None
+    for worker in getattr(running, "_workers", []):
+        worker.terminate()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_refuses_the_damaged_row_it_takes(
+    pristine: tuple[Path, bytes], damaged: Any, on_use: None, workers: int, tmp_path: Path
+) -> None:
+    """Through a real Loader (its Dataset opens the index checked on use, in each worker):
+    the epoch that reaches the damaged row ends in the index's error, naming the file."""
+    from tierfeed.torch import Dataset, Loader
+
+    store = damaged(ie.edit_array(pristine[1], "sample_label", _set(3, 7)))
+    dataset = Dataset(store, "global", batch_size=2, decode=_label)
+    assert not dataset.plan_index().checked  # opened (and planned) without the full checks
+    loader = Loader(dataset, num_workers=workers)
+    with pytest.raises(IndexFormatError, match="labels outside") as info:
+        list(loader)
+    assert str(store / INDEX_NAME) in str(info.value)
+    _end_workers(loader)
+    whole = ie.store_with_index(tmp_path / "whole", pristine[0], pristine[1])  # own file
+    loader = Loader(Dataset(whole, "global", batch_size=2, decode=_label), num_workers=workers)
+    with Index(pristine[0]) as ix:
+        assert sorted(int(x) for batch in loader for x in batch) == sorted(ix.sample_label)
+    del loader
+    gc.collect()  # both loaders' workers go here, not in a later test
 
 
 def test_the_pristine_index_is_narrow_and_the_wide_one_opens(

@@ -20,6 +20,19 @@ def shapes(draw: st.DrawFn, max_samples: int = 400) -> DatasetShape:
     return DatasetShape(chunk, np.full(len(chunk), 1000, dtype=np.int64))
 
 
+@st.composite
+def unordered_shapes(draw: st.DrawFn, max_samples: int = 400) -> DatasetShape:
+    """A chunk column in any order, as an index checked on use may hold: plans read it as
+    they read an index's (``ordered``, unchecked), and must stay permutations."""
+    n = draw(st.integers(1, max_samples))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    chunk = rng.integers(0, draw(st.integers(1, 40)), n)
+    return DatasetShape(chunk, np.full(n, 1000, dtype=np.int64), ordered=True)
+
+
+any_shapes = st.one_of(shapes(), unordered_shapes())
+
+
 specs = st.builds(
     PlanSpec,
     policy=st.sampled_from(["global", "local", "partial"]),
@@ -35,7 +48,7 @@ def all_orders(plan: Plan, epoch: int, m: int) -> list[np.ndarray]:
 
 
 @settings(max_examples=400)
-@given(shape=shapes(), spec=specs, m=st.integers(1, 8), epoch=st.integers(0, 6))
+@given(shape=any_shapes, spec=specs, m=st.integers(1, 8), epoch=st.integers(0, 6))
 def test_exactly_once_balanced_deterministic(shape, spec, m, epoch) -> None:
     if spec.policy != "global" and m > shape.num_samples:
         with pytest.raises(ConfigError, match=r"only .* samples"):
@@ -215,7 +228,7 @@ def test_feistel_invert_finds_each_values_position(n: int, seed: int) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(shape=shapes(), m=st.integers(1, 9), epoch=st.integers(0, 3), drop_last=st.booleans(),
+@given(shape=any_shapes, m=st.integers(1, 9), epoch=st.integers(0, 3), drop_last=st.booleans(),
        seed=st.integers(0, 99), window=st.sampled_from([0, 1, 3]))  # fmt: skip
 def test_readers_are_where_the_orders_read_each_sample(
     shape, m, epoch, drop_last, seed, window
@@ -286,3 +299,17 @@ def test_a_partial_plan_costs_the_same_at_any_epoch() -> None:
     for epoch in (10_000, 10_001):
         parts = [plan.partition(epoch, r, 64) for r in range(64)]
         assert sorted(np.concatenate(parts).tolist()) == list(range(64 * 1000))
+
+
+@settings(max_examples=200)
+@given(shape=unordered_shapes())
+def test_chunk_starts_partition_the_samples_whatever_the_column(shape: DatasetShape) -> None:
+    starts = shape.chunk_starts()
+    assert starts[0] == 0 and starts[-1] == shape.num_samples
+    assert np.all(np.diff(starts) >= 0) and len(starts) == shape.num_chunks + 1
+    ordered = DatasetShape(np.sort(shape.sample_chunk))  # sorted: the runs are the column's
+    sorted_starts = ordered.chunk_starts()
+    assert np.array_equal(
+        np.searchsorted(sorted_starts, np.arange(shape.num_samples), "right") - 1,
+        ordered.sample_chunk,
+    )

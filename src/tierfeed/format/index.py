@@ -19,6 +19,9 @@ from tierfeed.format.chunkref import ChunkInfo, new_hasher
 from tierfeed.format.indexcheck import (
     check_header,
     check_invariants,
+    check_member_rows,
+    check_open,
+    check_sample_rows,
     check_sections,
     damaged,
 )
@@ -33,7 +36,7 @@ from tierfeed.format.layout import (
     expected_length,
     present_sections,
 )
-from tierfeed.format.treecheck import check_tree
+from tierfeed.format.treecheck import check_tree, check_tree_members
 
 __all__ = ["CHECKSUM_ON_OPEN_BYTES", "Index", "IndexContent", "write_index"]
 
@@ -43,6 +46,8 @@ __all__ = ["CHECKSUM_ON_OPEN_BYTES", "Index", "IndexContent", "write_index"]
 # most and catches every bit flip, including the ones that break the path order. Larger ones
 # rely on the vectorised invariant checks on open and `tierfeed verify` for the rest.
 CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
+# `Index.check_samples` sorts more rows than this first (half the time for a rank's epoch).
+_SORT_ROWS_ABOVE = 4096
 
 
 def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
@@ -72,9 +77,21 @@ class Index:
     path stay safe on a crafted index whose path order is not sorted: they end, and
     `Store.listdir` raises when it meets paths out of order; `check_path_order` (run by
     `tierfeed verify`) checks it in full.
+
+    Checked on use (``lazy``): a large index that this host has not stamped opens in
+    O(chunks), its O(samples) invariants unchecked (``checked`` is False), and each row is
+    checked when it is used: `check_samples` and `check_members` on the rows a reader takes
+    (`Store`'s reads and the loader call them), and the scalar lookups check their own row.
+    A rank of a large job then never reads the whole index: only its rows, every epoch.
+    What is global (the chunk order of the samples, the path order a permutation) is not
+    needed to read rows: plans stay permutations without it (`DatasetShape.chunk_starts`),
+    and lookups by path check the member ids they meet. `check_all` checks in full and
+    stamps, for whole-index walks (a mount, stage-in).
     """
 
-    def __init__(self, path: str | os.PathLike[str], recheck: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], recheck: bool = False, lazy: bool = False
+    ) -> None:
         self.path = Path(path).absolute()  # chunk paths must not depend on a later chdir
         if self.path.is_dir():
             self.path = self.path / INDEX_NAME
@@ -97,8 +114,9 @@ class Index:
             os.close(fd)
         self.checksum_verified = False
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)
+        self.checked = False  # every invariant holds (checked here or stamped): rows need none
         self.header = self._read_header()
-        self._map_sections(recheck)
+        self._map_sections(recheck, lazy)
 
     def _read_header(self) -> dict[str, Any]:
         magic, version, hlen = _PREFIX.unpack_from(self._mm, 0)
@@ -122,7 +140,7 @@ class Index:
             raise IndexFormatError(f"{self.path}: index header is corrupt") from None
         return check_header(header, self.path, self._size)
 
-    def _map_sections(self, recheck: bool) -> None:
+    def _map_sections(self, recheck: bool, lazy: bool) -> None:
         h = self.header
         self.num_samples: int = h["samples"]
         self.num_members: int = h["members"]
@@ -143,17 +161,22 @@ class Index:
             if want is not None and count != want:
                 raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
+        self._arrays = arrays
+        # Directory paths of the tree (root excluded), sorted: few next to the members.
+        self.dir_paths: list[bytes] = []
         total = sum(nbytes for _, nbytes in h["sections"].values())
+        self._total = total
         stamped = total > STAMP_ABOVE_BYTES and "header_checksum" in h
         if recheck or not stamped:
             self._check(arrays, total, stamped)
-        elif not has_stamp(self.path, self._stat, h["header_checksum"]):
-            with one_checker(self.path, self._stat):
-                # Another process of this host may have checked it while this one waited.
-                if not has_stamp(self.path, self._stat, h["header_checksum"]):
-                    self._check(arrays, total, stamped)
-        # Directory paths of the tree (root excluded), sorted: few next to the members.
-        self.dir_paths: list[bytes] = check_tree(arrays, self.path) if self.has_tree else []
+        elif has_stamp(self.path, self._stat, h["header_checksum"]):
+            self.checked = True
+        elif lazy:
+            check_open(arrays, self.path, self.num_chunks)
+        else:
+            self.check_all()
+        if self.has_tree and not self.checked_here:  # (the full checks check it first)
+            self.dir_paths = check_tree(arrays, self.path)
         self.member_mode: npt.NDArray[np.uint16] | None = arrays.get("member_mode")
         self.member_mtime: npt.NDArray[np.int64] | None = arrays.get("member_mtime")
         self.dir_mode: npt.NDArray[np.uint16] | None = arrays.get("dir_mode")
@@ -176,7 +199,6 @@ class Index:
         self._chunk_names: npt.NDArray[np.uint8] = arrays["chunk_names"]
         self.chunk_size: npt.NDArray[np.uint64] = arrays["chunk_size"]
         self.chunk_checksum: npt.NDArray[np.uint64] = arrays["chunk_checksum"]
-        self._arrays = arrays
 
     def _check(self, arrays: dict[str, Any], total: int, stamped: bool) -> None:
         """The O(N) checks (`indexcheck.check_invariants`, the sections checksum when small),
@@ -184,9 +206,47 @@ class Index:
         if total <= CHECKSUM_ON_OPEN_BYTES:
             self.check_checksum()
         check_invariants(arrays, self.path, self.num_chunks, len(self.classes), len(self.exts))
-        self.checked_here = True
+        if self.has_tree:
+            self.dir_paths = check_tree(arrays, self.path)
+            check_tree_members(arrays, self.dir_paths, self.path)
+        self.checked_here = self.checked = True
         if stamped:
             stamp(self.path, self._stat, self.header["header_checksum"])
+
+    def check_all(self) -> None:
+        """Check every invariant now, unless done (here or by a stamp): what a walk over the
+        whole index needs of one opened with ``lazy``. One process of this host checks while
+        the others wait for its stamp (`indexstamp.one_checker`)."""
+        if self.checked:
+            return
+        h = self.header
+        with one_checker(self.path, self._stat):
+            # Another process of this host may have checked it while this one waited.
+            if has_stamp(self.path, self._stat, h["header_checksum"]):
+                self.checked = True
+            else:
+                self._check(self._arrays, self._total, True)
+
+    def check_samples(self, samples: npt.ArrayLike) -> None:
+        """Raise IndexFormatError unless the rows of ``samples`` (ids in range) and of their
+        members hold what a reader relies on; nothing to do once the index was checked in
+        full. O(the samples, their members and key bytes)."""
+        if self.checked:
+            return
+        ids = np.asarray(samples, dtype=np.int64).reshape(-1)
+        if len(ids) > _SORT_ROWS_ABOVE:  # a rank's epoch: each row once, pages in file order
+            ids = np.unique(ids)
+        if len(ids):
+            chunks, classes, exts = self.num_chunks, len(self.classes), len(self.exts)
+            check_sample_rows(self._arrays, self.path, ids, chunks, classes, exts)
+
+    def check_members(self, members: npt.ArrayLike) -> None:
+        """`check_samples` for members ``members`` (ids in range) alone."""
+        if self.checked:
+            return
+        ids = np.asarray(members, dtype=np.int64).reshape(-1)
+        if len(ids):
+            check_member_rows(self._arrays, self.path, ids, self.num_chunks, len(self.exts))
 
     # --- lookups ------------------------------------------------------------------
 
@@ -194,7 +254,10 @@ class Index:
         """The key of ``sample`` as stored (bytes)."""
         lo = int(self.sample_key_offset[sample])
         hi = int(self.sample_key_offset[sample + 1])
-        return self._keys[lo:hi].tobytes()
+        key = self._keys[lo:hi].tobytes()
+        if not self.checked and (hi < lo or hi > len(self._keys) or b"\0" in key):
+            self.check_samples([sample])  # names what is wrong
+        return key
 
     def key_blob(self) -> bytes:
         """Every key, concatenated in sample order (sample i's is ``[key_offset[i],
@@ -209,17 +272,28 @@ class Index:
     def members(self, sample: int) -> range:
         """Member ids of ``sample``."""
         start = self.sample_member_start
-        return range(int(start[sample]), int(start[sample + 1]))
+        lo, hi = int(start[sample]), int(start[sample + 1])
+        if not self.checked and not lo < hi <= self.num_members:
+            self.check_samples([sample])  # names what is wrong
+        return range(lo, hi)
 
     def member_owner(self, member: int) -> int:
         """The sample a member belongs to (binary search over member starts)."""
         # A scalar of the array's type: otherwise numpy would cast the whole array first.
         start = self.sample_member_start
-        return int(np.searchsorted(start, start.dtype.type(member), "right")) - 1
+        owner = int(np.searchsorted(start, start.dtype.type(member), "right")) - 1
+        if not self.checked and not (
+            0 <= owner < self.num_samples and start[owner] <= member < start[owner + 1]
+        ):
+            raise damaged(self.path, f"member {member} has no sample (member ranges unsorted)")
+        return owner
 
     def member_path_bytes(self, member: int) -> bytes:
         """The original relative path of a member: its sample's key plus its extension."""
-        return self.key_bytes(self.member_owner(member)) + self.exts[int(self.member_ext[member])]
+        ext = int(self.member_ext[member])
+        if ext >= len(self.exts):  # only an index checked on use gets here
+            raise damaged(self.path, f"a member has an extension id >= {len(self.exts)}")
+        return self.key_bytes(self.member_owner(member)) + self.exts[ext]
 
     def chunk_name(self, chunk: int) -> str:
         """The chunk's path relative to the store root."""
@@ -240,16 +314,35 @@ class Index:
         """Every chunk, in id order."""
         return [self.chunk(c) for c in range(self.num_chunks)]
 
-    def sample_bytes(self) -> npt.NDArray[np.int64]:
-        """Total data bytes of each sample (vectorised over the member arrays)."""
-        if self.num_samples == 0:
+    def sample_bytes(self, samples: npt.ArrayLike | None = None) -> npt.NDArray[np.int64]:
+        """Total data bytes of each sample, or of each of ``samples`` (ids in range, rows
+        checked): vectorised over the member arrays, O(the samples' members)."""
+        if samples is None:
+            if self.num_samples == 0:
+                return np.zeros(0, dtype=np.int64)
+            self.check_all()
+            starts = self.sample_member_start[:-1].astype(np.int64)
+            return np.add.reduceat(self.member_length.astype(np.int64), starts)
+        ids = np.asarray(samples, dtype=np.int64).reshape(-1)
+        if not len(ids):
             return np.zeros(0, dtype=np.int64)
-        starts = self.sample_member_start[:-1].astype(np.int64)
-        return np.add.reduceat(self.member_length.astype(np.int64), starts)
+        self.check_samples(ids)
+        first = self.sample_member_start[ids].astype(np.int64)
+        counts = self.sample_member_start[ids + 1].astype(np.int64) - first
+        at = np.cumsum(counts) - counts  # each sample's first entry among the gathered members
+        members = np.repeat(first - at, counts) + np.arange(int(counts.sum()))
+        return np.add.reduceat(self.member_length[members].astype(np.int64), at)
 
     def sorted_path(self, i: int) -> bytes:
         """The ``i``-th member path in bytewise path order."""
-        return self.member_path_bytes(int(self.path_order[i]))
+        return self.member_path_bytes(self._ordered_member(i))
+
+    def _ordered_member(self, i: int) -> int:
+        """The ``i``-th member in path order (an index checked on use checks the id)."""
+        member = int(self.path_order[i])
+        if not self.checked and member >= self.num_members:
+            raise damaged(self.path, "the path order names a member id out of range")
+        return member
 
     def bisect_path(self, path: bytes) -> int:
         """Position of the first member whose path is >= ``path`` in path order."""
@@ -259,7 +352,7 @@ class Index:
         """The member id stored at ``path``, or None: O(log n) path comparisons."""
         i = self.bisect_path(path)
         if i < self.num_members and self.sorted_path(i) == path:
-            return int(self.path_order[i])
+            return self._ordered_member(i)
         return None
 
     def find_sample(self, key: str | bytes) -> int | None:
@@ -274,11 +367,11 @@ class Index:
         i = self.bisect_path(raw)
         n = self.num_members
         if i < n and self.sorted_path(i) == raw:
-            return self.member_owner(int(self.path_order[i]))
+            return self.member_owner(self._ordered_member(i))
         probe = raw + b"."
         i = self.bisect_path(probe)
         while i < n and self.sorted_path(i).startswith(probe):
-            owner = self.member_owner(int(self.path_order[i]))
+            owner = self.member_owner(self._ordered_member(i))
             if self.key_bytes(owner) == raw:
                 return owner
             i += 1

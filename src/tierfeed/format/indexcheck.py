@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,9 @@ __all__ = [
     "PATH_ORDER_DTYPES",
     "check_header",
     "check_invariants",
+    "check_member_rows",
+    "check_open",
+    "check_sample_rows",
     "check_sections",
     "damaged",
     "header_checksum",
@@ -215,10 +218,10 @@ def _run_blocks(check: Callable[[int, int], None], n: int, block: int = _BLOCK) 
             pass
 
 
-def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: int) -> None:
-    """What readers rely on, vectorised over the arrays (section lengths already match the
-    header's counts), in blocks of `_BLOCK` on several threads: the temporaries stay a few
-    tens of MiB a thread at any size, and a many-core host checks in a fraction of the time."""
+def check_open(a: Arrays, where: Path, chunks: int) -> None:
+    """What an open checks at any size: the ends of the offset columns, and the chunk
+    table (O(chunks)). With `check_invariants` (O(N)) or `check_sample_rows` on every row
+    used, this is every invariant a reader relies on."""
     members = len(a["member_chunk"])
     start = a["sample_member_start"]
     if start[0] != 0 or start[-1] != members:
@@ -237,10 +240,20 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
     narrow = a["member_offset"].dtype.itemsize == 4 or a["member_length"].dtype.itemsize == 4
     if narrow and len(size) and int(size.max()) >= 2**32:
         raise damaged(where, "32-bit member offsets with a chunk of 4 GiB or more")
-    samples = len(a["sample_chunk"])
+    # The last sample's chunk bounds every chunk id a plan derives (`DatasetShape.num_chunks`).
+    if len(a["sample_chunk"]) and a["sample_chunk"][-1] >= chunks:
+        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+
+
+def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: int) -> None:
+    """What readers rely on, vectorised over the arrays (section lengths already match the
+    header's counts), in blocks of `_BLOCK` on several threads: the temporaries stay a few
+    tens of MiB a thread at any size, and a many-core host checks in a fraction of the time."""
+    check_open(a, where, chunks)
+    members, samples = len(a["member_chunk"]), len(a["sample_chunk"])
     _run_blocks(lambda lo, hi: _check_samples(a, where, chunks, classes, lo, hi), samples)
-    _run_blocks(lambda lo, hi: _check_keys(a, where, lo, hi), len(keys), 16 * _BLOCK)
-    _run_blocks(lambda lo, hi: _check_members(a, where, chunks, exts, lo, hi), members)
+    _run_blocks(lambda lo, hi: _check_keys(a["keys"][lo:hi], where), len(a["keys"]), 16 * _BLOCK)
+    _run_blocks(lambda lo, hi: _member_rows(a, where, chunks, exts, slice(lo, hi)), members)
     _run_blocks(lambda lo, hi: _check_owners(a, where, lo, hi), samples)
     order = a["path_order"]
     if len(order) and order.max() >= members:
@@ -251,21 +264,80 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
         raise damaged(where, "the path order is not a permutation of the members")
 
 
-def _check_samples(a: Arrays, where: Path, chunks: int, classes: int, lo: int, hi: int) -> None:
-    """Samples [lo, hi): member ranges, key offsets, labels, chunk ids and their order (each
-    block reads one entry past its end)."""
-    start = a["sample_member_start"][lo : hi + 1]
-    if np.any(start[1:] <= start[:-1]):
+def check_sample_rows(
+    a: Arrays, where: Path, ids: npt.NDArray[np.int64], chunks: int, classes: int, exts: int
+) -> None:
+    """What a reader of samples ``ids`` (in range) relies on, checked on those rows alone:
+    their member ranges and key offsets, labels, chunk ids, their members (ids, extensions,
+    inside their chunk, in the sample's chunk) and key bytes. O(the rows, their members and
+    key bytes), in blocks of at most `_BLOCK` members or key bytes; an index opened without
+    `check_invariants` is safe to read row by row with it."""
+    _sample_rows(a, where, chunks, classes, ids, ids + 1)
+    start, key_offset = a["sample_member_start"], a["sample_key_offset"]
+    sample_chunk = a["sample_chunk"][ids]
+    for rows, members in _spans(start[ids], start[ids + 1]):
+        _member_rows(a, where, chunks, exts, members)
+        if np.any(a["member_chunk"][members] != sample_chunk[rows]):
+            raise damaged(where, _NOT_IN_CHUNK)
+    for _, at in _spans(key_offset[ids], key_offset[ids + 1]):
+        _check_keys(a["keys"][at], where)
+
+
+def check_member_rows(
+    a: Arrays, where: Path, members: npt.NDArray[np.int64], chunks: int, exts: int
+) -> None:
+    """What a reader of members ``members`` (in range) relies on: chunk and extension ids,
+    and the member inside its chunk."""
+    _member_rows(a, where, chunks, exts, members)
+
+
+def _spans(
+    lo: npt.NDArray[Any], hi: npt.NDArray[Any], block: int = _BLOCK
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+    """The integers of ranges [lo[i], hi[i]) (hi >= lo), with the row i each came from, at
+    most about ``block`` at a time (one range longer than that in slices of its own)."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    counts = hi - lo
+    ends = np.cumsum(counts)
+    first = 0
+    while first < len(lo):
+        base = int(ends[first] - counts[first])
+        last = max(first + 1, int(np.searchsorted(ends, base + block, "right")))
+        if last - first == 1 and counts[first] > block:
+            for s0 in range(int(lo[first]), int(hi[first]), block):
+                values = np.arange(s0, min(int(hi[first]), s0 + block), dtype=np.int64)
+                yield np.full(len(values), first, dtype=np.int64), values
+        else:
+            c = counts[first:last]
+            rows = np.repeat(np.arange(first, last, dtype=np.int64), c)
+            shift = np.repeat(lo[first:last] - (ends[first:last] - c - base), c)
+            yield rows, np.arange(int(c.sum()), dtype=np.int64) + shift
+        first = last
+
+
+def _sample_rows(a: Arrays, where: Path, chunks: int, classes: int, at: Any, after: Any) -> None:
+    """Samples ``at`` (a slice or ids; ``after`` the entries one past each): member ranges
+    non-empty and inside the members, key offsets monotone and inside the keys, labels and
+    chunk ids in range."""
+    first, end = a["sample_member_start"][at], a["sample_member_start"][after]
+    if np.any(end <= first) or (len(end) and end.max() > len(a["member_chunk"])):
         raise damaged(where, "sample member ranges are not contiguous and non-empty")
-    key_offset = a["sample_key_offset"][lo : hi + 1]
-    if np.any(key_offset[1:] < key_offset[:-1]):
-        raise damaged(where, f"sample key offsets are not monotone from 0 to {len(a['keys'])}")
-    labels = a["sample_label"][lo:hi]
+    keys = len(a["keys"])
+    k0, k1 = a["sample_key_offset"][at], a["sample_key_offset"][after]
+    if np.any(k1 < k0) or (len(k1) and k1.max() > keys):
+        raise damaged(where, f"sample key offsets are not monotone from 0 to {keys}")
+    labels = a["sample_label"][at]
     if np.any((labels < -1) | (labels >= classes)):
         raise damaged(where, f"sample labels outside [-1, {classes})")
-    chunk = a["sample_chunk"][lo : hi + 1]
-    if np.any(chunk[: hi - lo] >= chunks):
+    if np.any(a["sample_chunk"][at] >= chunks):
         raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+
+
+def _check_samples(a: Arrays, where: Path, chunks: int, classes: int, lo: int, hi: int) -> None:
+    """Samples [lo, hi) as rows, and their chunk order (each block reads one entry past its
+    end)."""
+    _sample_rows(a, where, chunks, classes, slice(lo, hi), slice(lo + 1, hi + 1))
+    chunk = a["sample_chunk"][lo : hi + 1]
     if len(chunk) > 1 and bool(np.any(chunk[1:] < chunk[:-1])):
         raise damaged(where, "samples are not in chunk order (sample chunk ids decrease)")
 
@@ -296,30 +368,35 @@ def _check_owners(a: Arrays, where: Path, lo: int, hi: int) -> None:
         first = last
 
 
-def _check_keys(a: Arrays, where: Path, lo: int, hi: int) -> None:
-    if np.any(a["keys"][lo:hi] == 0):
+def _check_keys(key_bytes: npt.NDArray[np.uint8], where: Path) -> None:
+    if np.any(key_bytes == 0):
         raise damaged(where, "a sample key or chunk name holds a NUL byte")
 
 
-def _check_members(a: Arrays, where: Path, chunks: int, exts: int, lo: int, hi: int) -> None:
-    """Members [lo, hi): chunk ids and extension ids in range, and inside their chunk
-    (offset + length <= chunk size, without uint64 wrap-around)."""
-    member_chunk = a["member_chunk"][lo:hi]
+def _member_rows(a: Arrays, where: Path, chunks: int, exts: int, members: Any) -> None:
+    """Members ``members`` (a slice or ids): chunk ids and extension ids in range, and
+    inside their chunk (offset + length <= chunk size, without uint64 wrap-around)."""
+    member_chunk = a["member_chunk"][members]
     if np.any(member_chunk >= chunks):
         raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
-    if np.any(a["member_ext"][lo:hi] >= exts):
+    if np.any(a["member_ext"][members] >= exts):
         raise damaged(where, f"a member has an extension id >= {exts}")
     size = a["chunk_size"][member_chunk]
-    length, offset = a["member_length"][lo:hi], a["member_offset"][lo:hi]
+    length, offset = a["member_length"][members], a["member_offset"][members]
     past = np.flatnonzero((length > size) | (offset > size - np.minimum(length, size)))
     if len(past):
-        raise damaged(where, _past_the_end(a, lo + int(past[0])))
+        k = int(past[0])
+        raise damaged(
+            where,
+            _past_the_end(a, members.start + k if isinstance(members, slice) else int(members[k])),
+        )
 
 
 def _past_the_end(a: Arrays, m: int) -> str:
     """What is wrong with member ``m``, which points past the end of its chunk."""
     start = a["sample_member_start"]
     owner = int(np.searchsorted(start, start.dtype.type(m), "right")) - 1
+    owner = min(max(owner, 0), len(start) - 2)  # a row-checked index: starts may be unsorted
     ko = a["sample_key_offset"]
     path = a["keys"][int(ko[owner]) : int(ko[owner + 1])].tobytes()
     c = int(a["member_chunk"][m])

@@ -20,16 +20,16 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tierfeed.format.indexcheck import MAX_MODE, damaged
 
-__all__ = ["check_tree"]
+__all__ = ["check_tree", "check_tree_members"]
 
 _SLASH = ord("/")
 _BLOCK_BYTES = 32 * 2**20  # padded path bytes built at a time for the members' parents
 
 
 def check_tree(a: Mapping[str, npt.NDArray[Any]], where: Path) -> list[bytes]:
-    """Check the tree sections (lengths already match the header's counts); return the
-    directory paths, sorted bytewise."""
-    if np.any(a["member_mode"] > MAX_MODE) or np.any(a["dir_mode"] > MAX_MODE):
+    """Check the directory table of the tree sections (lengths already match the header's
+    counts; O(directories)); return the directory paths, sorted bytewise."""
+    if np.any(a["dir_mode"] > MAX_MODE):
         raise damaged(where, f"a file or directory mode has bits above {MAX_MODE:#o}")
     offsets, blob = a["dir_path_offset"], a["dir_paths"]
     if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(blob):
@@ -56,8 +56,15 @@ def check_tree(a: Mapping[str, npt.NDArray[Any]], where: Path) -> list[bytes]:
             raise damaged(where, f"the parent of directory {shown!r} is not in the table")
         known.add(path)
         previous = path
-    _check_member_parents(a, dirs, where)
     return dirs
+
+
+def check_tree_members(a: Mapping[str, npt.NDArray[Any]], dirs: list[bytes], where: Path) -> None:
+    """The members' side of the tree (O(members), after `check_tree` and the invariants of the
+    sample keys): their modes, and each member's directory in the table."""
+    if np.any(a["member_mode"] > MAX_MODE):
+        raise damaged(where, f"a file or directory mode has bits above {MAX_MODE:#o}")
+    _check_member_parents(a, dirs, where)
 
 
 def _padded(

@@ -91,6 +91,7 @@ def open_store(
     tiers: TierConfig | None = None,
     source: ChunkSource | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    lazy: bool = False,
 ) -> Store:
     """Open the store at ``path``: its directory, its index file, or a URL (``s3://bucket/ds``
     and the other fsspec protocols).
@@ -105,6 +106,9 @@ def open_store(
         source: read chunk bytes from here instead (e.g. a job's namespace).
         storage_options: for a URL, what its fsspec file system takes (credentials,
             ``client_kwargs={"endpoint_url": ...}``); by default the environment's.
+        lazy: a large index this host has not checked is checked on use (`Index`): the
+            store's reads check the rows they take. For readers of samples by id (the
+            loader); a walk over every path (a mount) wants it checked in full.
 
     Raises:
         IndexFormatError: no index, another format version, or a damaged index.
@@ -113,8 +117,8 @@ def open_store(
     location = StoreLocation.of(path, storage_options)
     cache = tiers.index_cache() if tiers is not None else None
     if location.remote:
-        return _open_remote(location, cache, tiers, source)
-    index = Index(location.index_file(cache))
+        return _open_remote(location, cache, tiers, source, lazy)
+    index = Index(location.index_file(cache), lazy=lazy)
     if source is None:
         if tiers is not None:
             source = tier_stack(index, tiers)
@@ -128,12 +132,13 @@ def _open_remote(
     cache: Path | None,
     tiers: TierConfig | None,
     source: ChunkSource | None,
+    lazy: bool,
 ) -> Store:
     """A store at a URL: one driver (one client) checks the index and reads the chunks; a
     hedged read gets a driver of its own (a second ranged GET)."""
     origin = location.origin()
     try:
-        index = Index(location.index_file(cache, origin))
+        index = Index(location.index_file(cache, origin), lazy=lazy)
     except BaseException:
         origin.close()
         raise
@@ -151,18 +156,21 @@ def _open_remote(
 @dataclass(frozen=True)
 class StoreOpener:
     """Opens a store by path or URL (through tiers if configured); picklable, so each process
-    (DataLoader workers included) opens its own."""
+    (DataLoader workers included) opens its own. Its index is checked on use (``lazy``): a
+    rank reads and checks only its own rows of a large index."""
 
     path: Path | StoreLocation
     tiers: TierConfig | None = None
+    lazy: bool = True
 
     def __call__(self) -> Store:
-        return open_store(self.path, self.tiers)
+        return open_store(self.path, self.tiers, lazy=self.lazy)
 
     def index(self) -> Index:
         """The store's index alone: enough to plan, with no tier stack or copy threads."""
         location = StoreLocation.of(self.path)
-        return Index(location.index_file(self.tiers.index_cache() if self.tiers else None))
+        cache = self.tiers.index_cache() if self.tiers else None
+        return Index(location.index_file(cache), lazy=self.lazy)
 
 
 def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
@@ -170,5 +178,6 @@ def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
     if isinstance(spec, str):
         spec = PlanSpec.parse(spec)
     # Views of the index's mapped sections, not copies: a rank's plan reads its part of them.
-    # The index checked the chunk order on open (`indexcheck.check_invariants`).
+    # The chunk order is not checked here (an index checked on use has not checked it): a
+    # plan only uses it through `DatasetShape.chunk_starts`, a partition whatever it holds.
     return Plan(DatasetShape(index.sample_chunk, None, index.sample_label, ordered=True), spec)

@@ -232,7 +232,9 @@ class Feed:
         store = self.store()
         rank = self.rank_order(epoch)
         order = self.worker_order(worker, num_workers, epoch, rank)
-        sizes = store.index.sample_bytes()
+        # This worker's samples alone (an index checked on use checks their rows here):
+        # nothing O(dataset) per epoch.
+        sizes = dict(zip(order.tolist(), store.index.sample_bytes(order).tolist(), strict=True))
         readers = self._process_readers()
         hedge = readers.hedge_reader(lambda: self._hedge_reader(store))
         source = store.source
@@ -252,9 +254,10 @@ class Feed:
             local=store.local,
             read_local=lambda ids: [
                 decode_read(self.decode, store, i, data)
-                for i, data in zip(ids, store.read_samples(ids), strict=True)
+                # (the rows of ``order`` were checked with its sizes, above)
+                for i, data in zip(ids, store.read_samples(ids, rows_checked=True), strict=True)
             ],
-            size_of=lambda i: int(sizes[i]),
+            size_of=sizes.__getitem__,
             describe=lambda i: describe_sample(store, i),
             prefetch=self.prefetch,
             deadline=self.deadline,
@@ -279,6 +282,7 @@ class Feed:
         ahead = [order] + [
             self.worker_order(worker, num_workers, epoch + k) for k in range(1, _EPOCHS_AHEAD + 1)
         ]
+        store.index.check_samples(np.concatenate([rank, *ahead[1:]]))
         reads = np.concatenate([chunk_of[o] for o in ahead])
         # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
         # reads of it.

@@ -349,8 +349,9 @@ class Plan:
         chunks, window_start, starts = self._windows(epoch)
         slot = np.empty(len(chunks), dtype=np.int64)
         slot[chunks] = np.arange(len(chunks))
-        windows = slot[np.asarray(self.shape.sample_chunk[samples], dtype=np.int64)]
-        windows //= self.spec.window
+        # Each sample's chunk by the runs the windows were cut from (the column's own value
+        # where the samples are in chunk order).
+        windows = slot[np.searchsorted(starts, samples, "right") - 1] // self.spec.window
         out = np.empty(len(samples), dtype=np.int64)
         for w in np.unique(windows).tolist():
             sequence = self._window_sequence(epoch, w, chunks, starts)

@@ -27,20 +27,21 @@ class DatasetShape:
         sample_chunk: chunk id of each sample.
         sample_bytes: size of each sample in bytes (what `tierfeed simulate` counts), or None.
         labels: class of each sample (-1 when unknown), for shuffle-quality metrics.
-        ordered: the caller vouches that ``sample_chunk`` is non-decreasing (an opened
-            index checked it); otherwise it is checked here, a block at a time.
+        ordered: skip the check that ``sample_chunk`` is non-decreasing (an index's column:
+            checked on open, or checked on use and not needed, plans reading the chunk runs
+            through `chunk_starts`); otherwise it is checked here, a block at a time.
     """
 
     sample_chunk: npt.NDArray[np.integer[Any]]
     sample_bytes: npt.NDArray[np.int64] | None = None
     labels: npt.NDArray[np.integer[Any]] | None = None
-    ordered: bool = field(default=False, repr=False, compare=False)  # checked already (index)
+    ordered: bool = field(default=False, repr=False, compare=False)  # an index's column
 
     def __post_init__(self) -> None:
         n = len(self.sample_chunk)
         if self.sample_bytes is not None and n != len(self.sample_bytes):
             raise ConfigError("sample_chunk and sample_bytes must have one entry per sample")
-        if self.ordered:  # an index checked it on open: no page of it is read here
+        if self.ordered:  # an index's column: no page of it is read here
             return
         for lo in range(0, max(0, n - 1), _BLOCK):
             block = self.sample_chunk[lo : lo + _BLOCK + 1]
@@ -66,8 +67,13 @@ class DatasetShape:
         return int(self.sample_chunk[-1]) + 1 if self.num_samples else 0
 
     def chunk_starts(self) -> npt.NDArray[np.int64]:
-        """First sample of every chunk, plus num_samples at the end."""
-        return self.first_samples(np.arange(self.num_chunks + 1))
+        """First sample of every chunk, plus num_samples at the end: from 0 to num_samples and
+        non-decreasing whatever the column holds (an index checked on use has not checked its
+        chunk order), so the chunks' runs always partition the samples and a plan built on
+        them stays a permutation."""
+        starts = self.first_samples(np.arange(self.num_chunks + 1))
+        starts[0], starts[-1] = 0, self.num_samples
+        return np.maximum.accumulate(starts)
 
     def first_samples(self, chunks: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """The first sample of each of ``chunks`` (num_samples past the last): a binary search

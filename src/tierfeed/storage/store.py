@@ -106,6 +106,7 @@ class Store:
                 that was bad, and the chunk and member).
         """
         ix = self.index
+        ix.check_members([member])  # an index checked on use: this member's row
         chunk = int(ix.member_chunk[member])
         offset, length = int(ix.member_offset[member]), int(ix.member_length[member])
         data = self.source.read_range(chunk, offset, length)
@@ -142,22 +143,27 @@ class Store:
     def local(self, sample: int) -> bool:
         """Whether ``sample`` is read now from this host's memory or disk (see
         `ChunkSource.local`): its members all lie in its chunk."""
-        return self.source.local(int(self.index.sample_chunk[sample]))
+        chunk = int(self.index.sample_chunk[sample])
+        if chunk >= len(self.chunks):  # an index checked on use: names what is wrong
+            self.index.check_samples([sample])
+        return self.source.local(chunk)
 
     def read_sample(self, sample: int) -> Sample:
         """Sample ``sample`` with every member's bytes, one range read per member."""
         ix = self.index
         if not 0 <= sample < ix.num_samples:
             raise IndexError(f"sample {sample} out of range [0, {ix.num_samples})")
+        ix.check_samples([sample])  # an index checked on use: this sample's rows
         names, ext_of = self._field_names, ix.member_ext
         fields = {names[int(ext_of[m])]: self.read_member(m) for m in ix.members(sample)}
         return Sample(ix.key(sample), int(ix.sample_label[sample]), fields)
 
-    def read_samples(self, samples: Sequence[int]) -> list[Sample]:
+    def read_samples(self, samples: Sequence[int], rows_checked: bool = False) -> list[Sample]:
         """`read_sample` of each of ``samples``, in that order, for many at once: the index
         looked up in whole arrays, and each chunk's members read with one `read_ranges` in
         offset order. A member that fails its checksum is read again the way `read_member`
-        reads it (dropping the bad copy).
+        reads it (dropping the bad copy). ``rows_checked``: the caller checked these
+        samples' rows (`Index.check_samples`) already, as a loader does once an epoch.
 
         Raises:
             IndexError: a sample id out of range.
@@ -170,6 +176,8 @@ class Store:
         if int(ids.min()) < 0 or int(ids.max()) >= ix.num_samples:
             bad = next(int(i) for i in ids if not 0 <= i < ix.num_samples)
             raise IndexError(f"sample {bad} out of range [0, {ix.num_samples})")
+        if not rows_checked:
+            ix.check_samples(ids)  # an index checked on use: these samples' rows
         first = ix.sample_member_start[ids].tolist()
         ends = ix.sample_member_start[ids + 1].tolist()
         members = np.fromiter(
