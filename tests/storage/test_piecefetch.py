@@ -19,6 +19,7 @@ from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
 from tierfeed.storage.copier import Gate
+from tierfeed.storage.disktier import cache_key
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.files import FdCache
 from tierfeed.storage.landing import FetchCounters, MemoryLanding
@@ -71,7 +72,7 @@ def test_a_stalled_piece_is_hedged_and_the_copy_does_not_wait_for_it(
         fetch = stack.fetch_counters.snapshot()
         assert fetch["hedges"] == 1 and fetch["hedge_wins"] == 1
         assert fetch["pieces"] == -(-info.size // PIECE)  # each landed once
-        cached = tmp_path / "cache" / stack._keys[0]
+        cached = tmp_path / "cache" / cache_key(info)
         want = (store_dir / info.name).read_bytes()
         assert cached.read_bytes() == want
         origin.release.set()  # the stalled request ends now: it lands nothing

@@ -356,7 +356,7 @@ class StalledOpen(DirectoryChunks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         fds = self._driver._fds
-        plain, target = fds._open_file, os.fspath(self._paths[1])
+        plain, target = fds._open_file, os.fspath(self._path(1)[0])
 
         def open_file(path: str) -> int:
             if path == target and not StalledOpen.stalled.is_set():

@@ -6,10 +6,12 @@ import contextlib
 import itertools
 import json
 import mmap
+import operator
 import os
 from bisect import bisect_left
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +19,7 @@ import numpy.typing as npt
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import ChunkInfo, new_hasher
 from tierfeed.format.indexcheck import (
+    check_chunk_rows,
     check_header,
     check_invariants,
     check_member_rows,
@@ -38,7 +41,7 @@ from tierfeed.format.layout import (
 )
 from tierfeed.format.treecheck import check_tree, check_tree_members
 
-__all__ = ["CHECKSUM_ON_OPEN_BYTES", "Index", "IndexContent", "write_index"]
+__all__ = ["CHECKSUM_ON_OPEN_BYTES", "ChunkTable", "Index", "IndexContent", "write_index"]
 
 
 # Indexes whose sections total at most this many bytes (about 3M one-file samples) have their
@@ -48,6 +51,67 @@ __all__ = ["CHECKSUM_ON_OPEN_BYTES", "Index", "IndexContent", "write_index"]
 CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 # `Index.check_samples` sorts more rows than this first (half the time for a rank's epoch).
 _SORT_ROWS_ABOVE = 4096
+
+
+class ChunkTable(Sequence[ChunkInfo]):
+    """An index's chunks as `ChunkInfo`, each made when first asked for (and, for an index
+    checked on use, its row checked then): O(1) to set up at any number of chunks, where a
+    list of them all cost ~1.6 us a chunk in every process (seconds at millions of chunks).
+
+    It holds views of the chunk table's sections, so it outlives `Index.close` as a list did.
+    """
+
+    def __init__(self, arrays: dict[str, Any], where: Path) -> None:
+        self._a = {name: arrays[name] for name in _CHUNK_SECTIONS}
+        self._where = where
+        self.checked = False  # every row checked (the index's checks ran, or a stamp)
+        self._made: dict[int, ChunkInfo] = {}
+
+    def __len__(self) -> int:
+        return len(self._a["chunk_size"])
+
+    @overload
+    def __getitem__(self, i: int) -> ChunkInfo: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ChunkInfo]: ...
+
+    def __getitem__(self, i: int | slice) -> ChunkInfo | list[ChunkInfo]:
+        if isinstance(i, slice):
+            return [self[c] for c in range(*i.indices(len(self)))]
+        c = operator.index(i)
+        info = self._made.get(c)
+        if info is not None:
+            return info
+        n = len(self)
+        if not -n <= c < n:
+            raise IndexError(f"chunk {c} out of range [0, {n})")
+        c %= n
+        if not self.checked:
+            check_chunk_rows(self._a, self._where, np.array([c], dtype=np.int64))
+        a = self._a
+        lo, hi = int(a["chunk_name_offset"][c]), int(a["chunk_name_offset"][c + 1])
+        name = os.fsdecode(a["chunk_names"][lo:hi].tobytes())
+        info = ChunkInfo(c, name, int(a["chunk_size"][c]), int(a["chunk_checksum"][c]))
+        self._made[c] = info  # (two threads making one entry make equal ones)
+        return info
+
+    def mean_size(self) -> float:
+        """The chunks' mean size in bytes (vectorised; a tuning hint, so an index checked on
+        use need not have checked every row's size for it)."""
+        sizes = self._a["chunk_size"]
+        return float(sizes.sum(dtype=np.float64)) / len(sizes) if len(sizes) else 0.0
+
+
+# What `ChunkTable` keeps views of (the member sections for their dtype only).
+_CHUNK_SECTIONS = (
+    "chunk_name_offset",
+    "chunk_names",
+    "chunk_size",
+    "chunk_checksum",
+    "member_offset",
+    "member_length",
+)
 
 
 def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
@@ -114,7 +178,8 @@ class Index:
             os.close(fd)
         self.checksum_verified = False
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)
-        self.checked = False  # every invariant holds (checked here or stamped): rows need none
+        self._checked = False
+        self._chunk_table: ChunkTable | None = None
         self.header = self._read_header()
         self._map_sections(recheck, lazy)
 
@@ -162,6 +227,7 @@ class Index:
                 raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
         self._arrays = arrays
+        self._chunk_table = ChunkTable(arrays, self.path)
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = []
         total = sum(nbytes for _, nbytes in h["sections"].values())
@@ -195,8 +261,6 @@ class Index:
         self.member_ext: npt.NDArray[np.uint16] = arrays["member_ext"]
         self.path_order: npt.NDArray[np.unsignedinteger[Any]] = arrays["path_order"]
         self._keys: npt.NDArray[np.uint8] = arrays["keys"]
-        self._chunk_name_offset: npt.NDArray[np.uint64] = arrays["chunk_name_offset"]
-        self._chunk_names: npt.NDArray[np.uint8] = arrays["chunk_names"]
         self.chunk_size: npt.NDArray[np.uint64] = arrays["chunk_size"]
         self.chunk_checksum: npt.NDArray[np.uint64] = arrays["chunk_checksum"]
 
@@ -297,22 +361,27 @@ class Index:
 
     def chunk_name(self, chunk: int) -> str:
         """The chunk's path relative to the store root."""
-        lo = int(self._chunk_name_offset[chunk])
-        hi = int(self._chunk_name_offset[chunk + 1])
-        return os.fsdecode(self._chunk_names[lo:hi].tobytes())
+        return self.chunks()[chunk].name
 
     def chunk(self, chunk: int) -> ChunkInfo:
-        """The ChunkInfo of one chunk."""
-        return ChunkInfo(
-            chunk,
-            self.chunk_name(chunk),
-            int(self.chunk_size[chunk]),
-            int(self.chunk_checksum[chunk]),
-        )
+        """The ChunkInfo of one chunk (an index checked on use checks its row first)."""
+        return self.chunks()[chunk]
 
-    def chunks(self) -> list[ChunkInfo]:
-        """Every chunk, in id order."""
-        return [self.chunk(c) for c in range(self.num_chunks)]
+    def chunks(self) -> ChunkTable:
+        """Every chunk, in id order: a sequence that makes each ChunkInfo when first used."""
+        assert self._chunk_table is not None
+        return self._chunk_table
+
+    @property
+    def checked(self) -> bool:
+        """Every invariant holds (checked here, or a stamp says so): rows need no check."""
+        return self._checked
+
+    @checked.setter
+    def checked(self, value: bool) -> None:
+        self._checked = value
+        if self._chunk_table is not None:
+            self._chunk_table.checked = value
 
     def sample_bytes(self, samples: npt.ArrayLike | None = None) -> npt.NDArray[np.int64]:
         """Total data bytes of each sample, or of each of ``samples`` (ids in range, rows

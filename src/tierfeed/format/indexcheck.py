@@ -31,6 +31,7 @@ __all__ = [
     "MAX_EXTS",
     "MAX_MODE",
     "PATH_ORDER_DTYPES",
+    "check_chunk_rows",
     "check_header",
     "check_invariants",
     "check_member_rows",
@@ -193,11 +194,6 @@ _THREADS = min(8, os.cpu_count() or 1)
 _NOT_IN_CHUNK = "the members of a sample are not all in the sample's chunk"
 
 
-def _monotone_offsets(a: npt.NDArray[np.uint64], total: int, what: str, where: Path) -> None:
-    if len(a) == 0 or a[0] != 0 or a[-1] != total or np.any(a[1:] < a[:-1]):
-        raise damaged(where, f"{what} offsets are not monotone from 0 to {total}")
-
-
 _BLOCK = 1 << 20  # samples or members per block: ~25 MiB of temporaries a thread
 
 
@@ -219,9 +215,9 @@ def _run_blocks(check: Callable[[int, int], None], n: int, block: int = _BLOCK) 
 
 
 def check_open(a: Arrays, where: Path, chunks: int) -> None:
-    """What an open checks at any size: the ends of the offset columns, and the chunk
-    table (O(chunks)). With `check_invariants` (O(N)) or `check_sample_rows` on every row
-    used, this is every invariant a reader relies on."""
+    """What an open checks at any size, in O(1): the ends of the offset columns and the last
+    sample's chunk. With `check_invariants` (O(N)), or `check_sample_rows` and
+    `check_chunk_rows` on every row used, this is every invariant a reader relies on."""
     members = len(a["member_chunk"])
     start = a["sample_member_start"]
     if start[0] != 0 or start[-1] != members:
@@ -229,20 +225,39 @@ def check_open(a: Arrays, where: Path, chunks: int) -> None:
     key_offset, keys = a["sample_key_offset"], a["keys"]
     if key_offset[0] != 0 or key_offset[-1] != len(keys):
         raise damaged(where, f"sample key offsets are not monotone from 0 to {len(keys)}")
-    _monotone_offsets(a["chunk_name_offset"], len(a["chunk_names"]), "chunk name", where)
-    if np.any(a["chunk_names"] == 0):
-        raise damaged(where, "a sample key or chunk name holds a NUL byte")
-    if np.any(np.diff(a["chunk_name_offset"]) == 0):
+    names = len(a["chunk_names"])
+    name_offset = a["chunk_name_offset"]
+    if len(name_offset) == 0 or name_offset[0] != 0 or name_offset[-1] != names:
+        raise damaged(where, f"chunk name offsets are not monotone from 0 to {names}")
+    # The last sample's chunk bounds every chunk id a plan derives (`DatasetShape.num_chunks`).
+    if len(a["sample_chunk"]) and a["sample_chunk"][-1] >= chunks:
+        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+
+
+def check_chunk_rows(a: Arrays, where: Path, chunks: Any) -> None:
+    """Chunks ``chunks`` (a slice or ids in range) of the chunk table: names non-empty,
+    inside the names blob and without NUL, sizes at most `MAX_CHUNK_BYTES` (under 4 GiB
+    where member offsets are 32-bit)."""
+    after = slice(chunks.start + 1, chunks.stop + 1) if isinstance(chunks, slice) else chunks + 1
+    offset = a["chunk_name_offset"]
+    lo, hi = offset[chunks], offset[after]
+    names = len(a["chunk_names"])
+    if np.any(hi < lo) or (len(hi) and hi.max() > names):
+        raise damaged(where, f"chunk name offsets are not monotone from 0 to {names}")
+    if np.any(hi == lo):
         raise damaged(where, "a chunk name is empty")
-    size = a["chunk_size"]
+    if isinstance(chunks, slice):  # the whole table: the blob between them, at once
+        name_bytes = a["chunk_names"][int(lo[0]) : int(hi[-1])] if len(lo) else a["chunk_names"][:0]
+        _check_keys(name_bytes, where)
+    else:
+        for _, at in _spans(lo, hi):
+            _check_keys(a["chunk_names"][at], where)
+    size = a["chunk_size"][chunks]
     if np.any(size > MAX_CHUNK_BYTES):
         raise damaged(where, f"a chunk is larger than {MAX_CHUNK_BYTES} bytes")
     narrow = a["member_offset"].dtype.itemsize == 4 or a["member_length"].dtype.itemsize == 4
     if narrow and len(size) and int(size.max()) >= 2**32:
         raise damaged(where, "32-bit member offsets with a chunk of 4 GiB or more")
-    # The last sample's chunk bounds every chunk id a plan derives (`DatasetShape.num_chunks`).
-    if len(a["sample_chunk"]) and a["sample_chunk"][-1] >= chunks:
-        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
 
 
 def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: int) -> None:
@@ -250,6 +265,7 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
     header's counts), in blocks of `_BLOCK` on several threads: the temporaries stay a few
     tens of MiB a thread at any size, and a many-core host checks in a fraction of the time."""
     check_open(a, where, chunks)
+    check_chunk_rows(a, where, slice(0, chunks))
     members, samples = len(a["member_chunk"]), len(a["sample_chunk"])
     _run_blocks(lambda lo, hi: _check_samples(a, where, chunks, classes, lo, hi), samples)
     _run_blocks(lambda lo, hi: _check_keys(a["keys"][lo:hi], where), len(a["keys"]), 16 * _BLOCK)
@@ -275,6 +291,7 @@ def check_sample_rows(
     _sample_rows(a, where, chunks, classes, ids, ids + 1)
     start, key_offset = a["sample_member_start"], a["sample_key_offset"]
     sample_chunk = a["sample_chunk"][ids]
+    check_chunk_rows(a, where, np.unique(sample_chunk).astype(np.int64))
     for rows, members in _spans(start[ids], start[ids + 1]):
         _member_rows(a, where, chunks, exts, members)
         if np.any(a["member_chunk"][members] != sample_chunk[rows]):
@@ -287,7 +304,11 @@ def check_member_rows(
     a: Arrays, where: Path, members: npt.NDArray[np.int64], chunks: int, exts: int
 ) -> None:
     """What a reader of members ``members`` (in range) relies on: chunk and extension ids,
-    and the member inside its chunk."""
+    its chunk's row, and the member inside its chunk."""
+    member_chunk = a["member_chunk"][members]
+    if np.any(member_chunk >= chunks):
+        raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+    check_chunk_rows(a, where, np.unique(member_chunk).astype(np.int64))
     _member_rows(a, where, chunks, exts, members)
 
 

@@ -46,7 +46,8 @@ class DirectoryChunks(ChunkSource):
     ) -> None:
         self.root = root
         self.chunks = chunks
-        self._paths = [safe_chunk_path(root, c.name, index_path) for c in chunks]
+        self._index_path = index_path
+        self._paths: dict[int, Path] = {}  # checked when first read (millions of chunks)
         self.reads = 0
         self.bytes_read = 0
         self._driver = PosixDriver(root, read_only=True, direct=direct, max_open=max_open)
@@ -58,7 +59,20 @@ class DirectoryChunks(ChunkSource):
 
     def open_ahead(self, chunks: Sequence[int]) -> None:
         """Open these chunks' files in the background, in this order (see FdCache)."""
-        self._driver.open_ahead([self.chunks[c].name for c in chunks])
+        self._driver.open_ahead([self._path(c)[1] for c in chunks])
+
+    def _path(self, chunk: int) -> tuple[Path, str]:
+        """Chunk ``chunk``'s file and name, its name checked to stay inside the store when
+        first used (not for every chunk up front: an index may name millions).
+
+        Raises:
+            IndexFormatError: the chunk name would resolve outside the store.
+        """
+        path = self._paths.get(chunk)
+        name = self.chunks[chunk].name
+        if path is None:
+            path = self._paths[chunk] = safe_chunk_path(self.root, name, self._index_path)
+        return path, name
 
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of ``chunk`` at ``offset`` (one pread).
@@ -69,6 +83,7 @@ class DirectoryChunks(ChunkSource):
             StorageError: the chunk file cannot be read.
         """
         info = self.chunks[chunk]
+        path, _ = self._path(chunk)
         if offset < 0 or length < 0 or offset + length > info.size:
             raise IndexFormatError(
                 f"index points past the end of chunk {info.name} (range {offset}+{length} > "
@@ -78,14 +93,14 @@ class DirectoryChunks(ChunkSource):
             data = self._driver.read_range(info.name, offset, length)
         except NotFoundError:
             raise ChunkCorruptError(
-                f"chunk {os.fspath(self._paths[chunk])} is missing; the store is incomplete "
+                f"chunk {os.fspath(path)} is missing; the store is incomplete "
                 "(run `tierfeed verify` on it)"
             ) from None
         self.reads += 1
         self.bytes_read += len(data)
         if len(data) != length:
             raise ChunkCorruptError(
-                f"chunk {self._paths[chunk]} is truncated: wanted bytes {offset}..{offset + length}"
+                f"chunk {path} is truncated: wanted bytes {offset}..{offset + length}"
                 f", got {len(data)}; run `tierfeed verify` and re-pack"
             )
         return data

@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,7 +75,7 @@ class TierFilling(ABC):
     """The copy side of a tier stack (a base of `TierStack`, which provides what is declared
     here)."""
 
-    chunks: list[ChunkInfo]
+    chunks: Sequence[ChunkInfo]
     origin: Driver
     tiers: list[Tier]
     policies: list[Placement]
@@ -83,7 +83,7 @@ class TierFilling(ABC):
     _mutex: threading.Lock
     _corrupt: dict[int, str]
     _refused: set[int]
-    _sizes: dict[int, int]
+    _sizes: Mapping[int, int]
     _fetches: ThreadPoolExecutor
     _hedges: ThreadPoolExecutor
     _hedged_bytes: int

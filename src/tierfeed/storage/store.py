@@ -78,7 +78,7 @@ class Store:
         self.root = index.path.parent
         self.location = location or str(self.root)
         self.second_source = second_source
-        self.chunks: list[ChunkInfo] = index.chunks()
+        self.chunks: Sequence[ChunkInfo] = index.chunks()
         self._field_names = [field_name(ext) for ext in index.exts]  # by extension id
         self.source = source
         self._index_mtime_ns = os.stat(index.path).st_mtime_ns

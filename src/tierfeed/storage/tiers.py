@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import ChunkCorruptError, ConfigError, NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.storage.chunktable import ChunkKeys, ChunkSizes, mean_chunk_size
 from tierfeed.storage.copier import Copier, Gate
 from tierfeed.storage.disktier import Tier, TierCounters, cache_key, disk_tier
 from tierfeed.storage.driver import Driver
@@ -113,16 +114,15 @@ class TierStack(TierFilling, ChunkSource):
         policy: str = "fill-top",
         options: TierOptions | None = None,
     ) -> None:
-        self.chunks = list(chunks)
+        self.chunks = chunks
         self.origin = origin
         self.tiers = list(tiers)
         self.options = options or TierOptions()
         self.policy_name = policy
         self.policies: list[Placement] = [make_policy(policy) for _ in self.tiers]
         self.origin_counters = TierCounters()
-        self._by_key = {cache_key(c): c for c in self.chunks}
-        self._keys = [cache_key(c) for c in self.chunks]  # by chunk id, formatted once
-        self._sizes = {c.id: c.size for c in self.chunks}
+        self._by_key = ChunkKeys(chunks)  # entries made as chunks are used, not up front
+        self._sizes = ChunkSizes(chunks)
         # The bookkeeping lock: tiers' held/verified/counters, the policies, corrupt chunks.
         # Held for bookkeeping only, never across I/O (the copier keeps its own in-flight set).
         self._mutex = threading.Lock()
@@ -150,7 +150,7 @@ class TierStack(TierFilling, ChunkSource):
         self._elsewhere: dict[int, float] = {}  # chunk -> when its claim was found taken
         self._splits = 0  # pieces read as halves for the tuner's fit (a few)
         self._landing_seen: set[int] = set()
-        self._ahead = LookAhead(sum(self._sizes.values()) / max(1, len(self._sizes)))
+        self._ahead = LookAhead(mean_chunk_size(chunks))
         # Only clairvoyant tiers prefetch: other stacks do not count reads for it.
         self._looks_ahead = any(isinstance(p, Clairvoyant) for p in self.policies)
         self._fetches = ThreadPoolExecutor(
@@ -283,7 +283,7 @@ class TierStack(TierFilling, ChunkSource):
     ) -> list[bytes] | None:
         """The ranges from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
         try:
-            data = tier.driver.read_ranges(self._keys[info.id], offsets, lengths)
+            data = tier.driver.read_ranges(self._by_key.key(info.id), offsets, lengths)
         except NotFoundError:  # evicted by another process just now
             with self._mutex:
                 tier.held.pop(info.id, None)
