@@ -4,6 +4,7 @@ Usage:
     python bench/format_bench.py pack --files 10000 --runs 3
     python bench/format_bench.py index --samples 1000000 10000000
     python bench/format_bench.py at-once --samples 30000000 --procs 4 [--code OLD/src]
+    python bench/format_bench.py setup --samples 1000000 10000000 [--code OLD/src]
 
 Both tools read the same page-cached tree and write to the same disk; runs alternate
 (tar, pack, tar, pack, ...) so the machine's noise hits both alike, and medians are reported.
@@ -177,6 +178,53 @@ with Index(sys.argv[1]) as ix:
 """
 
 
+_SETUP_CHILD = """
+import json, sys, time
+from tierfeed.format.index import Index
+from tierfeed.storage import PosixDriver, TierStack
+from tierfeed.storage.store import Store
+t0 = time.perf_counter()
+try:
+    ix = Index(sys.argv[1], lazy=True)
+except TypeError:  # code from before indexes were checked on use
+    ix = Index(sys.argv[1])
+opened = time.perf_counter() - t0
+t1 = time.perf_counter()
+stack = TierStack(ix.chunks(), PosixDriver(ix.path.parent, read_only=True))
+Store(ix, stack)
+print(json.dumps(dict(open_s=opened, setup_s=time.perf_counter() - t1)))
+"""
+
+
+def bench_setup(samples: int, runs: int, code: str | None, workdir: Path) -> None:
+    """What a DataLoader worker pays to start over a large index it has not seen: open the
+    index (the host's stamp removed before each run), then its Store and TierStack. A fresh
+    process each run; ``code``: another src directory (e.g. ``git archive`` of an old commit)."""
+    from tierfeed.format.synthindex import synthetic_index
+
+    path = workdir / f"index-{samples}.tfi"
+    synthetic_index(path, samples)
+    path.read_bytes()
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code, env.get("PYTHONPATH")]))
+    rows = []
+    for run in range(runs):
+        env["TIERFEED_CACHE"] = str(workdir / f"setup-cache-{run}")  # no stamp: a first open
+        done = subprocess.run(
+            [sys.executable, "-c", _SETUP_CHILD, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        rows.append(json.loads(done.stdout))
+    print(json.dumps({"samples": samples, "code": code or ".", "runs": rows,
+                      "open_s_median": round(statistics.median(r["open_s"] for r in rows), 4),
+                      "setup_s_median": round(statistics.median(r["setup_s"] for r in rows), 4),
+                      }))  # fmt: skip
+
+
 def bench_at_once(samples: int, procs: int, runs: int, code: str | None, workdir: Path) -> None:
     """``procs`` processes open one unstamped index at the same moment (a fresh cache each
     run): when the last of them has it open, and how many ran the O(N) checks (None: code
@@ -220,11 +268,18 @@ def main() -> None:
     a.add_argument("--procs", type=int, default=4)
     a.add_argument("--runs", type=int, default=3)
     a.add_argument("--code", default=None, help="a src directory to run instead of this one's")
+    w = sub.add_parser("setup")  # a worker's start over an index it has not seen
+    w.add_argument("--samples", type=int, nargs="+", default=[10_000_000])
+    w.add_argument("--runs", type=int, default=3)
+    w.add_argument("--code", default=None, help="a src directory to run instead of this one's")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         if args.what == "pack":
             print(json.dumps(bench_pack(args.files, args.runs, Path(tmp)), indent=1))
+        elif args.what == "setup":
+            for n in args.samples:
+                bench_setup(n, args.runs, args.code, Path(tmp))
         elif args.what == "at-once":
             bench_at_once(args.samples, args.procs, args.runs, args.code, Path(tmp))
         else:
