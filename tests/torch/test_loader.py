@@ -422,3 +422,32 @@ def test_a_freeze_the_training_process_made_itself_stays(store_dir: Path) -> Non
         assert gc.get_freeze_count() > frozen // 2  # not unfrozen (freed ones leave it)
     finally:
         gc.unfreeze()
+
+
+def decode_failing_once(sample: Sample) -> tuple[torch.Tensor, int]:
+    """`decode`, but sample 5 fails the first time any worker decodes it."""
+    marker = Path(os.environ["TIERFEED_TEST_FAILED_ONCE"])
+    if sample.key.endswith("s0005") and not marker.exists():
+        marker.touch()
+        raise ValueError("sample 5 is bad this once")
+    return decode(sample)
+
+
+@pytest.mark.timeout(60)
+def test_a_workers_error_stops_the_workers_at_once(
+    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epoch that meets a worker's error ends with its workers gone, not left for the
+    garbage collector (which costs PyTorch 5 s a worker); the next one starts new workers
+    and delivers every sample."""
+    from tierfeed.errors import DecodeError
+
+    monkeypatch.setenv("TIERFEED_TEST_FAILED_ONCE", str(tmp_path / "failed"))
+    ds = Dataset(store_dir, PermPlan(N), batch_size=16, decode=decode_failing_once)
+    loader = Loader(ds, num_workers=2)
+    with pytest.raises(DecodeError, match="this once"):
+        list(loader)
+    assert multiprocessing.active_children() == []  # stopped and joined, at once
+    assert sorted(values(list(loader))) == list(range(N))
+    loader.close()
+    assert multiprocessing.active_children() == []

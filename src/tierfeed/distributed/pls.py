@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +31,7 @@ from tierfeed.distributed.inbox import parts_dir, punched_dir
 from tierfeed.distributed.job import Namespace
 from tierfeed.distributed.namespace import inbox_dir
 from tierfeed.errors import ConfigError
+from tierfeed.format.relpath import safe_chunk_path
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.store import Store
 
@@ -103,13 +103,16 @@ class Scheduler:
         ns = self.namespace
         local = ns.local_dir
         staged = ns.holdings.staged_by(ns.world.rank)
-        names = [self.store.index.chunk_name(int(c)) for c in staged]
+        index = self.store.index
+        # Checked to stay inside the local directory: a crafted chunk name never deletes
+        # a file elsewhere.
+        paths = [safe_chunk_path(local, index.chunk_name(int(c)), index.path) for c in staged]
         self.close()
         for mine in (inbox_dir, parts_dir, punched_dir):
             shutil.rmtree(mine(local, ns.world.rank), ignore_errors=True)
-        for name in names:
+        for path in paths:
             with contextlib.suppress(FileNotFoundError):
-                (local / Path(name)).unlink()
+                path.unlink()
 
     def close(self) -> None:
         """Finish exchanges and release files (and the group, when this scheduler made it)."""

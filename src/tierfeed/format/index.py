@@ -142,10 +142,12 @@ class Index:
     `Store.listdir` raises when it meets paths out of order; `check_path_order` (run by
     `tierfeed verify`) checks it in full.
 
-    Checked on use (``lazy``): a large index that this host has not stamped opens in
-    O(chunks), its O(samples) invariants unchecked (``checked`` is False), and each row is
-    checked when it is used: `check_samples` and `check_members` on the rows a reader takes
-    (`Store`'s reads and the loader call them), and the scalar lookups check their own row.
+    Checked on use (``lazy``): a large index that this host has not stamped opens in O(1)
+    (O(directories) with a tree), its O(samples) and O(chunks) invariants unchecked
+    (``checked`` is False), and each row is checked when it is used: `check_samples` and
+    `check_members` on the rows a reader takes (`Store`'s reads and the loader call them),
+    a chunk's row when `chunks()` first makes its entry, and the scalar lookups check their
+    own row.
     A rank of a large job then never reads the whole index: only its rows, every epoch.
     What is global (the chunk order of the samples, the path order a permutation) is not
     needed to read rows: plans stay permutations without it (`DatasetShape.chunk_starts`),

@@ -257,7 +257,15 @@ class Loader:
         return self._loader
 
     def _stop_workers(self) -> None:
-        # Dropping the last references shuts the DataLoader's persistent workers down.
+        """Shut the DataLoader's persistent workers down now. Dropping the last references
+        would too, unless they sit in a reference cycle (a traceback's, after an error): the
+        garbage collector then closes the workers' queues before the iterator's shutdown
+        tells them to stop, and PyTorch waits 5 s for each worker before it kills it (the
+        same with a plain DataLoader; pytorch/pytorch#81794)."""
+        running = getattr(self._loader, "_iterator", None)
+        shutdown = getattr(running, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
         self._iter, self._iter_epoch, self._ahead = None, -1, []
         self._loader = None
 
@@ -298,6 +306,13 @@ class Loader:
                 yield data
                 asked = time.perf_counter()
             finished = True
+        except GeneratorExit:  # the caller left the epoch early: the workers stay
+            raise
+        except BaseException:
+            # The epoch failed (a worker's error, an interrupt): its workers stop now, and
+            # the next iteration starts new ones.
+            self._stop_workers()
+            raise
         finally:
             if not finished:
                 self._iter = None  # left mid-epoch: the next iteration starts over
