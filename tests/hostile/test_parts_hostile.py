@@ -76,3 +76,46 @@ def test_parts_are_the_rank_owners_alone(tmp_path: Path) -> None:
     assert stat.S_IMODE(where.stat().st_mode) & 0o077 == 0  # the rank's own: 0700
     assert stat.S_IMODE(where.parent.stat().st_mode) & 0o022 == 0  # nobody else writes there
     assert all(p.stat().st_uid == os.geteuid() for p in where.iterdir())
+
+
+def test_clean_up_never_deletes_outside_the_local_directory(tmp_path: Path) -> None:
+    """`Scheduler.clean_local_storage` removes the chunks a rank staged by their names in the
+    index: a crafted name that climbs out of the local directory is refused, and the file it
+    names is left alone."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tests.hostile import indexedit as ie
+    from tierfeed.distributed.pls import Scheduler
+    from tierfeed.errors import IndexFormatError
+    from tierfeed.format.index import Index
+    from tierfeed.format.layout import INDEX_NAME
+
+    store = make_store(tmp_path, 20)
+    raw = (store / INDEX_NAME).read_bytes()
+
+    def climb(a: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+        a[:17] = np.frombuffer(b"../../../victim.x", dtype=np.uint8)  # chunk 0's name
+        return a
+
+    crafted = ie.store_with_index(
+        tmp_path / "crafted", store, ie.edit_array(raw, "chunk_names", climb)
+    )
+    local = tmp_path / "a" / "b" / "c"
+    local.mkdir(parents=True)
+    victim = tmp_path / "victim.x"  # what local/../../../victim.x names
+    victim.write_text("a user's file")
+    with Index(crafted) as index:
+        rank = SimpleNamespace(
+            namespace=SimpleNamespace(
+                local_dir=local,
+                holdings=SimpleNamespace(staged_by=lambda rank: np.array([0])),
+                world=SimpleNamespace(rank=0),
+            ),
+            store=SimpleNamespace(index=index),
+            close=lambda: None,
+        )
+        with pytest.raises(IndexFormatError, match="outside the store"):
+            Scheduler.clean_local_storage(rank)  # type: ignore[arg-type]
+    assert victim.read_text() == "a user's file"
