@@ -88,12 +88,13 @@ def assert_rejected(store: Path, match: str | None = None) -> None:
 
 def assert_reads_exactly(store: Path) -> None:
     with open_store(store) as s:
-        got = {}
-        for i in range(len(s)):
-            sample = s.read_sample(i)
-            for name, data in sample.fields.items():
-                got[os.fsencode(sample.key) + (b"." + name.encode() if name else b"")] = data
-    assert sorted(got.values()) == sorted(FILES.values())
+        assert_reads_exactly_from(s)
+
+
+def assert_reads_exactly_from(s: Store) -> None:
+    """Every sample read one by one gives the packed files' bytes, each once."""
+    got = [data for i in range(len(s)) for data in s.read_sample(i).fields.values()]
+    assert sorted(got) == sorted(FILES.values())
 
 
 def test_pristine_store_is_whole(pristine: tuple[Path, bytes]) -> None:
@@ -421,11 +422,6 @@ def test_crafted_invariant_broken_checked_on_use(
         assert all(g is None or g == w for g, w in zip(got, wanted, strict=True))
         with pytest.raises(IndexFormatError, match=match):  # a walk over the whole index
             s.index.check_all()
-
-
-def assert_reads_exactly_from(s: Store) -> None:
-    got = [data for i in range(len(s)) for data in s.read_sample(i).fields.values()]
-    assert sorted(got) == sorted(FILES.values())
 
 
 def test_an_index_checked_on_use_reads_whole_and_stamps_when_checked(

@@ -26,6 +26,7 @@ from tierfeed.format.indexcheck import (
     check_open,
     check_sample_rows,
     check_sections,
+    concat_ranges,
     damaged,
 )
 from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, one_checker, stamp
@@ -385,9 +386,12 @@ class Index:
         if self._chunk_table is not None:
             self._chunk_table.checked = value
 
-    def sample_bytes(self, samples: npt.ArrayLike | None = None) -> npt.NDArray[np.int64]:
-        """Total data bytes of each sample, or of each of ``samples`` (ids in range, rows
-        checked): vectorised over the member arrays, O(the samples' members)."""
+    def sample_bytes(
+        self, samples: npt.ArrayLike | None = None, rows_checked: bool = False
+    ) -> npt.NDArray[np.int64]:
+        """Total data bytes of each sample, or of each of ``samples`` (ids in range; their
+        rows checked here unless ``rows_checked``: the caller ran `check_samples` on them):
+        vectorised over the member arrays, O(the samples' members)."""
         if samples is None:
             if self.num_samples == 0:
                 return np.zeros(0, dtype=np.int64)
@@ -397,12 +401,12 @@ class Index:
         ids = np.asarray(samples, dtype=np.int64).reshape(-1)
         if not len(ids):
             return np.zeros(0, dtype=np.int64)
-        self.check_samples(ids)
+        if not rows_checked:
+            self.check_samples(ids)
         first = self.sample_member_start[ids].astype(np.int64)
         counts = self.sample_member_start[ids + 1].astype(np.int64) - first
-        at = np.cumsum(counts) - counts  # each sample's first entry among the gathered members
-        members = np.repeat(first - at, counts) + np.arange(int(counts.sum()))
-        return np.add.reduceat(self.member_length[members].astype(np.int64), at)
+        lengths = self.member_length[concat_ranges(first, counts)].astype(np.int64)
+        return np.add.reduceat(lengths, np.cumsum(counts) - counts)  # each sample's first
 
     def sorted_path(self, i: int) -> bytes:
         """The ``i``-th member path in bytewise path order."""

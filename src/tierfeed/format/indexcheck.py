@@ -38,6 +38,7 @@ __all__ = [
     "check_open",
     "check_sample_rows",
     "check_sections",
+    "concat_ranges",
     "damaged",
     "header_checksum",
 ]
@@ -312,6 +313,14 @@ def check_member_rows(
     _member_rows(a, where, chunks, exts, members)
 
 
+def concat_ranges(lo: npt.ArrayLike, counts: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """The integers of the ranges [lo[i], lo[i] + counts[i]) (counts >= 0), one after another
+    in order: vectorised, no Python loop over the ranges."""
+    starts, sizes = np.asarray(lo, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+    shift: npt.NDArray[np.int64] = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+    return np.arange(int(sizes.sum()), dtype=np.int64) + shift
+
+
 def _spans(
     lo: npt.NDArray[Any], hi: npt.NDArray[Any], block: int = _BLOCK
 ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
@@ -331,8 +340,7 @@ def _spans(
         else:
             c = counts[first:last]
             rows = np.repeat(np.arange(first, last, dtype=np.int64), c)
-            shift = np.repeat(lo[first:last] - (ends[first:last] - c - base), c)
-            yield rows, np.arange(int(c.sum()), dtype=np.int64) + shift
+            yield rows, concat_ranges(lo[first:last], c)
         first = last
 
 

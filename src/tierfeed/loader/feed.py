@@ -232,12 +232,15 @@ class Feed:
         store = self.store()
         rank = self.rank_order(epoch)
         order = self.worker_order(worker, num_workers, epoch, rank)
-        # This worker's samples alone (an index checked on use checks their rows here):
-        # nothing O(dataset) per epoch.
-        sizes = dict(zip(order.tolist(), store.index.sample_bytes(order).tolist(), strict=True))
+        source = store.source
+        # An index checked on use checks the rows this worker touches this epoch, once: its
+        # own, or the rank's (which hold its own) where its copies are told the rank's reads.
+        store.index.check_samples(rank if source.uses_future else order)
+        # This worker's samples alone: nothing O(dataset) per epoch.
+        nbytes = store.index.sample_bytes(order, rows_checked=True)
+        sizes = dict(zip(order.tolist(), nbytes.tolist(), strict=True))
         readers = self._process_readers()
         hedge = readers.hedge_reader(lambda: self._hedge_reader(store))
-        source = store.source
         source.begin_epoch()  # e.g. a namespace source loads the samples peers moved here
         # The chunks this worker will read, in order of first use: open them ahead so a
         # stalled lookup or open is paid off the read path.
@@ -254,7 +257,7 @@ class Feed:
             local=store.local,
             read_local=lambda ids: [
                 decode_read(self.decode, store, i, data)
-                # (the rows of ``order`` were checked with its sizes, above)
+                # (the rows of ``order`` were checked above)
                 for i, data in zip(ids, store.read_samples(ids, rows_checked=True), strict=True)
             ],
             size_of=sizes.__getitem__,
@@ -282,7 +285,8 @@ class Feed:
         ahead = [order] + [
             self.worker_order(worker, num_workers, epoch + k) for k in range(1, _EPOCHS_AHEAD + 1)
         ]
-        store.index.check_samples(np.concatenate([rank, *ahead[1:]]))
+        # The next epochs' rows (this epoch's, the rank's, were checked by _stream).
+        store.index.check_samples(np.concatenate([np.zeros(0, dtype=np.int64), *ahead[1:]]))
         reads = np.concatenate([chunk_of[o] for o in ahead])
         # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
         # reads of it.

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.format.indexcheck import concat_ranges
 from tierfeed.storage.landing import Arrival, FetchCounters
 
 __all__ = ["PieceFetch", "piece_order"]
@@ -199,10 +200,7 @@ def piece_order(
     if ends is not None and len(starts):
         last = np.maximum(np.asarray(ends, dtype=np.int64), starts + 1) - 1
         spans = np.clip(last // size, 0, pieces - 1) - lo + 1  # >= 1: pieces each read needs
-        into = np.arange(int(spans.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(spans) - spans, spans
-        )
-        at, when = np.repeat(lo, spans) + into, np.repeat(when, spans)
+        at, when = concat_ranges(lo, spans), np.repeat(when, spans)
     np.minimum.at(rank, at, when)
     if first is not None:
         rank[min(max(first, 0), pieces - 1)] = -1
