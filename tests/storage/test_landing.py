@@ -23,6 +23,7 @@ from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
 from tierfeed.storage.disktier import cache_key
 from tierfeed.storage.landing import FileLanding, MemoryLanding
+from tierfeed.storage.shared_dir import marked
 from tierfeed.storage.tiers import TierOptions, disk_tier
 
 pytestmark = pytest.mark.timeout(90)
@@ -239,6 +240,68 @@ def test_tampered_bytes_in_flight_are_refused_and_read_from_the_origin(
     arrival.close()
 
 
+def test_a_copy_landed_whole_reads_as_local_until_it_ends(store_dir: Path, tmp_path: Path) -> None:
+    # A sibling process's copy whose last piece lands while it is still checked and placed:
+    # this process reads it as local (whole batches, no wait) from then on, never the origin.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    info = Index(store_dir).chunk(0)
+    want = (store_dir / info.name).read_bytes()
+    arrival = FileLanding(cache).begin(info, PIECE)  # "in flight" in this live process
+    with slow_stack(store_dir, [disk_tier(cache, 10**9)], median_ms=0) as sibling:
+        for i in range(arrival.pieces - 1):
+            start, length = arrival.span(i)
+            arrival.put(i, want[start : start + length])
+        assert sibling.read_range(0, 0, 100) == want[:100]
+        assert not sibling.local(0)  # a piece is still on its way
+        last = arrival.pieces - 1
+        arrival.put(last, want[arrival.span(last)[0] :])
+        assert sibling.read_range(0, 0, 100) == want[:100]
+        assert sibling.local(0)  # landed whole
+        offsets, lengths = [0, 5000, info.size - 10], [10, 300, 10]
+        got = sibling.read_ranges(0, offsets, lengths)
+        assert got == [want[o : o + n] for o, n in zip(offsets, lengths, strict=True)]
+        assert sibling.fetch_counters.snapshot()["served"] == 5
+        assert sibling.origin.counters.snapshot()["reads"] == 0
+        FileLanding(cache).end(arrival)  # the copy is over without a placement (it failed)
+        assert sibling.read_range(0, 7, 10) == want[7:17]  # read as any miss is: copied anew
+        assert sibling.origin.counters.snapshot()["reads"] > 0
+
+
+def test_a_bad_byte_in_a_copy_landed_whole_is_refused_and_read_from_the_origin(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    info = Index(store_dir).chunk(0)
+    want = bytearray((store_dir / info.name).read_bytes())
+    arrival = FileLanding(cache).begin(info, PIECE)
+    with (
+        slow_stack(store_dir, [disk_tier(cache, 10**9)], median_ms=0) as tiers,
+        open_store(store_dir, source=tiers) as store,
+    ):
+        members = [
+            m for m in range(len(store.index.member_chunk)) if store.index.member_chunk[m] == 0
+        ]
+        bad = members[len(members) // 2]
+        damaged = bytearray(want)
+        damaged[int(store.index.member_offset[bad])] ^= 0xFF
+        for i in range(arrival.pieces):
+            start, length = arrival.span(i)
+            arrival.put(i, bytes(damaged[start : start + length]))
+        first = members[0] if members[0] != bad else members[1]
+        o, n = int(store.index.member_offset[first]), int(store.index.member_length[first])
+        assert store.read_member(first) == want[o : o + n]  # served from the copy in flight
+        assert tiers.local(0)
+        samples = [s for s in range(len(store)) if store.index.sample_chunk[s] == 0]
+        for got, s in zip(store.read_samples(samples), samples, strict=True):
+            assert got.fields == store.read_sample(s).fields
+        o, n = int(store.index.member_offset[bad]), int(store.index.member_length[bad])
+        assert store.read_member(bad) == want[o : o + n]
+        assert 0 not in tiers._complete and 0 in tiers._shunned  # from the origin from now on
+    arrival.close()
+
+
 @pytest.mark.parametrize("kind", ["memory", "file"])
 def test_a_reader_stops_waiting_when_the_copy_ends_unfinished(kind: str, tmp_path: Path) -> None:
     landing = MemoryLanding() if kind == "memory" else FileLanding(tmp_path)
@@ -367,6 +430,32 @@ def test_a_landed_chunk_is_linked_into_the_disk_tier_not_written_again(
         with open_store(store_dir, source=again) as store:
             assert read_all(store)
         assert again.origin.counters.snapshot()["bytes_read"] == 0
+
+
+class MarkSeenOnAdopt(PosixDriver):
+    """A disk tier's driver that notes, the moment a landed chunk is linked in, whether its
+    mark (checked whole, `shared_dir.marked`) is there already."""
+
+    seen: list[bool]
+
+    def adopt(self, path: str, source: Path, fd: int) -> bool:
+        linked = super().adopt(path, source, fd)
+        self.seen.append(linked and marked(self.root, path))
+        return linked
+
+
+def test_a_linked_chunk_is_marked_checked_before_it_appears(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # Else a sibling's read that finds it in between reads all of it to check it again.
+    driver = MarkSeenOnAdopt(tmp_path / "cache")
+    driver.seen = []
+    disk = Tier(driver, 10**9, name="disk")
+    with slow_stack(store_dir, [disk], median_ms=0) as tiers:
+        for chunk in range(len(tiers.chunks)):
+            tiers.schedule(chunk)
+        tiers.drain()
+    assert driver.seen == [True] * len(tiers.chunks)
 
 
 def test_a_damaged_landed_chunk_is_never_linked(store_dir: Path, tmp_path: Path) -> None:
@@ -502,3 +591,38 @@ def _rewrite_owner(directory: Path, info: ChunkInfo, pid: int) -> None:
     magic, _, piece, size = _HEADER.unpack_from(raw)
     raw[: _HEADER.size] = _HEADER.pack(magic, pid, piece, size)
     path.write_bytes(bytes(raw))
+
+
+class CountingReads(PosixDriver):
+    """A disk tier's driver that counts whole-file reads (what checking a copy costs)."""
+
+    whole: int = 0
+
+    def read(self, path: str) -> bytes:
+        self.whole += 1
+        time.sleep(0.05)  # a large chunk: the other readers come while it is read
+        return super().read(path)
+
+
+def test_readers_of_an_unchecked_copy_wait_for_one_check(store_dir: Path, tmp_path: Path) -> None:
+    # A copy in the directory that no process has marked checked (placed by an older
+    # tierfeed, say): it is read whole and checked once in this process, not once per reader.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    info = Index(store_dir).chunk(0)
+    shutil.copy(store_dir / info.name, cache / cache_key(info))
+    driver = CountingReads(cache)
+    with slow_stack(store_dir, [Tier(driver, 10**9, name="disk")], median_ms=0) as tiers:
+        want = (store_dir / info.name).read_bytes()
+        got: list[bytes] = []
+        threads = [
+            threading.Thread(target=lambda k=k: got.append(tiers.read_range(0, 97 * k, 50)))
+            for k in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(got) == sorted(want[97 * k : 97 * k + 50] for k in range(8))
+        assert driver.whole == 1
+        assert tiers.origin.counters.snapshot()["reads"] == 0

@@ -76,6 +76,18 @@ def test_requests_in_flight_climb_to_the_link_and_no_further() -> None:
     assert tuner.rate >= 0.85 * 320e6
 
 
+def test_a_shared_link_keeps_the_floor_and_climbs_when_it_is_free() -> None:
+    # Another process fills the link: this tuner's rate stays flat whatever it adds, so it
+    # steps back, but not below the floor.
+    tuner = FetchTuner(FetchLimits(max_inflight=16), inflight=8)
+    shared = ModelOrigin(0.001, 40e6, 40e6)  # its share: as if one stream, however many
+    run(tuner, shared, 2000, [4 * MiB])
+    assert tuner.inflight == 4  # stepped back to the floor, not to 2 or 1
+    # The other process is done: the whole link (320 MB/s) is this one's, and it climbs.
+    run(tuner, ModelOrigin(0.001, 40e6, 320e6), 3000, [4 * MiB])
+    assert 6 <= tuner.inflight <= 12
+
+
 def test_a_fast_local_origin_keeps_few_in_flight() -> None:
     # One request already fills the link: more in flight buys nothing.
     tuner = FetchTuner(FetchLimits(max_inflight=32), inflight=4)
@@ -120,6 +132,7 @@ def test_look_ahead_comes_every_50_ms_with_the_lead_of_the_read_rate() -> None:
 def test_a_tuner_starts_where_its_origin_does_well() -> None:
     files = FetchTuner.starting(0, threads=8, piece=MiB)  # no preference: a few, within 8
     assert (files.inflight, files.limits.max_inflight) == (4, 8)
-    assert FetchTuner.starting(0, threads=2, piece=MiB).limits.max_inflight == 2  # as set
+    two = FetchTuner.starting(0, threads=2, piece=MiB).limits  # as set, the floor within it
+    assert (two.min_inflight, two.max_inflight) == (2, 2)
     store = FetchTuner.starting(16, threads=8, piece=MiB)  # an object store: many at once
     assert (store.inflight, store.limits.max_inflight) == (16, 16)

@@ -84,8 +84,9 @@ class TierFiles:
         Raises NotFoundError if it is gone."""
         return True
 
-    def mark(self, key: str) -> None:
-        """Record that the copy ``key`` is whole and verified."""
+    def mark(self, key: str, fd: int | None = None) -> None:
+        """Record that the copy ``key`` is whole and verified; ``fd``: the file open as it, to
+        be linked in at ``key`` next (see `tierfeed.storage.shared_dir.mark`)."""
 
     def evict(self, key: str) -> None:
         """Remove the copy ``key`` (a victim of placement) and its mark; gone already is fine."""
@@ -136,8 +137,8 @@ class SharedDirectory(TierFiles):
         mark(self.root, key)
         return True
 
-    def mark(self, key: str) -> None:
-        mark(self.root, key)
+    def mark(self, key: str, fd: int | None = None) -> None:
+        mark(self.root, key, fd)
 
     def unmark(self, key: str) -> None:
         unmark(self.root, key)

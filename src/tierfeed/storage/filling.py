@@ -78,6 +78,9 @@ class TierFilling(ABC):
     chunks: Sequence[ChunkInfo]
     origin: Driver
     tiers: list[Tier]
+    # Chunks whose copy in flight this process saw landed whole: read as local (whole batches
+    # at once, no wait) until placed. A set: membership and updates are atomic.
+    _complete: set[int]
     policies: list[Placement]
     origin_counters: TierCounters
     _mutex: threading.Lock
@@ -208,6 +211,8 @@ class TierFilling(ABC):
         try:
             left = wait - (time.perf_counter() - started)
             data = arrival.read(offset, length, max(0.0, left))
+            if data is not None and arrival.complete():
+                self._complete.add(info.id)  # read as local until it is placed
         except OSError:
             data = None
         finally:
@@ -218,6 +223,33 @@ class TierFilling(ABC):
             return None
         self.fetch_counters.add(served=1, served_bytes=length, waited_s=waited)
         return data
+
+    def _from_complete(
+        self, info: ChunkInfo, offsets: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes] | None:
+        """The ranges from the chunk's copy in flight, which has landed whole (no wait), with
+        one open of it; None once it is over (placed, or failed: the caller reads the tiers,
+        else as for any miss)."""
+        arrival = self.landing.find(info)
+        if arrival is None:
+            self._complete.discard(info.id)
+            return None
+        served: list[bytes] = []
+        try:
+            for offset, length in zip(offsets, lengths, strict=True):
+                data = arrival.read(offset, length, 0.0)
+                if data is None or len(data) != length:
+                    break
+                served.append(data)
+        except OSError:
+            pass
+        finally:
+            arrival.close()
+        if len(served) != len(offsets):
+            self._complete.discard(info.id)
+            return None
+        self.fetch_counters.add(served=len(served), served_bytes=sum(map(len, served)))
+        return served
 
     def _arrival(self, info: ChunkInfo, offset: int, deadline: float) -> Arrival | None:
         """The chunk's copy in flight; one is started (ahead of the queue) when a tier would
@@ -504,11 +536,16 @@ class TierFilling(ABC):
                 self._refused.clear()  # room made, or a chunk placed: ask again
             for victim in victims:
                 tier.files.evict(cache_key(self.chunks[victim]))
+            key = cache_key(info)
             landed = chunk.file()  # temporary name, then rename, either way
-            if landed is None or not tier.driver.adopt(cache_key(info), *landed):
-                tier.driver.write(cache_key(info), chunk.data())
+            if landed is not None:
+                # Checked whole where it landed: marked before it appears at its key, so that
+                # no process's read finds it unmarked and reads all of it to check it again.
+                tier.files.mark(key, landed[1])
+            if landed is None or not tier.driver.adopt(key, *landed):
+                tier.driver.write(key, chunk.data())
+                tier.files.mark(key)  # checked before it was written
             with self._mutex:
                 tier.held[info.id] = info.size
                 tier.verified.add(info.id)
-            tier.files.mark(cache_key(info))  # checked before it was written
             return True

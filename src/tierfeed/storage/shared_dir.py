@@ -73,9 +73,9 @@ def copy_claim(root: Path, key: str) -> Iterator[bool]:
         os.close(fd)
 
 
-def _fingerprint(root: Path, key: str) -> str | None:
+def _fingerprint(root: Path, key: str, fd: int | None = None) -> str | None:
     try:
-        st = os.stat(root / key)
+        st = os.stat(root / key) if fd is None else os.fstat(fd)
     except OSError:
         return None
     return f"{st.st_ino} {st.st_mtime_ns} {st.st_size}"
@@ -90,9 +90,12 @@ def marked(root: Path, key: str) -> bool:
     return recorded == _fingerprint(root, key)
 
 
-def mark(root: Path, key: str) -> None:
-    """Record that the file now at ``key`` is whole and verified (atomically; best effort)."""
-    fingerprint = _fingerprint(root, key)
+def mark(root: Path, key: str, fd: int | None = None) -> None:
+    """Record that the file now at ``key`` is whole and verified (atomically; best effort);
+    or, with ``fd``, the file open as ``fd``, about to be linked in at ``key`` (a link keeps
+    its inode, mtime and size): marked before it appears there, no reader finds it unmarked
+    and checks it again. A mark of a file that never arrives matches no file at ``key``."""
+    fingerprint = _fingerprint(root, key, fd)
     if fingerprint is None:
         return
     marks = root / _MARKS

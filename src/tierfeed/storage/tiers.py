@@ -130,6 +130,8 @@ class TierStack(TierFilling, ChunkSource):
         self._refused: set[int] = set()  # chunks no tier would take at the last look
         self._warned: set[str] = set()
         self._shunned: set[int] = set()  # chunks whose fetch in flight served bad bytes
+        self._checking: dict[int, threading.Lock] = {}  # chunk -> held while a copy is checked
+        self._complete = set()  # see TierFilling
         for tier in self.tiers:
             tier.files.sweep()  # left by a process killed mid-copy
             self._scan(tier)
@@ -201,10 +203,14 @@ class TierStack(TierFilling, ChunkSource):
 
     def local(self, chunk: int) -> bool:
         """A tier holds a copy of ``chunk`` that is checked (or needs no check) and not known
-        bad. No lock: a membership test is atomic, and a copy evicted meanwhile is read by
+        bad; or its copy in flight has landed whole (`TierFilling._complete`: read as it is,
+        each range checked by its member's checksum, while the whole chunk is checked and
+        placed). No lock: a membership test is atomic, and a copy evicted meanwhile is read by
         the ordinary path (`_read_copy` finds it gone and the read goes one level down)."""
         if chunk in self._corrupt:
             return False
+        if chunk in self._complete:
+            return True
         verify = self.options.verify_cached
         return any(
             chunk in tier.held and (not verify or chunk in tier.verified) for tier in self.tiers
@@ -235,6 +241,10 @@ class TierStack(TierFilling, ChunkSource):
             if horizon:
                 self.prefetch(horizon)
         data = self._from_held(info, holding, offsets, lengths)
+        if data is not None:
+            self._complete.discard(chunk)  # placed: read from the tier from now on
+        elif chunk in self._complete:
+            data = self._from_complete(info, offsets, lengths)
         if data is not None:
             return data
         if len(offsets) > 1:  # no tier holds it: each range its own way (copy in flight, origin)
@@ -299,19 +309,24 @@ class TierStack(TierFilling, ChunkSource):
         and file: see `SharedDirectory.usable`); a bad one is dropped and fetched again."""
         if not self.options.verify_cached or info.id in tier.verified:
             return True  # a membership test is atomic: no lock for the common case
-        try:
-            good = tier.files.usable(info)
-        except NotFoundError:
-            with self._mutex:
-                tier.held.pop(info.id, None)
-            return False
-        if not good:
-            self._drop(tier, info)
-            self.schedule(info.id)  # fetch it again
-            return False
         with self._mutex:
-            tier.verified.add(info.id)
-        return True
+            checking = self._checking.setdefault(info.id, threading.Lock())
+        with checking:  # one reader checks a copy (reads all of it); the others wait for it
+            if info.id in tier.verified:
+                return True
+            try:
+                good = tier.files.usable(info)
+            except NotFoundError:
+                with self._mutex:
+                    tier.held.pop(info.id, None)
+                return False
+            if good:
+                with self._mutex:
+                    tier.verified.add(info.id)
+                return True
+        self._drop(tier, info)
+        self.schedule(info.id)  # fetch it again
+        return False
 
     def _drop(self, tier: Tier, info: ChunkInfo) -> str:
         """Remove a bad copy of a chunk from ``tier``; returns which copy it was. The next miss
@@ -339,6 +354,7 @@ class TierStack(TierFilling, ChunkSource):
             tier = next((t for t in self.tiers if chunk in t.held), None)
         if tier is not None:
             return self._drop(tier, self.chunks[chunk])
+        self._complete.discard(chunk)
         arrival = None if chunk in self._shunned else self.landing.find(self.chunks[chunk])
         if arrival is None:
             return None

@@ -6,10 +6,12 @@ An origin request costs a fixed latency plus its bytes over the bandwidth a requ
 and large pieces of chunk copies both feed it) and makes a piece large enough that ``a`` is a
 small share of it (``overhead``), yet no larger than it needs to be: a read waiting for a
 piece waits for all of it. The number of requests in flight climbs while the origin's
-aggregate throughput grows with it, and steps back when it stops growing (many parallel
-readers are what a parallel file system or object store needs; a local disk or a saturated
-link gains nothing from more). `lead_reads` says how many reads ahead a prefetch must look for
-a chunk to land before it is read, from the read rate and the origin's throughput.
+aggregate throughput grows with it, and steps back when it stops growing, down to a floor
+(many parallel readers are what a parallel file system or object store needs; a local disk or
+a saturated link gains nothing from more; processes sharing a link must not starve one
+another: see `FetchLimits.min_inflight`). `lead_reads` says how many reads ahead a prefetch
+must look for a chunk to land before it is read, from the read rate and the origin's
+throughput.
 
 Pure: every figure comes in as an argument (the clock included), nothing here does I/O.
 """
@@ -40,7 +42,13 @@ class FetchLimits:
     Attributes:
         min_piece: the smallest piece (bytes).
         max_piece: the largest piece (bytes).
-        min_inflight: requests in flight at least.
+        min_inflight: requests in flight at least. Processes that share a link each see
+            their rate stay flat when they add requests, and step back; without a floor one
+            of them ends near a single request while the others fill the link, and when they
+            are done it fetches what it has left alone at a fraction of the link, climbing one
+            request per round: a cold epoch's last 0.1-0.15 s went so in a trace of 2
+            DataLoader workers over the `nfs` model (`bench/cold_trace.py`). 4 is as many
+            as a tuner starts with; then it kept one process near the link on its own.
         max_inflight: requests in flight at most (the fetch threads).
         overhead: the share of a piece's time its fixed latency may take.
         window: requests the fit looks at.
@@ -48,7 +56,7 @@ class FetchLimits:
 
     min_piece: int = 512 * 1024
     max_piece: int = 16 * 2**20
-    min_inflight: int = 2
+    min_inflight: int = 4
     max_inflight: int = 16
     overhead: float = 0.1
     window: int = 128
@@ -89,10 +97,13 @@ class FetchTuner:
         """A tuner whose requests in flight move within ``threads`` fetch threads, starting at
         a few; or, for an origin that does well with ``parallel`` > 0 at once (an object store,
         whose every connection is slow), starting there, with as many threads if need be."""
+        least = FetchLimits.min_inflight
         if parallel <= 0:
-            return cls(FetchLimits(max_inflight=threads), piece=piece, inflight=min(4, threads))
+            limits = FetchLimits(min_inflight=min(least, threads), max_inflight=threads)
+            return cls(limits, piece=piece, inflight=min(4, threads))
         most = max(threads, parallel)
-        return cls(FetchLimits(max_inflight=most), piece=piece, inflight=parallel)
+        limits = FetchLimits(min_inflight=min(least, most), max_inflight=most)
+        return cls(limits, piece=piece, inflight=parallel)
 
     @property
     def piece(self) -> int:
