@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -31,6 +32,24 @@ def test_write_read_range_size(make_driver: Callable[..., Driver]) -> None:
     assert d.read_range("chunks/000001.tar", len(data) - 10, 100) == data[-10:]  # short at end
     assert d.size("chunks/000001.tar") == len(data)
     assert d.exists("chunks/000001.tar") and not d.exists("chunks/nope.tar")
+
+
+def test_read_block_reads_what_read_range_does(make_driver: Callable[..., Driver]) -> None:
+    # A copy's pieces: page-aligned and not (a chunk's last piece, pieces read as halves),
+    # short where the object ends; every driver counts them as reads.
+    d = make_driver()
+    data = random.Random(5).randbytes(3 * 65536 + 1234)
+    d.write("chunks/000002.tar", data)
+    before = d.counters.snapshot()
+    ranges = [(0, 65536), (65536, 131072), (131072, 70000), (4096, 5), (7, 4096), (196608, 9999)]
+    for offset, length in ranges:
+        assert d.read_block("chunks/000002.tar", offset, length) == data[offset : offset + length]
+    after = d.counters.snapshot()
+    assert after["reads"] - before["reads"] == len(ranges)
+    want = sum(len(data[o : o + n]) for o, n in ranges)
+    assert after["bytes_read"] - before["bytes_read"] == want
+    with pytest.raises(NotFoundError):
+        d.read_block("chunks/nope.tar", 0, 10)
 
 
 def test_get_file_copies_an_object_whole(
@@ -229,3 +248,26 @@ def test_capability_defaults_answer(source: ChunkSource, store: tuple[Index, lis
     assert dropped is None or isinstance(dropped, str)
     for c in every:  # every chunk still served, whatever the hints did
         assert source.read_range(c, 0, len(chunks[c])) == chunks[c]
+
+
+def test_direct_reads_on_a_disk_that_wants_them_aligned(tmp_path: Path) -> None:
+    # ext4 and the like refuse an O_DIRECT read into an unaligned buffer (EINVAL): an aligned
+    # offset is read again into an aligned buffer, past the page cache (never reopened: a
+    # path that does not exist proves it); any other falls back to the page cache.
+    from tierfeed.storage.files import pread
+
+    path = tmp_path / "chunk.tar"
+    data = random.Random(9).randbytes(200_000)
+    path.write_bytes(data)
+    flags = os.O_RDONLY | os.O_DIRECT
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        pytest.skip("this file system refuses O_DIRECT opens (reads use the page cache)")
+    try:
+        nowhere = str(tmp_path / "not-there")
+        assert pread(fd, nowhere, 65536, 65536, flags) == data[65536:131072]
+        assert pread(fd, nowhere, 70000, 131072, flags) == data[131072:]  # short at the end
+        assert pread(fd, str(path), 100, 4097, flags) == data[4097:4197]  # unaligned: cached
+    finally:
+        os.close(fd)

@@ -100,6 +100,8 @@ class StallingCopies(PosixDriver):
             time.sleep(1)
         return super().read_range(path, offset, length)
 
+    read_block = read_range  # a copy's pieces too
+
 
 def test_a_read_that_would_wait_too_long_reads_the_origin(store_dir: Path) -> None:
     origin = StallingCopies(store_dir, read_only=True)
@@ -328,6 +330,8 @@ class RecordingOrigin(PosixDriver):
         self.offsets.append(offset)
         time.sleep(0.05)
         return super().read_range(path, offset, length)
+
+    read_block = read_range  # a copy's pieces too
 
 
 def test_the_piece_a_read_waits_for_is_fetched_first(store_dir: Path) -> None:

@@ -47,6 +47,8 @@ class Stalling(PosixDriver):
             assert self.release.wait(30), "never released"
         return super().read_range(path, offset, length)
 
+    read_block = read_range  # a copy's pieces too
+
     def for_hedges(self) -> Driver:
         return self.hedge_way
 
@@ -291,6 +293,8 @@ def copied_in_order(
         def read_range(self, path: str, offset: int, length: int) -> bytes:
             asked.append(offset)
             return super().read_range(path, offset, length)
+
+        read_block = read_range  # a copy's pieces too
 
     origin = Recording(store_dir, read_only=True)
     options = TierOptions(piece_bytes=PIECE, fetch_threads=1)

@@ -164,6 +164,17 @@ class Driver(ABC):
         keeps none (files: their size and the index's checksums tell a change)."""
         return None
 
+    def read_block(self, path: str, offset: int, length: int) -> bytes:
+        """A large range of object ``path`` for a whole-chunk copy (a piece of it), read where
+        the driver can past the page cache, so that the copy is the one read of those bytes.
+        The default: `read_range`.
+
+        Raises:
+            NotFoundError: no such object.
+            StorageError: the read failed.
+        """
+        return self.read_range(path, offset, length)
+
     def for_hedges(self) -> Driver:
         """A second way to the same objects for a request made beside a stalled one, which
         must not queue behind it (a file's pages that the stalled read holds locked); the

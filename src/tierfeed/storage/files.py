@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import threading
 from collections import OrderedDict, deque
@@ -155,13 +156,29 @@ class FdCache:
             self._open.clear()
 
 
+_ALIGN = 4096  # what file systems that want direct reads aligned ask at most (a page)
+
+
 def pread(fd: int, path: str, length: int, offset: int, flags: int) -> bytes:
-    """One pread of ``fd`` (opened from ``path`` with ``flags``); an unaligned O_DIRECT read
-    the file system refuses (EINVAL) goes through the page cache instead."""
+    """One pread of ``fd`` (opened from ``path`` with ``flags``). An O_DIRECT read the file
+    system refuses (EINVAL: a local disk's wants its buffer, offset and length aligned) is
+    made again into an aligned buffer where the offset is aligned, else through the page
+    cache."""
     try:
         return os.pread(fd, length, offset)
     except OSError as exc:
         if exc.errno != errno.EINVAL or not flags & os.O_DIRECT:
             raise
-        with open(path, "rb", buffering=0) as fh:
-            return os.pread(fh.fileno(), length, offset)
+    if offset % _ALIGN == 0 and length > 0:
+        with contextlib.suppress(OSError):
+            return _aligned_pread(fd, length, offset)
+    with open(path, "rb", buffering=0) as fh:
+        return os.pread(fh.fileno(), length, offset)
+
+
+def _aligned_pread(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at an aligned ``offset`` through a page-aligned buffer of whole
+    pages (fewer where the file ends first)."""
+    with mmap.mmap(-1, -(-length // _ALIGN) * _ALIGN) as buffer:
+        got = os.preadv(fd, [buffer], offset)
+        return buffer[: min(got, length)]

@@ -307,10 +307,12 @@ class TierFilling(ABC):
         gated: bool = True,
         begun: Callable[[], None] | None = None,
         origin: Driver | None = None,
+        block: bool = False,
     ) -> bytes:
         """One request to the origin (through ``origin``, by default the stack's), timed for
         the tuner; ``gated`` (a copy's piece): within the tuner's budget of requests in
-        flight; ``begun`` is told when it starts.
+        flight; ``begun`` is told when it starts; ``block``: a piece of a copy, read past the
+        page cache where the origin can (`Driver.read_block`).
 
         Raises:
             ChunkCorruptError: the origin returned fewer bytes than the index says are there.
@@ -319,7 +321,8 @@ class TierFilling(ABC):
             if begun is not None:
                 begun()
             started = time.perf_counter()
-            data = (origin or self.origin).read_range(info.name, offset, length)
+            way = origin or self.origin
+            data = (way.read_block if block else way.read_range)(info.name, offset, length)
             took = time.perf_counter() - started
         self.tuner.observe(len(data), took, time.monotonic(), piece=begun is not None)
         if len(data) != length:
@@ -459,7 +462,7 @@ class TierFilling(ABC):
         cut = [offset + length * k // halves for k in range(halves + 1)]
         origin = self._hedge_origin if hedge else self.origin
         parts = [
-            self._origin_read(arrival.info, a, b - a, not hedge, begun, origin)
+            self._origin_read(arrival.info, a, b - a, not hedge, begun, origin, block=True)
             for a, b in itertools.pairwise(cut)
         ]
         with self._mutex:

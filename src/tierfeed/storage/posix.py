@@ -53,6 +53,8 @@ class PosixDriver(Driver):
         self.name = f"posix:{self.root}"
         flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
         self._fds = FdCache(max_open, flags)  # no open per read: the origin sees one per file
+        # `read_block`'s: O_DIRECT descriptors (opened when a copy first reads the file).
+        self._block_fds = self._fds if direct else FdCache(max_open, flags | os.O_DIRECT)
         self._opens_counted = 0
         self._resolved_paths: dict[str, str] = {}
 
@@ -113,10 +115,34 @@ class PosixDriver(Driver):
         except OSError as exc:
             raise self._fail(path, exc) from None
         self.counters.add(reads=len(out), bytes_read=sum(map(len, out)))
-        if self._fds.opens != self._opens_counted:  # opens are rare: no second lock per read
-            self._opens_counted = self._fds.opens
-            self.counters.set(opens=self._opens_counted)
+        self._count_opens()
         return out
+
+    def _count_opens(self) -> None:
+        opens = self.opens
+        if opens != self._opens_counted:  # opens are rare: no second lock per read
+            self._opens_counted = opens
+            self.counters.set(opens=opens)
+
+    def read_block(self, path: str, offset: int, length: int) -> bytes:
+        """``read_range`` through O_DIRECT descriptors of its own, where the file system allows
+        them: a copy's piece is then the one read of its bytes at the origin (through the page
+        cache the kernel's readahead read 0.5-2% of a store twice over FUSE, `bench/cold_path.py`),
+        and waits for no page a stalled read holds locked. Into an aligned buffer where the file
+        system wants one; through the page cache where it refuses O_DIRECT."""
+        full = self._resolved(path)
+        fds = self._block_fds
+        try:
+            entry = fds.acquire(full)
+            try:
+                data = pread(entry.fd, full, length, offset, fds.flags)
+            finally:
+                fds.release(entry)
+        except OSError as exc:
+            raise self._fail(path, exc) from None
+        self.counters.add(reads=1, bytes_read=len(data))
+        self._count_opens()
+        return data
 
     def size(self, path: str) -> int:
         self.counters.add(stats=1)
@@ -143,7 +169,7 @@ class PosixDriver(Driver):
             publish(target, data, mode=self._file_mode)
         except OSError as exc:
             raise self._fail(path, exc) from None
-        self._fds.forget(os.fspath(target))
+        self._forget(os.fspath(target))
 
     def adopt(self, path: str, source: Path, fd: int) -> bool:
         """Link ``source`` in at ``path`` (under a temporary name, then renamed over it, as a
@@ -179,7 +205,7 @@ class PosixDriver(Driver):
                     temporary.unlink()
         except OSError as exc:
             raise self._fail(path, exc) from None
-        self._fds.forget(os.fspath(target))
+        self._forget(os.fspath(target))
         self.counters.add(writes=1, links=1)
         return True
 
@@ -195,12 +221,13 @@ class PosixDriver(Driver):
             target.unlink()
         except OSError as exc:
             raise self._fail(path, exc) from None
-        self._fds.forget(os.fspath(target))
+        self._forget(os.fspath(target))
 
     @property
     def opens(self) -> int:
         """Files opened so far, live (``counters.opens`` catches up on the next read)."""
-        return self._fds.opens
+        blocks = self._block_fds.opens if self._block_fds is not self._fds else 0
+        return self._fds.opens + blocks
 
     @property
     def directory(self) -> Path:
@@ -213,6 +240,11 @@ class PosixDriver(Driver):
 
     def close(self) -> None:
         self._fds.close()
+        self._block_fds.close()
+
+    def _forget(self, path: str) -> None:
+        self._fds.forget(path)
+        self._block_fds.forget(path)
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left by processes that died mid-write; returns how many."""

@@ -37,6 +37,12 @@ class SlowDriver(Driver):
         self.counters.add(reads=1, bytes_read=len(data))
         return data
 
+    def read_block(self, path: str, offset: int, length: int) -> bytes:
+        self._sleep(length)
+        data = self.inner.read_block(path, offset, length)
+        self.counters.add(reads=1, bytes_read=len(data))
+        return data
+
     def size(self, path: str) -> int:
         self._sleep()
         self.counters.add(stats=1)
