@@ -22,7 +22,7 @@ from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
 from tierfeed.storage.disktier import cache_key
-from tierfeed.storage.landing import FileLanding, MemoryLanding
+from tierfeed.storage.landing import Arrival, FileLanding, MemoryLanding
 from tierfeed.storage.shared_dir import marked
 from tierfeed.storage.tiers import TierOptions, disk_tier
 
@@ -216,13 +216,19 @@ def test_a_damaged_map_is_never_served(damage: bytes, tmp_path: Path) -> None:
     assert found is None or found.read(0, 10, wait_s=0.05) is None
 
 
-def test_tampered_bytes_in_flight_are_refused_and_read_from_the_origin(
-    store_dir: Path, tmp_path: Path
-) -> None:
+def in_flight(store_dir: Path, tmp_path: Path) -> tuple[Path, ChunkInfo, Arrival]:
+    """A disk tier's directory and a copy of chunk 0 begun in it, "in flight" in this live
+    process (the test lands its pieces)."""
     cache = tmp_path / "cache"
     cache.mkdir()
     info = Index(store_dir).chunk(0)
-    arrival = FileLanding(cache).begin(info, PIECE)  # "in flight" in this live process
+    return cache, info, FileLanding(cache).begin(info, PIECE)
+
+
+def test_tampered_bytes_in_flight_are_refused_and_read_from_the_origin(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    cache, info, arrival = in_flight(store_dir, tmp_path)
     for i in range(arrival.pieces):
         _, length = arrival.span(i)
         arrival.put(i, os.urandom(length))  # every piece landed, none of them right
@@ -245,11 +251,8 @@ def test_tampered_bytes_in_flight_are_refused_and_read_from_the_origin(
 def test_a_copy_landed_whole_reads_as_local_until_it_ends(store_dir: Path, tmp_path: Path) -> None:
     # A sibling process's copy whose last piece lands while it is still checked and placed:
     # this process reads it as local (whole batches, no wait) from then on, never the origin.
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    info = Index(store_dir).chunk(0)
+    cache, info, arrival = in_flight(store_dir, tmp_path)
     want = (store_dir / info.name).read_bytes()
-    arrival = FileLanding(cache).begin(info, PIECE)  # "in flight" in this live process
     with slow_stack(store_dir, [disk_tier(cache, 10**9)], median_ms=0) as sibling:
         for i in range(arrival.pieces - 1):
             start, length = arrival.span(i)
@@ -273,11 +276,8 @@ def test_a_copy_landed_whole_reads_as_local_until_it_ends(store_dir: Path, tmp_p
 def test_a_bad_byte_in_a_copy_landed_whole_is_refused_and_read_from_the_origin(
     store_dir: Path, tmp_path: Path
 ) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    info = Index(store_dir).chunk(0)
+    cache, info, arrival = in_flight(store_dir, tmp_path)
     want = bytearray((store_dir / info.name).read_bytes())
-    arrival = FileLanding(cache).begin(info, PIECE)
     with (
         slow_stack(store_dir, [disk_tier(cache, 10**9)], median_ms=0) as tiers,
         open_store(store_dir, source=tiers) as store,
