@@ -222,6 +222,36 @@ def test_open_ahead_queues_behind_an_open_in_progress(tmp_path: Path) -> None:
         fds.close()
 
 
+def test_open_ahead_opens_what_copies_read_through_too(tmp_path: Path) -> None:
+    # A copy's pieces go through descriptors of their own (O_DIRECT): opened ahead as well, a
+    # stalled open is paid before the copy needs the file, and no piece waits on it.
+    for name in ("a.tar", "b.tar"):
+        (tmp_path / name).write_bytes(b"x" * 8192)
+    driver = PosixDriver(tmp_path, read_only=True)
+    try:
+        driver.open_ahead(["a.tar", "b.tar"], blocks=True)
+        deadline = time.monotonic() + 5
+        while driver.opens < 4:  # each file for reads, and for copies
+            assert time.monotonic() < deadline, f"only {driver.opens} of 4 opened"
+            time.sleep(0.005)
+        assert driver.read_block("a.tar", 0, 4096) == b"x" * 4096
+        assert driver.read_range("b.tar", 10, 5) == b"x" * 5
+        assert driver.opens == 4  # the reads found them open
+    finally:
+        driver.close()
+    reader = PosixDriver(tmp_path, read_only=True)  # one that does not copy: no second open
+    try:
+        reader.open_ahead(["a.tar", "b.tar"])
+        deadline = time.monotonic() + 5
+        while reader.opens < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(0.05)
+        assert reader.opens == 2
+    finally:
+        reader.close()
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     reads=st.lists(st.integers(0, 10_000), max_size=60),

@@ -3,6 +3,8 @@ on, and how far ahead prefetching looks."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,6 +53,28 @@ def test_the_piece_makes_latency_a_small_share(latency: float, per_stream: float
     assert fitted[1] == pytest.approx(per_stream, rel=0.05)
     share = latency / origin.seconds(tuner.piece, 1)
     assert 0.05 <= share <= 0.1 + 1e-3 or tuner.piece in (limits.min_piece, limits.max_piece)
+
+
+def test_stalled_requests_do_not_move_the_fit() -> None:
+    # A heavy tail: one request in 250 stalls 1 s on top of its time. The fit leaves them out:
+    # latency and piece stay near the calm origin's at every round, never the largest piece.
+    limits = FetchLimits(min_inflight=1, max_inflight=1)
+    calm = FetchTuner(limits, piece=1 * MiB, inflight=1)
+    origin = ModelOrigin(0.002, 50e6, 50e6)
+    run(calm, origin, 256, [20_000, 1 * MiB, 300_000, 4 * MiB])
+    tuner = FetchTuner(limits, piece=1 * MiB, inflight=1)
+    rng = random.Random(3)
+    now, pieces = 0.0, []
+    for i in range(3000):
+        nbytes = [20_000, 1 * MiB, 300_000, 4 * MiB][i % 4]
+        took = origin.seconds(nbytes, 1) + (1.0 if rng.random() < 1 / 250 else 0.0)
+        now += took
+        tuner.observe(nbytes, took, now)
+        if i >= 256 and i % 16 == 0:
+            fitted = tuner.fit()
+            assert fitted is not None and fitted[0] == pytest.approx(0.002, rel=0.3)
+            pieces.append(tuner.piece)
+    assert all(0.5 * calm.piece <= p <= 2 * calm.piece for p in pieces), (calm.piece, pieces)
 
 
 def test_a_piece_lands_in_the_time_the_fit_predicts() -> None:

@@ -241,7 +241,7 @@ class NamespaceDriver(Driver):
 
     # --- optional abilities ---------------------------------------------------------------
 
-    def open_ahead(self, paths: Sequence[str]) -> None:
+    def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
         """Open the staged files of these chunks in the background (others are not files)."""
         chunks = [self._ids[p] for p in paths if p in self._ids]
         self.chunks.open_ahead([c for c in chunks if self.local[c]])

@@ -146,9 +146,9 @@ class Driver(ABC):
         """The local directory holding the objects as files, or None (RAM, object stores)."""
         return None
 
-    def open_ahead(self, paths: Sequence[str]) -> None:
-        """Hint: these objects are read next, in this order; open them in the background.
-        The default opens nothing."""
+    def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
+        """Hint: these objects are read next, in this order; open them in the background;
+        ``blocks``: for copies too (`read_block`). The default opens nothing."""
         return None
 
     # Origin requests in flight that this store serves well at once, where the fetch tuner

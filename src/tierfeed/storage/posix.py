@@ -234,9 +234,14 @@ class PosixDriver(Driver):
         """The root: the objects are files under it."""
         return self.root
 
-    def open_ahead(self, paths: Sequence[str]) -> None:
-        """Open these files in the background, in this order (see FdCache.open_ahead)."""
-        self._fds.open_ahead([self._resolved(p) for p in paths])
+    def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
+        """Open these files in the background, in this order (see FdCache.open_ahead), so
+        that an open that stalls is paid before a read needs the file; with ``blocks``, first
+        the descriptors copies read through (`read_block`), for a reader that copies."""
+        resolved = [self._resolved(p) for p in paths]
+        if blocks and self._block_fds is not self._fds:
+            self._block_fds.open_ahead(resolved)
+        self._fds.open_ahead(resolved)
 
     def close(self) -> None:
         self._fds.close()

@@ -429,7 +429,8 @@ class TierStack(TierFilling, ChunkSource):
     def open_ahead(self, chunks: Sequence[int]) -> None:
         """Open these chunks at the origin in the background, in this order (origins that
         can, e.g. POSIX)."""
-        self.origin.open_ahead([self.chunks[c].name for c in chunks])
+        # Copies read through descriptors of their own (`Driver.read_block`): opened too.
+        self.origin.open_ahead([self.chunks[c].name for c in chunks], blocks=bool(self.tiers))
 
     def begin_epoch(self) -> None:
         """A new epoch: the origin loads what changed (a job namespace's inbox); tiers that

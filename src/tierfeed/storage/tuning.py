@@ -33,6 +33,7 @@ _AHEAD_MAX = 8192  # reads looked ahead at most (a look is O(reads), under the t
 _LATE_FACTOR = 3.0
 _LATE_MIN_S = 0.05
 _LATE_SEEN = 8
+_STALLED = 4.0  # a request this many times slower than the fit says stalled: not fitted
 
 
 @dataclass(frozen=True)
@@ -128,22 +129,25 @@ class FetchTuner:
 
     def fit(self) -> tuple[float, float] | None:
         """``(latency s, bytes/s per request)`` fitted to the recent requests, or None while
-        they do not tell the two apart (too few, or all of one size)."""
+        they do not tell the two apart (too few, or all of one size).
+
+        Requests that took far longer than the fit says (`_STALLED` times: a heavy tail's
+        stalls) are left out and the fit made again, twice at most: one stall of 1 s among
+        128 requests of a few ms otherwise made the fitted latency, and with it the piece,
+        jump (to 16 MiB, the largest, in `make demo`: reads then waited for 16 MiB to land,
+        gave up, and read the origin beside the copies)."""
         with self._lock:
             seen = list(self._seen)
-        if len(seen) < 8:
-            return None
-        n = len(seen)
-        ms = sum(s for s, _ in seen) / n
-        mt = sum(t for _, t in seen) / n
-        var = sum((s - ms) ** 2 for s, _ in seen)
-        if var <= 0 or ms <= 0:
-            return None
-        slope = sum((s - ms) * (t - mt) for s, t in seen) / var  # seconds per byte
-        if slope <= 0:
-            return None
-        latency = max(0.0, mt - slope * ms)
-        return latency, 1.0 / slope
+        fitted = _least_squares(seen)
+        for _ in range(2):
+            if fitted is None:
+                return None
+            latency, per_request = fitted
+            kept = [(s, t) for s, t in seen if t <= _STALLED * (latency + s / per_request)]
+            if len(kept) == len(seen):
+                break
+            seen, fitted = kept, _least_squares(kept)
+        return fitted
 
     def late_after(self) -> float | None:
         """Seconds after which a piece's request is late: `_LATE_FACTOR` times the median time
@@ -194,6 +198,23 @@ class FetchTuner:
         want = latency * per_request * (1 - o) / o
         rounded = math.ceil(want / _ROUND) * _ROUND
         return int(min(max(rounded, self.limits.min_piece), self.limits.max_piece))
+
+
+def _least_squares(seen: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """``(latency, bytes/s per request)`` of ``t = latency + s / rate`` fitted to ``(s, t)``
+    by least squares; None for fewer than 8, or sizes that do not tell the two apart."""
+    n = len(seen)
+    if n < 8:
+        return None
+    ms = sum(s for s, _ in seen) / n
+    mt = sum(t for _, t in seen) / n
+    var = sum((s - ms) ** 2 for s, _ in seen)
+    if var <= 0 or ms <= 0:
+        return None
+    slope = sum((s - ms) * (t - mt) for s, t in seen) / var  # seconds per byte
+    if slope <= 0:
+        return None
+    return max(0.0, mt - slope * ms), 1.0 / slope
 
 
 def lead_reads(
