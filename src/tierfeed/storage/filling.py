@@ -211,7 +211,7 @@ class TierFilling(ABC):
         try:
             left = wait - (time.perf_counter() - started)
             data = arrival.read(offset, length, max(0.0, left))
-            if data is not None and arrival.complete():
+            if data is not None and info.id not in self._complete and arrival.complete():
                 self._complete.add(info.id)  # read as local until it is placed
         except OSError:
             data = None

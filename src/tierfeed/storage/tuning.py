@@ -133,9 +133,8 @@ class FetchTuner:
 
         Requests that took far longer than the fit says (`_STALLED` times: a heavy tail's
         stalls) are left out and the fit made again, twice at most: one stall of 1 s among
-        128 requests of a few ms otherwise made the fitted latency, and with it the piece,
-        jump (to 16 MiB, the largest, in `make demo`: reads then waited for 16 MiB to land,
-        gave up, and read the origin beside the copies)."""
+        128 requests of a few ms otherwise made the fitted latency 0 or several times too
+        large, and the piece follow it (a model test in tests/storage/test_tuning.py)."""
         with self._lock:
             seen = list(self._seen)
         fitted = _least_squares(seen)
