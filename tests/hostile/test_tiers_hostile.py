@@ -3,6 +3,7 @@ copies, a cache directory that exists with the wrong mode, shared-tier gauges.""
 
 from __future__ import annotations
 
+import os
 import random
 import stat
 import sys
@@ -301,3 +302,53 @@ def test_full_cache_disk_is_counted_and_reads_go_on(
         assert all(t.is_alive() for t in stack._copier.threads)
     assert not [p.name for p in (tiny_disk / "cache").iterdir() if p.name.startswith(".tmp.")]
     assert {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.timeout(60)
+def test_an_origin_chunk_shorter_than_the_index_says_is_refused(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # The copy reads its pieces past the page cache (`read_block`, aligned on this disk): a
+    # chunk cut short behind the index's back ends in a tierfeed error naming it, never in a
+    # short or zero-filled copy in the tier.
+    info = Index(store_dir).chunk(1)
+    path = store_dir / info.name
+    path.write_bytes(path.read_bytes()[: info.size // 2])
+    with Index(store_dir) as ix:
+        last = max(s for s in range(ix.num_samples) if int(ix.sample_chunk[s]) == 1)
+    cache = tmp_path / "cache"
+    with tiered(store_dir, cache) as store:
+        with pytest.raises(ChunkCorruptError, match=info.name):
+            store.read_sample(last)  # its bytes lie past the cut
+        store.source.drain()  # type: ignore[attr-defined]
+        with pytest.raises(ChunkCorruptError, match=info.name):
+            store.read_sample(last)
+    assert not (cache / cache_key(info)).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_mark_made_for_a_copy_that_never_arrived_vouches_for_no_other_file(
+    store_dir: Path, tmp_path: Path
+) -> None:
+    # A copy is marked checked just before it is linked in; a process killed in between leaves
+    # a mark naming a file that is not at the key. A file put there later (rotted, planted) is
+    # checked all the same, and dropped.
+    from tierfeed.storage.shared_dir import mark
+
+    cache = tmp_path / "cache"
+    fill_cache(store_dir, cache)
+    info, offset, _ = first_member(store_dir, 0)
+    elsewhere = tmp_path / "landed-but-never-linked"
+    elsewhere.write_bytes((store_dir / info.name).read_bytes())
+    fd = os.open(elsewhere, os.O_RDONLY)
+    try:
+        mark(cache, cache_key(info), fd)  # the early mark of the copy that never arrived
+    finally:
+        os.close(fd)
+    flip(cache / cache_key(info), offset + 3, keep_mtime=True)
+    with tiered(store_dir, cache) as store:
+        for s in range(len(store)):
+            assert store.read_sample(s).fields["bin"] == expected(store, s)
+        stack = store.source
+        assert isinstance(stack, TierStack)
+        assert stack.stats()[stack.tiers[0].name]["corrupt_dropped"] >= 1
