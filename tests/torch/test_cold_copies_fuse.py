@@ -45,6 +45,7 @@ def test_a_cold_epoch_reads_each_origin_byte_once_through_the_page_cache(tmp_pat
         read = fs.stats().bytes_read
     assert delivered == 2400
     assert copies == chunks  # every chunk copied whole, once
-    # The chunks once (through the page cache 15% more here), and the index once per process
-    # (the training process plans, each worker reads; FUSE drops a file's pages at each open).
-    assert chunks <= read - 3 * index <= chunks + 64 * 1024, (read - 3 * index) / chunks
+    # The chunks once (through the page cache 6-15% more here), and the index at most once per
+    # process: the training process plans and each worker reads. FUSE drops a file's pages at an
+    # open, but a process that opens it while another reads it may find some of them cached.
+    assert chunks + index <= read <= chunks + 3 * index + 64 * 1024, (read - chunks) / index
