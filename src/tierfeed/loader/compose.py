@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
@@ -29,7 +34,15 @@ from tierfeed.storage import (
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Store
 
-__all__ = ["StoreOpener", "TierConfig", "open_store", "plan_for", "tier_stack"]
+__all__ = [
+    "StoreOpener",
+    "TierConfig",
+    "open_store",
+    "plan_for",
+    "select_samples",
+    "selection_id",
+    "tier_stack",
+]
 
 
 @dataclass(frozen=True)
@@ -173,11 +186,64 @@ class StoreOpener:
         return Index(location.index_file(cache), lazy=self.lazy)
 
 
-def plan_for(index: Index, spec: PlanSpec | str) -> Plan:
-    """The plan of a store's samples under ``spec``."""
+def plan_for(
+    index: Index, spec: PlanSpec | str, samples: npt.NDArray[np.int64] | None = None
+) -> Plan:
+    """The plan of a store's samples under ``spec``; of the ``samples`` selected (sorted sample
+    ids, `select_samples`) when given: its positions then index that selection."""
     if isinstance(spec, str):
         spec = PlanSpec.parse(spec)
     # Views of the index's mapped sections, not copies: a rank's plan reads its part of them.
     # The chunk order is not checked here (an index checked on use has not checked it): a
     # plan only uses it through `DatasetShape.chunk_starts`, a partition whatever it holds.
-    return Plan(DatasetShape(index.sample_chunk, None, index.sample_label, ordered=True), spec)
+    # A selection in store order keeps the samples' chunk order.
+    chunk, label = index.sample_chunk, index.sample_label
+    if samples is not None:
+        chunk, label = chunk[samples], label[samples]
+    return Plan(DatasetShape(chunk, None, label, ordered=True), spec)
+
+
+def select_samples(index: Index, samples: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """The store's sample ids ``samples`` names, sorted: ids (each at most once, any order)
+    or a boolean mask with one entry per sample of the store.
+
+    Raises:
+        ConfigError: not integers or booleans, a mask of another length, an id out of the
+            store's range or named twice, or nothing selected.
+    """
+    n = index.num_samples
+    array = np.asarray(samples)
+    if array.dtype == np.bool_:
+        if array.shape != (n,):
+            raise ConfigError(
+                f"samples= is a mask of {array.size} entries; the store has {n} samples"
+            )
+        ids = np.flatnonzero(array).astype(np.int64)
+    elif array.size == 0 or np.issubdtype(array.dtype, np.integer):
+        if array.ndim != 1:
+            raise ConfigError(f"samples= must be one-dimensional, got shape {array.shape}")
+        ids = np.sort(array.astype(np.int64))
+        outside = ids[(ids < 0) | (ids >= n)]
+        if len(outside):
+            raise ConfigError(
+                f"samples= names sample {int(outside[0])}; the store's ids are 0 to {n - 1}"
+            )
+        twice = ids[1:][ids[1:] == ids[:-1]]
+        if len(twice):
+            raise ConfigError(
+                f"samples= names sample {int(twice[0])} more than once; an epoch reads each "
+                "sample once"
+            )
+    else:
+        raise ConfigError(
+            f"samples= must be sample ids (integers) or a mask (booleans), got {array.dtype}"
+        )
+    if not len(ids):
+        raise ConfigError("samples= selects no sample")
+    return ids
+
+
+def selection_id(samples: npt.NDArray[np.int64]) -> str:
+    """What a loader state records of a selection (its size and a hash of its ids), so that a
+    state saved reading one selection is never resumed reading another."""
+    return f"{len(samples)}:{xxhash.xxh3_64_hexdigest(samples.astype('<i8').tobytes())}"

@@ -114,6 +114,8 @@ class Feed:
         self.world = world
         self.hedge_source = hedge_source
         self.exchange = exchange
+        # The store's sample ids the plan's positions name (sorted), when it plans a selection.
+        self.samples: npt.NDArray[np.int64] | None = None
         self._store: Store | None = None
         self._pid = -1
         # The epoch lives in shared memory: persistent DataLoader workers see set_epoch().
@@ -151,16 +153,18 @@ class Feed:
         return resume if resume is not None and resume.epoch == epoch else None
 
     def rank_order(self, epoch: int | None = None) -> npt.NDArray[np.int64]:
-        """The rank's sample order for ``epoch`` (the current one by default); after a restart
-        with another world size, this rank's share of what the epoch had left."""
+        """The rank's sample ids for ``epoch`` (the current one by default), in order; after a
+        restart with another world size, this rank's share of what the epoch had left."""
         epoch = self.epoch if epoch is None else epoch
         rank, size = self.world.rank, self.world.world_size
         resume = self._resume_for(epoch)
         if resume is not None and resume.progress.segments:
             if not isinstance(self.plan, Plan):
                 raise ConfigError("resuming in another world size needs a tierfeed Plan")
-            return remaining_order(self.plan, epoch, rank, size, resume.progress)
-        return np.asarray(self.plan.order(epoch, rank, size), dtype=np.int64)
+            order = remaining_order(self.plan, epoch, rank, size, resume.progress)
+        else:
+            order = np.asarray(self.plan.order(epoch, rank, size), dtype=np.int64)
+        return order if self.samples is None else self.samples[order]
 
     def worker_order(
         self,

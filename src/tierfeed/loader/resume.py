@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
 from tierfeed.loader.batching import read_positions, worker_slice
+from tierfeed.loader.compose import selection_id
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
 from tierfeed.plan.plan import PLANS, plans_match
@@ -79,21 +80,43 @@ def done_after(
 
 
 def rank_state(
-    plan: object, epoch: int, progress: EpochProgress, done: Done, world: World
+    plan: object,
+    epoch: int,
+    progress: EpochProgress,
+    done: Done,
+    world: World,
+    samples: IntArray | None = None,
 ) -> dict[str, Any]:
     """The plain values a rank's loader state holds of the plan: the epoch's progress (a
-    `PlanState`, with the plan's spec, seed and drop_last, when the plan is a tierfeed `Plan`)
-    and this rank's `Done`."""
+    `PlanState`, with the plan's spec, seed and drop_last, when the plan is a tierfeed `Plan`),
+    the selection of samples it plans, if any (`selection_id`), and this rank's `Done`."""
     state: dict[str, Any] = {"rank": world.rank, "world_size": world.world_size}
     if isinstance(plan, Plan):
         state["plan"] = PlanState(plan.spec, epoch, progress).state_dict()
     else:
         state["segments"] = progress.to_list()
+    if samples is not None:
+        state["samples"] = selection_id(samples)
     return {**state, "done": done.to_list()}
 
 
-def check_plan(state: Mapping[str, Any], plan: object) -> None:
-    """Refuse a state saved reading another plan: its positions would name other samples."""
+def check_plan(state: Mapping[str, Any], plan: object, samples: IntArray | None = None) -> None:
+    """Refuse a state saved reading another plan or another selection of samples: its
+    positions would name other samples."""
+    saved_selection = state.get("samples")
+    selection = None if samples is None else selection_id(samples)
+    if saved_selection != selection:
+
+        def said(value: object) -> str:
+            if value is None:
+                return "every sample of the store"
+            count, _, digest = str(value).partition(":")
+            return f"a selection of {count} samples (hash {digest})"
+
+        raise ConfigError(
+            f"the state was saved reading {said(saved_selection)}; this loader reads "
+            f"{said(selection)}: resume with the same samples="
+        )
     if "plan" not in state or not isinstance(plan, Plan):
         return
     saved_state = PlanState.from_state_dict(state["plan"])

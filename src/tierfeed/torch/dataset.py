@@ -12,12 +12,14 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy.typing as npt
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from tierfeed.config import world_for, world_from_env
+from tierfeed.errors import ConfigError
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
-from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for
+from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
 from tierfeed.loader.feed import Batch, EpochExchange, Feed, OrderPlan
 from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
@@ -61,6 +63,16 @@ class Dataset(Feed, IterableDataset[Batch]):
         storage_options: for a store given by URL (``s3://bucket/ds``), what its fsspec file
             system takes (credentials, ``client_kwargs={"endpoint_url": ...}``); by default
             the environment's (``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...).
+        samples: read only these of the store's samples: sample ids (each once, any order) or
+            a boolean mask with an entry per sample; by default all of them. The plan, the
+            loader's state and the caches then work on the selection: an epoch reads each
+            selected sample once and no other (`ImageFolder(store).sample_ids` selects what
+            torchvision would from a tree with stray files, e.g. a ``README`` or
+            ``.DS_Store``). Needs ``plan`` as a spec; not with an ``exchange``.
+
+    Raises:
+        ConfigError: ``samples`` names ids outside the store, one twice, or none, or is a
+            mask of another length.
     """
 
     def __init__(
@@ -78,7 +90,12 @@ class Dataset(Feed, IterableDataset[Batch]):
         tiers: TierConfig | None = None,
         exchange: EpochExchange | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        samples: npt.ArrayLike | None = None,
     ) -> None:
+        if samples is not None and not isinstance(plan, (str, PlanSpec)):
+            raise ConfigError("samples= selects what a plan spec plans: give plan as its text")
+        if samples is not None and exchange is not None:
+            raise ConfigError("samples= cannot be combined with an exchange between ranks")
         if callable(store):
             opener: Callable[[], Store] = store
         else:
@@ -96,7 +113,13 @@ class Dataset(Feed, IterableDataset[Batch]):
             hedge_source,
             exchange,
         )
-        self.plan = plan_for(self.plan_index(), plan) if isinstance(plan, (str, PlanSpec)) else plan
+        if isinstance(plan, (str, PlanSpec)):
+            index = self.plan_index()
+            if samples is not None:
+                self.samples = select_samples(index, samples)
+            self.plan = plan_for(index, plan, self.samples)
+        else:
+            self.plan = plan
         # Set by a Loader, which restores them: a worker sends tensors of at most so many
         # bytes inside the pickle, not through shared memory (0: torch's way for all).
         self.by_value_bytes = 0

@@ -296,6 +296,16 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         self.imgs = self.samples
         self.targets: list[int] = [target for _, target in self.samples]
 
+    @property
+    def sample_ids(self) -> npt.NDArray[np.int64]:
+        """The store's samples that hold this dataset's files, sorted: what
+        ``tierfeed.torch.Dataset(store, samples=...)`` takes to read the same selection in
+        batches (the same files where each file is a sample, as `tierfeed pack` makes them by
+        default; with ``--group-by key``, the samples with a selected file, whole)."""
+        starts = self._open().index.sample_member_start
+        owners = np.searchsorted(starts, np.asarray(self._members), side="right") - 1
+        return np.unique(owners.astype(np.int64))
+
     def _open(self) -> Store:
         if self._store is None or self._pid != os.getpid():
             self._store = open_store(self._location)  # a forked worker opens its own

@@ -147,7 +147,14 @@ class Loader:
             "num_workers": self.num_workers,
             "batch_size": self.dataset.batch_size,
             "drop_last": self.dataset.drop_last,
-            **rank_state(self.dataset.plan, epoch, progress, done, self.dataset.world),
+            **rank_state(
+                self.dataset.plan,
+                epoch,
+                progress,
+                done,
+                self.dataset.world,
+                self.dataset.samples,
+            ),
         }
 
     def gather_state_dict(self) -> list[dict[str, Any]]:
@@ -217,7 +224,7 @@ class Loader:
                     f"the state was saved with {key}={state[key]}, this loader's dataset has "
                     f"{getattr(self.dataset, key)}; resume with the same {key}"
                 )
-        check_plan(state, self.dataset.plan)
+        check_plan(state, self.dataset.plan, self.dataset.samples)
         if "done" in state:
             return state
         workers = {int(w): StreamState.from_dict(c) for w, c in state["workers"].items()}
