@@ -104,3 +104,87 @@ def test_an_urgent_copy_goes_ahead_and_moves_a_queued_one_ahead_once() -> None:
         release.set()
         copier.drain(10)
     assert copied == [0, 9, 3, 1, 2]  # each once: the twin left behind by the move is skipped
+
+
+class Blocking:
+    """A copy that holds its thread until released, recording which chunks began and ended."""
+
+    def __init__(self, fail: frozenset[int] = frozenset()) -> None:
+        self.release = threading.Event()
+        self.began: list[int] = []
+        self.copied: list[int] = []
+        self.fail = fail
+        self._cond = threading.Condition()
+
+    def __call__(self, chunk: int) -> None:
+        with self._cond:
+            self.began.append(chunk)
+            self._cond.notify_all()
+        self.release.wait(10)
+        if chunk in self.fail:
+            raise ValueError(f"injected {chunk}")
+        self.copied.append(chunk)
+
+    def wait_began(self, *chunks: int) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: set(chunks) <= set(self.began), timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_an_urgent_copy_starts_beside_busy_threads_up_to_its_limit() -> None:
+    copy = Blocking()
+    with Copier(copy, threads=1, queue_size=16, urgent_threads=2) as copier:
+        assert copier.schedule(0)
+        assert copy.wait_began(0)  # the one thread is busy
+        assert copier.schedule(5)  # queued behind it
+        assert copier.schedule(9, urgent=True)  # a read waits: begins at once, beside
+        assert copier.schedule(5, urgent=True)  # queued: begins at once too
+        assert copy.wait_began(9, 5)
+        assert copier.schedule(7, urgent=True)  # both extra places taken: at the queue's head
+        assert copier.inflight == 4
+        assert 7 not in copy.began
+        copy.release.set()
+        copier.drain(10)
+    assert sorted(copy.copied) == [0, 5, 7, 9]  # each once: 5's queued twin skipped
+    assert copy.copied.count(5) == 1
+    assert all(not t.is_alive() for t in threading.enumerate() if t.name.endswith("-urgent"))
+
+
+@pytest.mark.timeout(30)
+def test_without_urgent_threads_an_urgent_copy_waits_for_a_free_thread() -> None:
+    copy = Blocking()
+    with Copier(copy, threads=1, queue_size=16) as copier:
+        assert copier.schedule(0)
+        assert copy.wait_began(0)
+        assert copier.schedule(9, urgent=True)
+        with copy._cond:
+            assert not copy._cond.wait_for(lambda: 9 in copy.began, timeout=0.2)
+        copy.release.set()
+        copier.drain(10)
+    assert copy.copied == [0, 9]
+
+
+@pytest.mark.timeout(30)
+def test_an_urgent_copy_beside_reports_its_failure_and_close_waits_for_it() -> None:
+    copy = Blocking(fail=frozenset({9}))
+    failures: list[int] = []
+    copier = Copier(copy, threads=1, queue_size=16, urgent_threads=1,
+                    failed=lambda chunk, exc: failures.append(chunk))  # fmt: skip
+    assert copier.schedule(0)
+    assert copy.wait_began(0)
+    assert copier.schedule(8, urgent=True)
+    assert copy.wait_began(8)
+    threading.Timer(0.2, copy.release.set).start()
+    copier.close()  # the running copies finish first, the one beside included
+    assert sorted(copy.copied) == [0, 8] and copier.inflight == 0
+    assert not copier.schedule(9, urgent=True)  # closed: nothing starts beside either
+    copy2 = Blocking(fail=frozenset({9}))
+    with Copier(copy2, threads=1, queue_size=4, urgent_threads=1,
+                failed=lambda chunk, exc: failures.append(chunk)) as again:  # fmt: skip
+        assert again.schedule(0) and copy2.wait_began(0)
+        assert again.schedule(9, urgent=True) and copy2.wait_began(9)
+        copy2.release.set()
+        again.drain(10)
+        assert failures == [9] and again.inflight == 0
+        assert again.schedule(9, urgent=True)  # failed and done: may be asked for again
+        again.drain(10)

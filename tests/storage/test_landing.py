@@ -349,6 +349,35 @@ def test_the_piece_a_read_waits_for_is_fetched_first(store_dir: Path) -> None:
         assert tiers.fetch_counters.snapshot()["served"] == 1
 
 
+class OneStalledPiece(PosixDriver):
+    """A read-only origin whose first piece of chunk 0 takes 2 s: that copy holds its copy
+    thread (and one request in flight) that long; every other read is quick."""
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if path.endswith("000000.tar") and offset == 0 and length > 1000:
+            time.sleep(2)
+        return super().read_range(path, offset, length)
+
+    read_block = read_range  # a copy's pieces too
+
+
+def test_a_read_whose_copy_waits_for_a_busy_thread_starts_it_beside(store_dir: Path) -> None:
+    origin = OneStalledPiece(store_dir, read_only=True)
+    options = TierOptions(threads=1, piece_bytes=PIECE, landing_wait_s=0.5)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    with TierStack(Index(store_dir).chunks(), origin, [ram], options=options) as tiers:
+        assert tiers.schedule(0)
+        until(lambda: tiers.landing.find(tiers.chunks[0]) is not None)  # the one thread busy
+        want = (store_dir / tiers.chunks[1].name).read_bytes()[5000:5100]
+        assert tiers.read_range(1, 5000, 100) == want  # queued, it waited 0.5 s, then the origin
+        fetch = tiers.fetch_counters.snapshot()
+        # From its piece, or from the tier where the copy (quick) was placed meanwhile.
+        assert fetch["served"] + ram.counters.hits == 1 and fetch["gave_up"] == 0
+        assert tiers.origin_counters.hits == 0  # no read of its own beside the copy
+        tiers.drain()
+        assert {0, 1} <= set(ram.held)
+
+
 def test_sweep_removes_dead_arrivals_and_leaves_stray_files_alone(tmp_path: Path) -> None:
     landing = FileLanding(tmp_path)
     live = landing.begin(_info(), PIECE)  # this process: alive

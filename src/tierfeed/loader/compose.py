@@ -54,7 +54,8 @@ class TierConfig:
         disk_dir: a local-disk tier here, shared by every process of the host (None: none).
         disk_bytes: quota of the disk tier.
         policy: ``fill-top``, ``lru`` or ``clairvoyant`` (fed the plan's reads).
-        threads: background copy threads per process.
+        threads: background copy threads per process (a copy a read waits for starts beside
+            them when they are all busy, up to 8 more).
     """
 
     ram_bytes: int = 0

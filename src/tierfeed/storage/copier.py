@@ -43,6 +43,9 @@ class Copier:
             after the chunk is marked in flight, so a copy that publishes before it leaves the
             in-flight set is seen and not repeated.
         failed: told of every copy that raised (count it, log it); must not raise.
+        urgent_threads: the most urgent copies started beside the ``threads`` when all of
+            them are busy, each on a thread of its own that ends with it (0: an urgent copy
+            waits for a free thread, at the head of the queue).
     """
 
     def __init__(
@@ -54,8 +57,12 @@ class Copier:
         *,
         needed: Callable[[int], bool] = _always,
         failed: Callable[[int, Exception], None] = _log_failure,
+        urgent_threads: int = 0,
     ) -> None:
         self._copy = copy
+        self._name = name
+        self._urgent_threads = urgent_threads
+        self._extra: list[threading.Thread] = []  # urgent copies' own threads, while they run
         self._needed = needed
         self._failed = failed
         self._lock = threading.Lock()  # guards the in-flight, running and urgent sets
@@ -105,6 +112,8 @@ class Copier:
             if not again and not self._needed(chunk):
                 self._done(chunk)
                 return False
+            if urgent and self._start_beside(chunk):
+                return True
             self._queue.put_nowait((0 if urgent else 1, next(self._order), chunk))
         except queue.Full:
             if not again:
@@ -114,6 +123,35 @@ class Copier:
             self._done(chunk)
             raise
         return True
+
+    def _start_beside(self, chunk: int) -> bool:
+        """Run an urgent copy at once on a thread of its own when every copy thread is busy
+        and fewer than ``urgent_threads`` such copies run (a queued twin is then skipped).
+        A read waits for it: behind copies of whole chunks it waited their time (a global
+        shuffle's first batches ask for every chunk at once), and gave up for the origin."""
+        with self._lock:
+            self._extra = [t for t in self._extra if t.is_alive()]
+            busy = len(self._running) - len(self._extra)
+            if self._closed or busy < len(self.threads) or len(self._extra) >= self._urgent_threads:
+                return False
+            self._running.add(chunk)
+            thread = threading.Thread(
+                target=self._run, args=(chunk,), name=f"{self._name}-urgent", daemon=True
+            )
+            self._extra.append(thread)
+        thread.start()
+        return True
+
+    def _run(self, chunk: int) -> None:
+        try:
+            self._copy(chunk)
+        except Exception as exc:  # the read path still serves from the origin
+            try:
+                self._failed(chunk, exc)
+            except Exception:
+                _log.exception("reporting a failed copy of chunk %d failed", chunk)
+        finally:
+            self._done(chunk)
 
     def _done(self, chunk: int) -> None:
         with self._lock:
@@ -130,15 +168,7 @@ class Copier:
                 if chunk in self._running or chunk not in self._inflight:
                     continue  # the queued twin of a copy moved ahead: it ran already
                 self._running.add(chunk)
-            try:
-                self._copy(chunk)
-            except Exception as exc:  # the read path still serves from the origin
-                try:
-                    self._failed(chunk, exc)
-                except Exception:
-                    _log.exception("reporting a failed copy of chunk %d failed", chunk)
-            finally:
-                self._done(chunk)
+            self._run(chunk)
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until queued copies are done, at most ``timeout`` seconds; returns at once when
@@ -169,7 +199,9 @@ class Copier:
                         self._inflight.discard(dropped)
         for _ in self.threads:
             self._queue.put((2, next(self._order), -1))  # after anything queued meanwhile
-        for t in self.threads:
+        with self._lock:
+            extra = list(self._extra)
+        for t in [*self.threads, *extra]:
             t.join()
 
     def __enter__(self) -> Copier:

@@ -190,7 +190,8 @@ class TierFilling(ABC):
         ``landing_wait_s`` (then the caller reads the origin: that is the hedge).
 
         A chunk the tiers would take and that no process copies yet is copied now, ahead of
-        the prefetch queue: the read waits for its piece rather than reading its bytes from
+        the prefetch queue (beside the copy threads when they are all busy: `Copier`'s
+        ``urgent_threads``): the read waits for its piece rather than reading its bytes from
         the origin apart from the copy, so a cold epoch reads each byte of the origin once.
         """
         if not self.tiers or info.id in self._shunned:

@@ -51,6 +51,8 @@ __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "dis
 
 _log = logging.getLogger("tierfeed.tiers")
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
+# Copies a read waits for, started beside the copy threads when they are all busy.
+_URGENT_COPIES = 8
 _HEDGE_THREADS = 4  # second requests for late pieces: threads of their own, made when needed
 # The first pieces of copies, until the fetch tuner has measured the origin: small where a
 # request is cheap (a late one is hedged at little cost), larger where requests are billed.
@@ -165,7 +167,12 @@ class TierStack(TierFilling, ChunkSource):
         self._reads = (empty, empty, empty, empty)  # see `set_reads`
         threads = self.options.threads if self.tiers else 0  # named tierfeed-copy-<i>
         self._copier = Copier(
-            self._copy, threads, self.options.queue, needed=self._needed, failed=self._copy_failed
+            self._copy,
+            threads,
+            self.options.queue,
+            needed=self._needed,
+            failed=self._copy_failed,
+            urgent_threads=_URGENT_COPIES if self.tiers else 0,
         )
 
     # --- tier contents ------------------------------------------------------------------
