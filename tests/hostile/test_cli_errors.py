@@ -248,6 +248,15 @@ def test_report_of_a_directory(tmp_path: Path) -> None:
     assert_user_error(done, "report", tmp_path)
 
 
+def test_report_of_a_run_that_recorded_no_epoch(tmp_path: Path) -> None:
+    run = tmp_path / "run.jsonl"  # a run that failed in its first epoch: its header alone
+    run.write_text('{"type": "run", "time": 1795697352.5, "system": "tierfeed"}\n')
+    done = tierfeed("report", run, "-o", tmp_path / "r.png")
+    assert_user_error(done, "report", run)
+    assert "no epoch recorded" in done.stderr
+    assert not (tmp_path / "r.png").exists()  # no empty figure
+
+
 def test_simulate_bad_values(tmp_path: Path) -> None:
     done = tierfeed("simulate", "--samples", "10", "--ranks", "2", "--policy", "nonsense")
     assert_user_error(done, "simulate", "nonsense")

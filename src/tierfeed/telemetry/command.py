@@ -24,10 +24,12 @@ def _records(path: str) -> list[dict[str, Any]]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    drawn = 0
     for path in args.runs:
         for rec in _records(path):
             if rec.get("type") != "epoch":
                 continue
+            drawn += 1
             try:
                 w = rec["batch_wait"]
                 line = (
@@ -42,6 +44,11 @@ def _run(args: argparse.Namespace) -> int:
                     "by the tierfeed loader"
                 ) from None
             print(line)
+    if not drawn:
+        raise ConfigError(
+            f"no epoch recorded in {', '.join(args.runs)}: a run writes one as each epoch ends "
+            "(this one ended before its first, or is still in it); nothing to draw"
+        )
     try:
         import matplotlib  # noqa: F401 - only to give a clear message when it is missing
     except ImportError:
