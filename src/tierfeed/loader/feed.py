@@ -114,8 +114,10 @@ class Feed:
         self.world = world
         self.hedge_source = hedge_source
         self.exchange = exchange
-        # The store's sample ids the plan's positions name (sorted), when it plans a selection.
+        # The store's sample ids the plan's positions name (sorted), when it plans a selection,
+        # and what a loader state records of them (`tierfeed.loader.compose.selection_id`).
         self.samples: npt.NDArray[np.int64] | None = None
+        self.selection: str | None = None
         self._store: Store | None = None
         self._pid = -1
         # The epoch lives in shared memory: persistent DataLoader workers see set_epoch().

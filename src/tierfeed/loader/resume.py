@@ -20,7 +20,6 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
 from tierfeed.loader.batching import read_positions, worker_slice
-from tierfeed.loader.compose import selection_id
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
 from tierfeed.plan.plan import PLANS, plans_match
@@ -85,26 +84,25 @@ def rank_state(
     progress: EpochProgress,
     done: Done,
     world: World,
-    samples: IntArray | None = None,
+    selection: str | None = None,
 ) -> dict[str, Any]:
     """The plain values a rank's loader state holds of the plan: the epoch's progress (a
     `PlanState`, with the plan's spec, seed and drop_last, when the plan is a tierfeed `Plan`),
-    the selection of samples it plans, if any (`selection_id`), and this rank's `Done`."""
+    the selection of samples it plans, if any (`Feed.selection`), and this rank's `Done`."""
     state: dict[str, Any] = {"rank": world.rank, "world_size": world.world_size}
     if isinstance(plan, Plan):
         state["plan"] = PlanState(plan.spec, epoch, progress).state_dict()
     else:
         state["segments"] = progress.to_list()
-    if samples is not None:
-        state["samples"] = selection_id(samples)
+    if selection is not None:
+        state["samples"] = selection
     return {**state, "done": done.to_list()}
 
 
-def check_plan(state: Mapping[str, Any], plan: object, samples: IntArray | None = None) -> None:
-    """Refuse a state saved reading another plan or another selection of samples: its
-    positions would name other samples."""
+def check_plan(state: Mapping[str, Any], plan: object, selection: str | None = None) -> None:
+    """Refuse a state saved reading another plan or another selection of samples
+    (``selection``: `Feed.selection`): its positions would name other samples."""
     saved_selection = state.get("samples")
-    selection = None if samples is None else selection_id(samples)
     if saved_selection != selection:
 
         def said(value: object) -> str:

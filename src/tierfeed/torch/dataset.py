@@ -19,7 +19,13 @@ from torch.utils.data._utils.collate import default_collate
 from tierfeed.config import world_for, world_from_env
 from tierfeed.errors import ConfigError
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
-from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
+from tierfeed.loader.compose import (
+    StoreOpener,
+    TierConfig,
+    plan_for,
+    select_samples,
+    selection_id,
+)
 from tierfeed.loader.feed import Batch, EpochExchange, Feed, OrderPlan
 from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
@@ -117,6 +123,7 @@ class Dataset(Feed, IterableDataset[Batch]):
             index = self.plan_index()
             if samples is not None:
                 self.samples = select_samples(index, samples)
+                self.selection = selection_id(self.samples)
             self.plan = plan_for(index, plan, self.samples)
         else:
             self.plan = plan

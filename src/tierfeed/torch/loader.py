@@ -153,7 +153,7 @@ class Loader:
                 progress,
                 done,
                 self.dataset.world,
-                self.dataset.samples,
+                self.dataset.selection,
             ),
         }
 
@@ -224,7 +224,7 @@ class Loader:
                     f"the state was saved with {key}={state[key]}, this loader's dataset has "
                     f"{getattr(self.dataset, key)}; resume with the same {key}"
                 )
-        check_plan(state, self.dataset.plan, self.dataset.samples)
+        check_plan(state, self.dataset.plan, self.dataset.selection)
         if "done" in state:
             return state
         workers = {int(w): StreamState.from_dict(c) for w, c in state["workers"].items()}
