@@ -106,8 +106,8 @@ def _checksum_mismatch(ix: Index, path: Path, chunk: int, size: int) -> str:
         return f"{head}: {len(bad)} {which} checksum: {named}{more}; {fix}"
     return (
         f"{head}, yet every member passes its own checksum: the altered bytes lie outside the "
-        f"members, in tar headers, padding or the end-of-archive blocks "
-        f"({_outside_members(ix, path, members, size)}); {fix}"
+        f"members, {_outside_members(ix, path, members, size)} (its samples still read "
+        f"correctly, but it is no longer the tar it was: `tar -x` may fail on it); {fix}"
     )
 
 
@@ -136,7 +136,14 @@ def _failing_members(
 
 
 def _outside_members(ix: Index, path: Path, members: npt.NDArray[np.intp], size: int) -> str:
-    """The bytes of a chunk outside every member, and what the strict tar scan says of them."""
+    """Where in a chunk's bytes outside every member the damage is: what the strict tar scan
+    says of them, else (it finds nothing wrong) those bytes, as ranges."""
+    try:
+        for _ in scan_tar(path):
+            pass
+    except FormatError as exc:  # its finding, without the chunk's name or what to do again
+        finding = str(exc).split("; ", 1)[0].removeprefix(f"{path}: ")
+        return f"where the tar scan says: {finding}"
     gaps: list[tuple[int, int]] = []
     at = 0
     for m in members.tolist():
@@ -148,13 +155,10 @@ def _outside_members(ix: Index, path: Path, members: npt.NDArray[np.intp], size:
         gaps.append((at, size - at))
     ranges = ", ".join(f"{a}+{n}" for a, n in gaps[:_NAMED])
     more = f" and {len(gaps) - _NAMED} more" if len(gaps) > _NAMED else ""
-    where = f"{sum(n for _, n in gaps)} bytes in {len(gaps)} ranges: {ranges}{more}"
-    try:
-        for _ in scan_tar(path):
-            pass
-    except FormatError as exc:
-        return f"{where}; the tar scan says: {exc}"
-    return where
+    return (
+        f"in tar headers, padding or the end-of-archive blocks ({sum(n for _, n in gaps)} "
+        f"bytes in {len(gaps)} ranges: {ranges}{more})"
+    )
 
 
 def _disagree(path: Path, name: bytes, offset: int, length: int) -> str:
