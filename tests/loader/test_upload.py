@@ -75,6 +75,42 @@ def test_an_upload_that_fails_announces_no_store(
         assert len(store) == len(FILES)
 
 
+@pytest.mark.parametrize("where", ["missing bucket", "access denied"])
+def test_a_url_that_cannot_be_written_is_refused_before_anything_is_built(
+    tmp_path: Path, s3_endpoint: str, bucket: str, where: str,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    write_tree(tmp_path / "src", FILES)
+    with S3Proxy(s3_endpoint) as proxy:
+        proxy.inject(Fault("PUT", "/", status=403, code="AccessDenied", times=-1))
+        if where == "missing bucket":
+            url, options = "s3://no-such-bucket-z/ds", s3_options(s3_endpoint)
+        else:
+            url, options = f"s3://{bucket}/ro", s3_options(proxy.url)
+        with pytest.raises(PackError, match=f"{url}: cannot write there .*nothing was built"):
+            pack(tmp_path / "src", url, QUIET, storage_options=options)
+        with pytest.raises(PackError, match="cannot write there"):
+            Writer(url, storage_options=options)
+        with pytest.raises(PackError, match="cannot write there"):
+            optimize(bytes, [b"x"], url, storage_options=options)
+    assert not staging_dir(url).exists()  # nothing packed: no staging directory
+    assert keys(s3_endpoint, bucket) == []  # and no probe left behind
+    for name, value in env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    assert main(["pack", str(tmp_path / "src"), "s3://no-such-bucket-z/ds", "-q"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("tierfeed pack: error: s3://no-such-bucket-z/ds: cannot write there")
+    assert "no such bucket" in line
+
+
+def test_a_pack_to_a_url_leaves_no_write_check_behind(
+    tmp_path: Path, s3_endpoint: str, bucket: str
+) -> None:
+    write_tree(tmp_path / "src", FILES)
+    pack(tmp_path / "src", f"s3://{bucket}/checked", QUIET, storage_options=s3_options(s3_endpoint))
+    assert not [k for k in keys(s3_endpoint, bucket) if "write-check" in k]
+
+
 def test_writer_to_a_url(s3_endpoint: str, bucket: str) -> None:
     url, options = f"s3://{bucket}/written", s3_options(s3_endpoint)
     with Writer(url, chunk_size=8192, storage_options=options) as w:

@@ -148,12 +148,21 @@ def _staging_errors(staging: Path, url: str) -> Iterator[None]:
 def _refuse_existing(
     url: str, storage_options: Mapping[str, Any] | None, overwrite: bool, how: str = "--overwrite"
 ) -> None:
-    """Before anything is built: a URL that cannot be written (http), or that holds a store
-    and ``overwrite`` is not given, is refused."""
+    """Before anything is built: a URL that cannot be written (http; a missing bucket, no
+    right to write, bad credentials: an empty object is written there and deleted), or that
+    holds a store and ``overwrite`` is not given, is refused. Else a pack of hours would fail
+    at its first upload."""
     location = StoreLocation.of(url, storage_options)
     with driver_for(location.text, read_only=False, **location.storage_options) as target:
         if not overwrite and target.exists(INDEX_NAME):
             raise already_holds_a_store(url, how)
+        probe = f".tierfeed-write-check-{os.getpid()}"
+        try:
+            target.write(probe, b"")
+        except StorageError as exc:
+            raise PackError(f"{url}: cannot write there ({exc}); nothing was built") from None
+        with contextlib.suppress(StorageError):  # written, so deletable; a leftover is harmless
+            target.delete(probe)
 
 
 def index_shards(
