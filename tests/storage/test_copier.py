@@ -188,3 +188,23 @@ def test_an_urgent_copy_beside_reports_its_failure_and_close_waits_for_it() -> N
         assert failures == [9] and again.inflight == 0
         assert again.schedule(9, urgent=True)  # failed and done: may be asked for again
         again.drain(10)
+
+
+@pytest.mark.timeout(30)
+def test_an_urgent_copy_whose_queued_twin_a_thread_took_meanwhile_runs_once() -> None:
+    copy = Blocking()
+    with Copier(copy, threads=1, queue_size=16, urgent_threads=2) as copier:
+        assert copier.schedule(0)
+        assert copy.wait_began(0)
+        assert copier.schedule(5)
+        # The race: between the urgent call's look and its start beside, the one thread takes
+        # the queued twin (here: marked running as the thread would).
+        with copier._lock:
+            copier._running.add(5)
+        assert copier._start_beside(5)  # begun already: not started a second time
+        assert not [t for t in threading.enumerate() if t.name.endswith("-urgent")]
+        with copier._lock:
+            copier._running.discard(5)
+        copy.release.set()
+        copier.drain(10)
+    assert sorted(copy.copied) == [0, 5]

@@ -130,6 +130,8 @@ class Copier:
         A read waits for it: behind copies of whole chunks it waited their time (a global
         shuffle's first batches ask for every chunk at once), and gave up for the origin."""
         with self._lock:
+            if chunk in self._running:  # a thread took its queued twin meanwhile: begun
+                return True
             self._extra = [t for t in self._extra if t.is_alive()]
             busy = len(self._running) - len(self._extra)
             if self._closed or busy < len(self.threads) or len(self._extra) >= self._urgent_threads:
