@@ -64,6 +64,17 @@ def fill_cache(store_dir: Path, cache: Path) -> None:
         store.source.drain()  # type: ignore[attr-defined]
 
 
+def read_all_dropping_a_bad_copy(store_dir: Path, cache: Path) -> None:
+    """Every sample read right through a tier stack over ``cache``, which drops a bad copy."""
+    with tiered(store_dir, cache) as store:
+        for s in range(len(store)):
+            assert store.read_sample(s).fields["bin"] == expected(store, s)
+        stack = store.source
+        assert isinstance(stack, TierStack)
+        assert stack.stats()[stack.tiers[0].name]["corrupt_dropped"] >= 1
+        stack.drain()
+
+
 @pytest.mark.timeout(60)
 def test_rotted_disk_copy_is_dropped_and_refetched(store_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
@@ -72,13 +83,7 @@ def test_rotted_disk_copy_is_dropped_and_refetched(store_dir: Path, tmp_path: Pa
     flip(cache / cache_key(info), offset + 3, keep_mtime=True)
 
     # A later run (a new process would see the same): the cached copy is marked verified.
-    with tiered(store_dir, cache) as store:
-        for s in range(len(store)):
-            assert store.read_sample(s).fields["bin"] == expected(store, s)
-        stack = store.source
-        assert isinstance(stack, TierStack)
-        assert stack.stats()[stack.tiers[0].name]["corrupt_dropped"] >= 1
-        stack.drain()
+    read_all_dropping_a_bad_copy(store_dir, cache)
     # The bad copy is gone for good: the copy there now is whole and verified.
     data = (cache / cache_key(info)).read_bytes()
     assert data == (store_dir / info.name).read_bytes()
@@ -346,9 +351,4 @@ def test_a_mark_made_for_a_copy_that_never_arrived_vouches_for_no_other_file(
     finally:
         os.close(fd)
     flip(cache / cache_key(info), offset + 3, keep_mtime=True)
-    with tiered(store_dir, cache) as store:
-        for s in range(len(store)):
-            assert store.read_sample(s).fields["bin"] == expected(store, s)
-        stack = store.source
-        assert isinstance(stack, TierStack)
-        assert stack.stats()[stack.tiers[0].name]["corrupt_dropped"] >= 1
+    read_all_dropping_a_bad_copy(store_dir, cache)
