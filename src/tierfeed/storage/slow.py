@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from tierfeed.latency import LatencyModel, LatencySampler
 from tierfeed.storage.driver import Driver
@@ -31,17 +32,19 @@ class SlowDriver(Driver):
         self.delay_s += seconds
         time.sleep(seconds)
 
-    def read_range(self, path: str, offset: int, length: int) -> bytes:
+    def _read(
+        self, read: Callable[[str, int, int], bytes], path: str, offset: int, length: int
+    ) -> bytes:
         self._sleep(length)
-        data = self.inner.read_range(path, offset, length)
+        data = read(path, offset, length)
         self.counters.add(reads=1, bytes_read=len(data))
         return data
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        return self._read(self.inner.read_range, path, offset, length)
+
     def read_block(self, path: str, offset: int, length: int) -> bytes:
-        self._sleep(length)
-        data = self.inner.read_block(path, offset, length)
-        self.counters.add(reads=1, bytes_read=len(data))
-        return data
+        return self._read(self.inner.read_block, path, offset, length)
 
     def size(self, path: str) -> int:
         self._sleep()
