@@ -45,6 +45,10 @@ def saved(store_dir: Path) -> dict[str, Any]:
         lambda s: s.update(world_size=0),
         lambda s: s.update(done=[10**6, []]),  # positions this rank's order does not have
         lambda s: s.update(done=[0, [10**6]]),
+        lambda s: s.update(store=[1, 2]),  # the store it was taken on, damaged
+        lambda s: s["store"].pop("samples"),
+        lambda s: s["store"].update(samples="many"),
+        lambda s: s["store"].update(index="0" * 16),  # another store's
     ],
 )
 def test_a_damaged_state_is_one_config_error(store_dir: Path, damage: Any) -> None:

@@ -30,8 +30,9 @@ from tierfeed.loader.batching import batch_count, worker_slice
 from tierfeed.loader.compose import StoreOpener
 from tierfeed.loader.decode import decode_read, decode_sample, describe_sample
 from tierfeed.loader.latency import DeadlineOptions
+from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.readers import Readers
-from tierfeed.loader.resume import Resume, run_positions
+from tierfeed.loader.resume import Resume, StoreId, run_positions
 from tierfeed.loader.stream import GuardedStream, PrefetchOptions
 from tierfeed.plan import Plan, remaining_order
 from tierfeed.storage import DirectoryChunks
@@ -118,6 +119,7 @@ class Feed:
         # and what a loader state records of them (`tierfeed.loader.compose.selection_id`).
         self.samples: npt.NDArray[np.int64] | None = None
         self.selection: str | None = None
+        self._store_id: StoreId | None = None
         self._store: Store | None = None
         self._pid = -1
         # The epoch lives in shared memory: persistent DataLoader workers see set_epoch().
@@ -149,6 +151,18 @@ class Feed:
         if isinstance(self._opener, StoreOpener):
             return self._opener.index()
         return self.store().index
+
+    def store_id(self) -> StoreId:
+        """What a loader state records of the store it reads (`StoreId`), so that a state is
+        never resumed on another store: taken from the index's header once, O(1)."""
+        if self._store_id is None:
+            where = (
+                StoreLocation.of(self._opener.path).text
+                if isinstance(self._opener, StoreOpener)
+                else None
+            )
+            self._store_id = StoreId.of(self.plan_index(), where)
+        return self._store_id
 
     def _resume_for(self, epoch: int) -> Resume | None:
         resume = self.resume

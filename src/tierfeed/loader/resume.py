@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
+from tierfeed.format.index import Index
 from tierfeed.loader.batching import read_positions, worker_slice
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
@@ -28,7 +29,9 @@ from tierfeed.world import World
 
 __all__ = [
     "Resume",
+    "StoreId",
     "check_plan",
+    "check_store",
     "done_after",
     "rank_state",
     "resume_from",
@@ -46,6 +49,49 @@ class Resume:
     epoch: int
     progress: EpochProgress = field(default_factory=EpochProgress)
     done: Done = field(default_factory=Done)
+
+
+@dataclass(frozen=True)
+class StoreId:
+    """What a loader state records of the store it was taken on: its sample count and the
+    index's sections checksum (any change to a sample, member, key or chunk row changes it),
+    and where it was, for messages only: a copy of the store elsewhere is the same store."""
+
+    samples: int
+    index: str  # the header's sections checksum, 16 hex digits
+    where: str
+
+    @classmethod
+    def of(cls, index: Index, where: str | None = None) -> StoreId:
+        """The identity of the store ``index`` describes (``where``: its path or URL as the
+        user gave it; the index's directory by default). O(1): read from the header."""
+        checksum = int(index.header["sections_checksum"])
+        return cls(index.num_samples, f"{checksum:016x}", where or str(index.path.parent))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "index": self.index, "where": self.where}
+
+    def said(self) -> str:
+        return f"{self.where} ({self.samples} samples, index checksum {self.index})"
+
+
+def check_store(state: Mapping[str, Any], store: StoreId) -> None:
+    """Refuse a state saved on another store: its positions would name other samples. A state
+    saved before states recorded their store (no ``store`` entry) is taken as it is."""
+    saved = state.get("store")
+    if saved is None:
+        return
+    if not isinstance(saved, Mapping):
+        raise ConfigError(f"the loader state's store entry is damaged ({saved!r})")
+    try:
+        was = StoreId(int(saved["samples"]), str(saved["index"]), str(saved["where"]))
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"the loader state's store entry is damaged ({saved!r})") from None
+    if (was.samples, was.index) != (store.samples, store.index):
+        raise ConfigError(
+            f"the state was saved on another store: {was.said()}; this loader reads "
+            f"{store.said()}: resume on the store the state was saved on"
+        )
 
 
 def run_positions(n: int, batch_size: int, drop_last: bool, done: Done | None) -> IntArray:
@@ -85,10 +131,12 @@ def rank_state(
     done: Done,
     world: World,
     selection: str | None = None,
+    store: StoreId | None = None,
 ) -> dict[str, Any]:
     """The plain values a rank's loader state holds of the plan: the epoch's progress (a
     `PlanState`, with the plan's spec, seed and drop_last, when the plan is a tierfeed `Plan`),
-    the selection of samples it plans, if any (`Feed.selection`), and this rank's `Done`."""
+    the selection of samples it plans, if any (`Feed.selection`), the store it reads
+    (`StoreId`), and this rank's `Done`."""
     state: dict[str, Any] = {"rank": world.rank, "world_size": world.world_size}
     if isinstance(plan, Plan):
         state["plan"] = PlanState(plan.spec, epoch, progress).state_dict()
@@ -96,6 +144,8 @@ def rank_state(
         state["segments"] = progress.to_list()
     if selection is not None:
         state["samples"] = selection
+    if store is not None:
+        state["store"] = store.to_dict()
     return {**state, "done": done.to_list()}
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
-from tierfeed.loader.resume import check_plan, done_after, rank_state, resume_from
+from tierfeed.loader.resume import check_plan, check_store, done_after, rank_state, resume_from
 from tierfeed.plan import EpochProgress
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
@@ -154,6 +154,7 @@ class Loader:
                 done,
                 self.dataset.world,
                 self.dataset.selection,
+                self.dataset.store_id(),
             ),
         }
 
@@ -224,6 +225,7 @@ class Loader:
                     f"the state was saved with {key}={state[key]}, this loader's dataset has "
                     f"{getattr(self.dataset, key)}; resume with the same {key}"
                 )
+        check_store(state, self.dataset.store_id())
         check_plan(state, self.dataset.plan, self.dataset.selection)
         if "done" in state:
             return state
