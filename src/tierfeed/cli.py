@@ -210,8 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Only the command named is imported; with none ("": --help, --version, a usage
         # error) no command module is.
-        args = build_parser(_command_in(argv) or "").parse_args(argv)
+        args, unknown = build_parser(_command_in(argv) or "").parse_known_args(argv)
         command = f"tierfeed {args.command}"
+        if unknown:  # the command's usage error, in its own form (argparse's names the top)
+            _Parser(prog=command).error(f"unrecognized arguments: {shlex.join(unknown)}")
         func: Callable[[argparse.Namespace], int] = args.func
         status = func(args)
         sys.stdout.flush()  # here, so that a closed pipe is seen now and not at exit

@@ -31,7 +31,7 @@ def labels_of(store_dir: Path) -> tuple[list[int], list[str]]:
 
 def test_cls_members_become_labels(tmp_path: Path) -> None:
     make_shard(tmp_path / "s-000.tar", SHARD)
-    index_shards([tmp_path / "s-000.tar"], tmp_path, progress=False)
+    index_shards([tmp_path / "s-000.tar"], tmp_path, progress=False, overwrite=True)
     assert labels_of(tmp_path) == ([3, 0, -1], ["0", "1", "2", "3"])
     with open_store(tmp_path) as store:
         assert store.read_sample(0).fields == {"cls": b"3", "jpg": b"j1"}  # still data as well
@@ -45,9 +45,21 @@ def test_classes_map_names_the_classes(tmp_path: Path) -> None:
     )
     assert labels_of(tmp_path) == ([3, 0, -1], ["cat", "dog", "fish", "bird"])
     with pytest.raises(PackError, match=r"'000001' has cls label 3.*only 2 classes"):
-        index_shards([tmp_path / "s-000.tar"], tmp_path, classes=["cat", "dog"], progress=False)
+        index_shards(
+            [tmp_path / "s-000.tar"],
+            tmp_path,
+            classes=["cat", "dog"],
+            progress=False,
+            overwrite=True,
+        )
     with pytest.raises(PackError, match="'cat' is named twice"):
-        index_shards([tmp_path / "s-000.tar"], tmp_path, classes=["cat", "cat"], progress=False)
+        index_shards(
+            [tmp_path / "s-000.tar"],
+            tmp_path,
+            classes=["cat", "cat"],
+            progress=False,
+            overwrite=True,
+        )
 
 
 def test_cls2_when_no_cls_and_modes(tmp_path: Path) -> None:
@@ -56,20 +68,20 @@ def test_cls2_when_no_cls_and_modes(tmp_path: Path) -> None:
         [("a.jpg", b"1"), ("a.cls2", b"2"), ("b.cls", b"1"), ("b.cls2", b"0"), ("c.jpg", b"")],
     )
     shard = [tmp_path / "s.tar"]
-    index_shards(shard, tmp_path, progress=False)
+    index_shards(shard, tmp_path, progress=False, overwrite=True)
     assert labels_of(tmp_path) == ([2, 1, -1], ["0", "1", "2"])
-    index_shards(shard, tmp_path, labels="none", progress=False)
+    index_shards(shard, tmp_path, labels="none", progress=False, overwrite=True)
     assert labels_of(tmp_path) == ([-1, -1, -1], [])
     with pytest.raises(PackError, match="'c' has none"):
-        index_shards(shard, tmp_path, labels="cls", progress=False)
+        index_shards(shard, tmp_path, labels="cls", progress=False, overwrite=True)
 
 
 def test_folder_rule_without_cls_members(tmp_path: Path) -> None:
     make_shard(tmp_path / "s.tar", [("dog/1.jpg", b"1"), ("cat/2.jpg", b"2")])
-    index_shards([tmp_path / "s.tar"], tmp_path, progress=False)
+    index_shards([tmp_path / "s.tar"], tmp_path, progress=False, overwrite=True)
     assert labels_of(tmp_path) == ([1, 0], ["cat", "dog"])
     with pytest.raises(PackError, match="no sample has a cls"):
-        index_shards([tmp_path / "s.tar"], tmp_path, classes=["a"], progress=False)
+        index_shards([tmp_path / "s.tar"], tmp_path, classes=["a"], progress=False, overwrite=True)
 
 
 @pytest.mark.hostile
@@ -79,8 +91,10 @@ def test_folder_rule_without_cls_members(tmp_path: Path) -> None:
 def test_bad_cls_text_is_an_error_naming_shard_and_member(tmp_path: Path, text: bytes) -> None:
     make_shard(tmp_path / "s.tar", [("a.jpg", b"1"), ("a.cls", text)])
     with pytest.raises(PackError, match=r"s\.tar: member 'a\.cls'.*(integer text|outside)"):
-        index_shards([tmp_path / "s.tar"], tmp_path, progress=False)
-    index_shards([tmp_path / "s.tar"], tmp_path, labels="none", progress=False)  # plain data
+        index_shards([tmp_path / "s.tar"], tmp_path, progress=False, overwrite=True)
+    index_shards(
+        [tmp_path / "s.tar"], tmp_path, labels="none", progress=False, overwrite=True
+    )  # plain data
 
 
 def test_writer_store_reindexed_keeps_its_labels(tmp_path: Path) -> None:

@@ -193,7 +193,15 @@ def test_pack_bad_option_values_are_usage_errors(tmp_path: Path, src: Path) -> N
 
 @pytest.mark.parametrize(
     ("args", "command"),
-    [([], ""), (["bogus"], ""), (["pack"], " pack"), (["inspect", "a", "b"], "")],
+    [
+        ([], ""),
+        (["bogus"], ""),
+        (["pack"], " pack"),
+        # Arguments a command does not know are its error, in its own form (issue 33).
+        (["inspect", "a", "b"], " inspect"),
+        (["verify", "s", "--bogus"], " verify"),
+        (["stage", "s", "--local", "l", "-x"], " stage"),
+    ],
 )
 def test_usage_errors_are_one_line_and_exit_2(args: list[str], command: str) -> None:
     done = tierfeed(*args)
@@ -201,6 +209,36 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str], command: str) -> 
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith(f"tierfeed{command}: error: "), done.stderr
     assert "--help" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["pack", "index", "verify", "stage", "slowfs"])
+def test_every_long_command_takes_q(command: str) -> None:
+    done = tierfeed(command, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "-q, --quiet" in done.stdout
+
+
+def test_index_refuses_to_overwrite_an_index_without_overwrite(tmp_path: Path) -> None:
+    # As pack does: a second `tierfeed index` into a store that has an index is refused.
+    import tarfile
+
+    out = tmp_path / "shards"
+    out.mkdir()
+    with tarfile.open(out / "000000.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in FILES.items():
+            info = tarfile.TarInfo(name.decode())
+            info.size = len(data)
+            tar.addfile(info, __import__("io").BytesIO(data))
+    first = tierfeed("index", out / "000000.tar", "--out", out, "-q")
+    assert first.returncode == 0, first.stderr
+    before = (out / "index.tfi").read_bytes()
+    line = assert_user_error(
+        tierfeed("index", out / "000000.tar", "--out", out, "-q"), "index", out
+    )
+    assert "--overwrite" in line
+    assert (out / "index.tfi").read_bytes() == before
+    again = tierfeed("index", out / "000000.tar", "--out", out, "-q", "--overwrite")
+    assert again.returncode == 0, again.stderr
 
 
 # --- inspect and friends ------------------------------------------------------------------

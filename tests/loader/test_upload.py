@@ -179,5 +179,7 @@ def test_index_shards_at_a_url_uploads_only_the_index(
         assert len(store) == 15 and store.read_sample(0).fields["jpg"] == b"0-0-jpg"
         assert sorted({store.read_sample(i).label for i in range(15)}) == [0, 1]
     assert main(["verify", "-q", url]) == 0
-    assert main(["index", f"{url}/nothing-*.tar", "--out", url, "-q"]) == 1
+    assert main(["index", f"{url}/shard-*.tar", "--out", url, "-q"]) == 1  # it has an index
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["index", f"{url}/nothing-*.tar", "--out", url, "-q", "--overwrite"]) == 1
     assert "no object matches" in capsys.readouterr().err

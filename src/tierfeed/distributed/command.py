@@ -83,5 +83,5 @@ def register(sub: Any) -> None:
         "--timeout", type=float, default=300.0, help="seconds any wait on a peer may take"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

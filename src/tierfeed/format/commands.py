@@ -103,6 +103,7 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] = in
         args.skip_bad_names,
         progress=not args.quiet,
         classes=args.classes,
+        overwrite=args.overwrite,
     )
     _print_skipped(report.skipped)
     print(
@@ -135,5 +136,6 @@ def register_index(sub: Any) -> None:
         "default '0', '1', ...",
     )
     p.add_argument("--skip-bad-names", action="store_true", help="skip and count unsafe names")
+    p.add_argument("--overwrite", action="store_true", help="replace an index already in --out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_index)

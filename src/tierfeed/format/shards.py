@@ -27,6 +27,7 @@ from tierfeed.errors import (
     PackError,
 )
 from tierfeed.format.chunkref import checksum_range
+from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
@@ -261,6 +262,7 @@ def index_shards(
     skip_bad_names: bool = False,
     progress: bool = True,
     classes: str | os.PathLike[str] | Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> IndexReport:
     """Index tar ``shards`` in place; write the index into the store directory ``out``.
 
@@ -274,6 +276,8 @@ def index_shards(
         progress: show a progress bar on stderr.
         classes: names of the ``.cls`` classes: a list, or a ``classes.txt``-style file (line
             ``i`` names class ``i``); without one class ``i`` is named ``"i"``.
+        overwrite: replace an index already in ``out`` (refused without it, as pack refuses
+            to replace a store).
     """
     out_path = Path(out)
     index_path = out_path if out_path.suffix == ".tfi" else out_path / INDEX_NAME
@@ -285,6 +289,8 @@ def index_shards(
     total = sum(_shard_size(p) for p in paths)
     if root.exists():
         _check_out(out_path, index_path)  # a file given as --out
+        if not overwrite and index_path.exists():
+            raise already_holds_a_store(root, "--overwrite (overwrite=True from Python)")
     names = [_chunk_name(p, root) for p in paths]  # a missing --out holds no shard either
     names_of_cls = None if classes is None else load_classes(classes)
     got = _Collected(want_cls=labels in ("auto", "cls"))

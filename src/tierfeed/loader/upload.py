@@ -173,6 +173,7 @@ def index_shards(
     progress: bool = True,
     classes: str | os.PathLike[str] | Sequence[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> IndexReport:
     """`tierfeed.format.shards.index_shards`, in a directory or at a URL.
 
@@ -181,10 +182,14 @@ def index_shards(
     checksums need every byte), indexed there, and only the index is uploaded: the shards stay
     where they are. See the local function for the rest."""
     if not is_url(os.fspath(out)):
-        return local_shards.index_shards(shards, out, labels, skip_bad_names, progress, classes)
+        return local_shards.index_shards(
+            shards, out, labels, skip_bad_names, progress, classes, overwrite
+        )
     location = StoreLocation.of(out, storage_options)
     root = location.text
-    _refuse_existing(root, storage_options, overwrite=True)  # a URL that cannot be written
+    _refuse_existing(  # an index there; a URL not writable
+        root, storage_options, overwrite, "--overwrite (overwrite=True from Python)"
+    )
     staging = staging_dir(root)
     shutil.rmtree(staging, ignore_errors=True)
     with driver_for(root, read_only=True, **location.storage_options) as origin:
@@ -195,7 +200,9 @@ def index_shards(
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             origin.get_file(name, target)
             local.append(target)
-    report = local_shards.index_shards(local, staging, labels, skip_bad_names, progress, classes)
+    report = local_shards.index_shards(
+        local, staging, labels, skip_bad_names, progress, classes, overwrite=True
+    )
     with driver_for(root, read_only=False, **location.storage_options) as destination:
         destination.put_file(staging / INDEX_NAME, INDEX_NAME)
     shutil.rmtree(staging, ignore_errors=True)
