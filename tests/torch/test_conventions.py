@@ -26,7 +26,7 @@ from tierfeed.loader.compose import open_store
 from tierfeed.loader.readers import Readers
 from tierfeed.storage import DirectoryChunks
 from tierfeed.storage.store import Sample, Store
-from tierfeed.torch import Dataset, Loader
+from tierfeed.torch import Dataset, ImageFolder, Loader
 
 # --- whole batches to workers (pure) ------------------------------------------------------
 
@@ -202,6 +202,25 @@ def test_a_corrupt_jpeg_names_its_key_and_chunk(image_store: Path) -> None:
     assert isinstance(err, TierfeedError)
     again = pickle.loads(pickle.dumps(err))
     assert (again.key, again.chunk, str(again)) == (err.key, err.chunk, str(err))
+
+
+@pytest.mark.timeout(120)
+def test_a_stray_file_points_to_the_selection(tmp_path: Path) -> None:
+    # A root README in an image tree (issue 33, friction 7): the error says how to leave it out.
+    files = {f"good/{i:03d}.jpg".encode(): jpeg(i) for i in range(4)}
+    files[b"README"] = b"images of good things\n"
+    write_tree(tmp_path / "src", files)
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(chunk_size=8192, progress=False))
+    ds = Dataset(tmp_path / "store", "global", batch_size=2, decode=decode_image)
+    with Loader(ds) as loader, pytest.raises(DecodeError) as caught:
+        list(loader)
+    assert "'README'" in str(caught.value)
+    assert "samples=ImageFolder(" in str(caught.value) and "sample_ids" in str(caught.value)
+    # What it says works: the selection leaves the README out.
+    chosen = ImageFolder(tmp_path / "store").sample_ids
+    ds = Dataset(tmp_path / "store", "global", batch_size=2, decode=decode_image, samples=chosen)
+    with Loader(ds) as loader:
+        assert sum(len(batch[0]) for batch in loader) == 4
 
 
 @pytest.mark.timeout(120)

@@ -58,7 +58,10 @@ def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data
         )
         raise DecodeError(
             f"{describe_sample(store, sample)}: decode failed with {type(exc).__name__}: "
-            f"{exc} ({checked}); fix or remove that file and re-pack, or handle it in decode",
+            f"{exc} ({checked}); fix or remove that file and re-pack, handle it in decode, or "
+            "leave files that are not samples out (a README, .DS_Store): "
+            "Dataset(..., samples=ImageFolder(store).sample_ids) reads the class folders' "
+            "images only, or give sample ids or a mask of your own",
             key=data.key,
             chunk=_chunk_path(store, sample),
         ) from exc
