@@ -31,14 +31,11 @@ from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
+from tierfeed.torch.fields import collate_fields, sample_fields
 from tierfeed.torch.handover import ship
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
-
-
-def _identity(sample: Sample) -> Any:
-    return sample
 
 
 class Dataset(Feed, IterableDataset[Batch]):
@@ -50,11 +47,15 @@ class Dataset(Feed, IterableDataset[Batch]):
         plan: the sampling plan: a `PlanSpec`, its text (``"global"``, ``"local"``,
             ``"partial:0.1"``, ``"global,chunkwise:8"``) or any object with ``order()``.
         batch_size: samples per batch.
-        decode: Sample -> what the batch holds per sample (e.g. (tensor, label)). An
-            exception it raises reaches the caller as `tierfeed.loader.DecodeError` (a
-            ValueError and an OSError too), naming the sample key and chunk, the original
-            chained.
-        collate: list of decoded samples -> batch (torch's default_collate by default).
+        decode: Sample -> what the batch holds per sample (e.g. (tensor, label)). A `Sample`
+            has ``key``, ``label`` (-1 when unlabelled) and ``fields``, the bytes of its files
+            by extension (``{"jpg": b"..."}``). By default `sample_fields`: a dict
+            ``{"__key__": ..., "__label__": ..., "jpg": b"...", ...}``. An exception it
+            raises reaches the caller as `tierfeed.loader.DecodeError` (a ValueError and an
+            OSError too), naming the sample key and chunk, the original chained.
+        collate: list of decoded samples -> batch: torch's default_collate, or with the
+            default decode `collate_fields` (a dict of lists; labels a tensor; a field some
+            samples lack holds None for them).
         drop_last: drop the rank's last batch of an epoch if it is short (as DataLoader's
             drop_last; its samples are not read). Workers are dealt whole batches, so at most
             one batch per epoch is short, whatever the number of workers.
@@ -86,8 +87,8 @@ class Dataset(Feed, IterableDataset[Batch]):
         store: str | os.PathLike[str] | StoreLocation | Callable[[], Store],
         plan: OrderPlan | PlanSpec | str = "global",
         batch_size: int = 32,
-        decode: Callable[[Sample], Any] = _identity,
-        collate: Callable[[list[Any]], Any] = default_collate,
+        decode: Callable[[Sample], Any] = sample_fields,
+        collate: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
         prefetch: PrefetchOptions | None = None,
         deadline: DeadlineOptions | None = None,
@@ -106,6 +107,8 @@ class Dataset(Feed, IterableDataset[Batch]):
             opener: Callable[[], Store] = store
         else:
             opener = StoreOpener(StoreLocation.of(store, storage_options), tiers)
+        if collate is None:
+            collate = collate_fields if decode is sample_fields else default_collate
         super().__init__(
             opener,
             _NoPlan(),
@@ -130,14 +133,25 @@ class Dataset(Feed, IterableDataset[Batch]):
         # Set by a Loader, which restores them: a worker sends tensors of at most so many
         # bytes inside the pickle, not through shared memory (0: torch's way for all).
         self.by_value_bytes = 0
+        # Set by a Loader: yield each batch as a `Batch` (the data with the worker's place in
+        # the plan and its counters), which the Loader unwraps; alone, the data itself.
+        self.wrapped = False
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __len__(self) -> int:
+        """Batches this rank delivers in a whole epoch (what a plain ``DataLoader(ds,
+        batch_size=None)`` yields in one); `Loader` is the face that resumes and reports."""
+        return self.num_batches()
+
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         if info is None:
-            return self.iterate(0, 1, in_worker=False)
-        freeze_inherited()
-        batches = self.iterate(info.id, info.num_workers, in_worker=True)
-        return _shipped(batches, self.by_value_bytes) if self.by_value_bytes else batches
+            batches = self.iterate(0, 1, in_worker=False)
+        else:
+            freeze_inherited()
+            batches = self.iterate(info.id, info.num_workers, in_worker=True)
+            if self.by_value_bytes:
+                batches = _shipped(batches, self.by_value_bytes)
+        return batches if self.wrapped else (batch.data for batch in batches)
 
 
 _frozen_in: int | None = None  # the process that froze what it inherited

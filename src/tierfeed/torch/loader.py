@@ -255,6 +255,7 @@ class Loader:
             self._stop_workers()
             self.dataset.read_across_epochs = True
             self.dataset.by_value_bytes = BY_VALUE_BYTES  # restored below
+            self.dataset.wrapped = True
             self._loader = DataLoader(
                 self.dataset,
                 batch_size=None,
@@ -438,6 +439,7 @@ class Loader:
     def close(self) -> None:
         """Stop the workers and this process's reads; close the run file and metrics server."""
         self._stop_workers()
+        self.dataset.wrapped = False  # the Dataset alone yields its batches' data again
         self.dataset.close()
         if self.recorder is not None:
             self.recorder.close()
