@@ -4,11 +4,16 @@ The rules, shared by `tierfeed.Writer` and `tierfeed.optimize`:
 
 - ``__key__`` (str) names the sample; without one the writer gives it a generated key (see
   `Writer`). A key is a relative ``/``-separated path: not empty, not absolute, no ``.``, ``..``
-  or empty component, no NUL, and no dot in its last component (the dot starts the extension,
-  as in WebDataset).
-- Every other entry is a field, stored as member ``key + "." + field``; fields are sorted by
-  name in the chunk. A field name is not empty and holds no ``/`` or NUL. Other entries named
-  like ``__url__`` (WebDataset's metadata) are not stored.
+  or empty component, no NUL: exactly the keys `pack` makes. A dot in its last component is
+  allowed (``fish/photo.v2``, from a tree packed one file per sample): the index keeps key and
+  extension apart, but a WebDataset reader of the tar files alone (or `tierfeed index`) would
+  split that name at its first dot.
+- Every other entry is a field, stored as member ``key + "." + field``, or as ``key`` itself
+  for the field ``""`` (a file without an extension: ``README``); fields are sorted by name in
+  the chunk. A field name holds no ``/`` or NUL. Two samples whose members would have one path
+  (``a.b`` + ``c`` and ``a`` + ``b.c``), or a member path that is another key's directory,
+  are refused by the writer. Other entries named like ``__url__`` (WebDataset's metadata) are
+  not stored.
 - Values: ``bytes``, ``bytearray`` or ``memoryview`` are stored as they are, ``str`` as UTF-8,
   and an ``int`` only in ``cls``/``cls2`` (as decimal text, WebDataset's encoding).
 """
@@ -55,8 +60,6 @@ def check_key(key: object) -> bytes:
         problem = "has a '..' component"
     elif any(p in (b"", b".") for p in parts):
         problem = "has an empty or '.' component"
-    elif b"." in parts[-1]:
-        problem = "has a dot in its last component (the dot starts a field's extension)"
     if problem:
         raise BadMemberError(f"sample key {key!r} {problem}; give a relative path such as 'cat/x1'")
     return raw
@@ -104,11 +107,10 @@ def encode_sample(sample: Mapping[str, Any], default_key: str, want_cls: bool) -
             raise BadMemberError(f"sample {key_text!r}: field name {name!r} is not a str")
         if name.startswith("__") and name.endswith("__"):
             continue  # __key__ and WebDataset's metadata (__url__, __local_path__)
-        if not name or "/" in name or "\0" in name:
-            raise BadMemberError(
-                f"sample {key_text!r}: field name {name!r} is empty or holds '/' or NUL"
-            )
-        members.append((b"." + os.fsencode(name), _value(key_text, name, value)))
+        if "/" in name or "\0" in name:
+            raise BadMemberError(f"sample {key_text!r}: field name {name!r} holds '/' or NUL")
+        suffix = b"." + os.fsencode(name) if name else b""  # "": the key is the file's path
+        members.append((suffix, _value(key_text, name, value)))
     if not members:
         raise PackError(f"sample {key_text!r} has no field to store")
     members.sort(key=lambda m: m[0])

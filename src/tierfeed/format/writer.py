@@ -113,22 +113,36 @@ def claim_destination(dst: Path, overwrite: bool) -> int:
 
 def _check_tree(keys: list[bytes], exts: list[bytes], counts: np.ndarray[Any, Any]) -> None:
     """Refuse a member path that is also a directory of another key (``a.jpg`` and
-    ``a.jpg/b``): the store's tree could not show both."""
-    dotted = {
+    ``a.jpg/b``, or ``a`` with the field ``""`` and ``a/b``), or the path of another member
+    (``a.b`` + ``.c`` and ``a`` + ``.b.c``): the store's tree could not show both.
+
+    Only a dot in a key's last component, or a member without an extension, can make either:
+    keys without them (WebDataset's) skip the O(members) walk."""
+    if b"" not in exts and not any(b"." in k for k in keys):
+        return
+    dotted_keys = any(b"." in k[k.rfind(b"/") + 1 :] for k in keys)
+    dirs = {
         b"/".join(parts[:i])
         for parts in (k.split(b"/") for k in keys if b"/" in k)
         for i in range(1, len(parts))
-        if b"." in parts[i - 1]
     }
-    if not dotted:
-        return
     owner = np.repeat(np.arange(len(keys)), counts.astype(np.int64))
+    seen: set[bytes] = set()
     for o, ext in zip(owner.tolist(), exts, strict=True):
-        if keys[o] + ext in dotted:
+        path = keys[o] + ext
+        if path in dirs:
             raise BadMemberError(
-                f"sample {os.fsdecode(keys[o])!r}: its member {os.fsdecode(keys[o] + ext)!r} is "
+                f"sample {os.fsdecode(keys[o])!r}: its member {os.fsdecode(path)!r} is "
                 "also a directory of another sample's key; rename one of them"
             )
+        if dotted_keys:
+            if path in seen:
+                raise BadMemberError(
+                    f"sample {os.fsdecode(keys[o])!r}: its member {os.fsdecode(path)!r} is "
+                    "written twice (another sample's key and field name the same path); "
+                    "rename one of them"
+                )
+            seen.add(path)
 
 
 def _refuse_duplicate(dst: Path, keys: list[bytes]) -> None:
