@@ -14,8 +14,10 @@ The rules, shared by `tierfeed.Writer` and `tierfeed.optimize`:
   (``a.b`` + ``c`` and ``a`` + ``b.c``), or a member path that is another key's directory,
   are refused by the writer. Other entries named like ``__url__`` (WebDataset's metadata) are
   not stored.
-- Values: ``bytes``, ``bytearray`` or ``memoryview`` are stored as they are, ``str`` as UTF-8,
-  and an ``int`` only in ``cls``/``cls2`` (as decimal text, WebDataset's encoding).
+- Values: ``bytes``, ``bytearray`` or ``memoryview`` are stored as they are, ``str`` as UTF-8;
+  other values by the field's extension, as WebDataset's encoders do (`tierfeed.format.codecs`:
+  an ``int`` in ``cls``, a dict in ``json``, a PIL image or uint8 array in ``jpg``/``png``, a
+  numpy array in ``npy``, a tensor in ``pt``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tierfeed.errors import BadMemberError, PackError
+from tierfeed.format.codecs import encode_field
 from tierfeed.format.labels import CLS_EXTS, parse_cls
 
 __all__ = ["KEY_FIELD", "EncodedSample", "check_key", "encode_sample"]
 
 KEY_FIELD = "__key__"
-_INT_FIELDS = ("cls", "cls2")
 
 
 @dataclass(frozen=True)
@@ -65,33 +67,16 @@ def check_key(key: object) -> bytes:
     return raw
 
 
-def _value(key: str, name: str, value: object) -> bytes | memoryview:
-    if isinstance(value, bytes | bytearray):
-        return value if isinstance(value, bytes) else bytes(value)
-    if isinstance(value, memoryview):
-        return value.cast("B") if value.c_contiguous else value.tobytes()
-    if isinstance(value, str):
-        try:
-            return value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PackError(
-                f"sample {key!r}: field {name!r} is a str that is not valid Unicode"
-            ) from None
-    if name in _INT_FIELDS and isinstance(value, int) and not isinstance(value, bool):
-        return str(value).encode()
-    raise PackError(
-        f"sample {key!r}: field {name!r} is a {type(value).__name__}; give bytes, bytearray, "
-        f"memoryview or str (an int only in {' or '.join(_INT_FIELDS)}); encode it first"
-    )
-
-
-def encode_sample(sample: Mapping[str, Any], default_key: str, want_cls: bool) -> EncodedSample:
+def encode_sample(
+    sample: Mapping[str, Any], default_key: str, want_cls: bool, quality: int = 95
+) -> EncodedSample:
     """Check ``sample`` and turn it into members.
 
     Args:
         sample: the user's mapping of field name to value (and ``__key__``).
         default_key: the key when ``sample`` has no ``__key__``.
         want_cls: parse ``cls`` (or ``cls2``) as the sample's label.
+        quality: of the images a jpg or webp field encodes (`tierfeed.format.codecs`).
 
     Raises:
         BadMemberError: an unsafe key or field name.
@@ -110,7 +95,7 @@ def encode_sample(sample: Mapping[str, Any], default_key: str, want_cls: bool) -
         if "/" in name or "\0" in name:
             raise BadMemberError(f"sample {key_text!r}: field name {name!r} holds '/' or NUL")
         suffix = b"." + os.fsencode(name) if name else b""  # "": the key is the file's path
-        members.append((suffix, _value(key_text, name, value)))
+        members.append((suffix, encode_field(str(key_text), name, value, quality)))
     if not members:
         raise PackError(f"sample {key_text!r} has no field to store")
     members.sort(key=lambda m: m[0])

@@ -67,6 +67,7 @@ def _work(
     root: str,
     chunk_size: int,
     want_cls: bool,
+    quality: int,
 ) -> None:
     """One worker process: encode fn's samples of its inputs into its own chunks."""
     sink = ChunkSink(
@@ -81,7 +82,7 @@ def _work(
         while (item := inputs.get()) is not None:
             index, value = pickle.loads(item)
             for default_key, sample in _samples_of(fn(value), index):
-                encoded = encode_sample(sample, default_key, want_cls)
+                encoded = encode_sample(sample, default_key, want_cls, quality)
                 if encoded.key in keys:
                     raise DuplicateKeyError(
                         f"sample key {os.fsdecode(encoded.key)!r} is written twice"
@@ -138,9 +139,13 @@ class _Run:
                 except queue.Full:
                     continue
 
-    def start(self, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, want_cls: bool) -> None:
+    def start(
+        self, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, want_cls: bool, quality: int
+    ) -> None:
         for w in range(len(self.queues)):
-            args = (w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls)
+            args = (
+                w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls, quality
+            )  # fmt: skip
             proc = ctx.Process(target=_work, args=args, name=f"tierfeed-optimize-{w}", daemon=True)  # type: ignore[attr-defined]
             proc.start()
             self.procs.append(proc)
@@ -198,10 +203,16 @@ class _Run:
 
 
 def _check_arguments(
-    fn: Fn, inputs: Sequence[Any], workers: int, chunk_size: int, labels: str, start_method: str
+    fn: Fn,
+    inputs: Sequence[Any],
+    workers: int,
+    chunk_size: int,
+    labels: str,
+    start_method: str,
+    quality: int,
 ) -> None:
     """ConfigError for arguments `optimize` cannot run with, before anything is written."""
-    check_options(chunk_size, labels)
+    check_options(chunk_size, labels, quality)
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     if start_method not in mp.get_all_start_methods():
@@ -222,12 +233,12 @@ def _check_arguments(
 
 
 def _run_workers(
-    run: _Run, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, labels: str
+    run: _Run, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, labels: str, quality: int
 ) -> list[ChunkRecord]:
     """Run the workers to the end; the records of their chunks, in worker order."""
     failed = True
     try:
-        run.start(ctx, fn, root, chunk_size, labels in ("auto", "cls"))
+        run.start(ctx, fn, root, chunk_size, labels in ("auto", "cls"), quality)
         run.collect()
         failed = False
     finally:
@@ -260,6 +271,7 @@ def optimize(
     classes: Classes = None,
     overwrite: bool = False,
     start_method: str = "spawn",
+    image_quality: int = 95,
 ) -> WriteReport:
     """Run ``fn`` over ``inputs`` in ``workers`` processes and write one store at ``dst``.
 
@@ -276,7 +288,7 @@ def optimize(
         inputs: a sequence (its length decides each worker's slice).
         dst: the store directory.
         workers: worker processes.
-        chunk_size, labels, classes, overwrite: as for `Writer`.
+        chunk_size, labels, classes, overwrite, image_quality: as for `Writer`.
         start_method: ``spawn`` (default; safe beside threads), ``forkserver`` or ``fork``.
 
     Raises:
@@ -284,7 +296,7 @@ def optimize(
             died; no index is written and the chunks are removed.
         DuplicateKeyError: a key is written twice.
     """
-    _check_arguments(fn, inputs, workers, chunk_size, labels, start_method)
+    _check_arguments(fn, inputs, workers, chunk_size, labels, start_method, image_quality)
     names = None if classes is None else load_classes(classes)
     root = Path(dst)
     started = time.perf_counter()
@@ -292,7 +304,7 @@ def optimize(
     ctx = mp.get_context(start_method)
     run = _Run(ctx, workers, inputs)
     try:
-        records = _run_workers(run, ctx, fn, root, chunk_size, labels)
+        records = _run_workers(run, ctx, fn, root, chunk_size, labels, image_quality)
         _number_chunks(root, records)
         content = finish_store(root, records, labels, names, chunk_size, check_unique=True)
     except BaseException:

@@ -55,9 +55,11 @@ class WriteReport:
     seconds: float
 
 
-def check_options(chunk_size: int, labels: str) -> None:
-    """ConfigError for a chunk size or label mode tierfeed cannot use."""
+def check_options(chunk_size: int, labels: str, image_quality: int = 95) -> None:
+    """ConfigError for a chunk size, label mode or image quality tierfeed cannot use."""
     check_chunk_size(chunk_size)
+    if not (isinstance(image_quality, int) and 1 <= image_quality <= 100):
+        raise ConfigError(f"image_quality must be an int in 1..100, got {image_quality!r}")
     if labels not in LABEL_MODES:
         raise ConfigError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
 
@@ -222,9 +224,11 @@ class Writer:
 
     A sample is a dict: ``__key__`` (a relative path such as ``"cat/x1"``) and fields, each
     stored as member ``key.field``; values are ``bytes``/``bytearray``/``memoryview`` (as they
-    are), ``str`` (UTF-8) or, in ``cls``/``cls2``, an ``int`` (stored as decimal text, as
-    WebDataset does). A sample without ``__key__`` gets its number in write order, nine digits
-    (``"000000042"``). Samples keep their write order in the store.
+    are), ``str`` (UTF-8), or what the field's extension encodes, as WebDataset's encoders do:
+    an ``int`` in ``cls``/``cls2``/``txt`` (decimal text), a dict or list in ``json``, a PIL
+    image or uint8 array in ``jpg``/``png``/``webp``, a numpy array in ``npy``, a tensor in
+    ``pt`` (`tierfeed.format.codecs`). A sample without ``__key__`` gets its number in write
+    order, nine digits (``"000000042"``). Samples keep their write order in the store.
 
     Labels (``labels="auto"``): a sample's ``cls`` (else ``cls2``) is its label when any sample
     has one; otherwise ImageFolder labels from the key's first directory, as `pack` gives them.
@@ -243,6 +247,7 @@ class Writer:
         labels: ``auto``, ``cls`` (every sample needs a cls), ``folder`` or ``none``.
         classes: class names of ``cls`` labels: a list, or a ``classes.txt``-style file.
         overwrite: replace a store (or an interrupted write's chunks) at ``dst``.
+        image_quality: of the images given for jpg and webp fields (1-100; pillow's scale).
 
     Raises:
         PackError: ``dst`` holds a store or leftover chunks (without ``overwrite``), is locked
@@ -256,8 +261,10 @@ class Writer:
         labels: str = "auto",
         classes: Classes = None,
         overwrite: bool = False,
+        image_quality: int = 95,
     ) -> None:
-        check_options(chunk_size, labels)
+        check_options(chunk_size, labels, image_quality)
+        self.image_quality = image_quality
         self.dst = Path(dst)
         self.labels, self.chunk_size = labels, chunk_size
         self.classes = None if classes is None else load_classes(classes)
@@ -275,12 +282,17 @@ class Writer:
         Raises:
             BadMemberError: an unsafe key (absolute, ``..``, NUL) or field name (``/``, NUL).
             DuplicateKeyError: the key was written before.
-            PackError: a value that is not bytes, str or (in ``cls``) int; a bad ``cls``.
+            PackError: a value its field cannot store (bytes and str always; by extension an
+                int, a JSON value, an image, an array or a tensor: `tierfeed.format.codecs`);
+                a bad ``cls``.
         """
         if self._closed:
             raise PackError(f"{self.dst}: this Writer is closed; open a new one")
         encoded = encode_sample(
-            sample, f"{self._sink.samples:09d}", want_cls=self.labels in ("auto", "cls")
+            sample,
+            f"{self._sink.samples:09d}",
+            want_cls=self.labels in ("auto", "cls"),
+            quality=self.image_quality,
         )
         if encoded.key in self._keys:
             key = sample.get(KEY_FIELD, os.fsdecode(encoded.key))

@@ -240,6 +240,7 @@ class Writer(local_writer.Writer):
         classes: Classes = None,
         overwrite: bool = False,
         storage_options: Mapping[str, Any] | None = None,
+        image_quality: int = 95,
     ) -> None:
         self.url = StoreLocation.of(dst).text if is_url(os.fspath(dst)) else None
         self.storage_options = dict(storage_options or {})
@@ -247,7 +248,9 @@ class Writer(local_writer.Writer):
             _refuse_existing(self.url, storage_options, overwrite, "overwrite=True")
             dst = staging_dir(self.url)
             dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        super().__init__(dst, chunk_size, labels, classes, overwrite or self.url is not None)
+        super().__init__(
+            dst, chunk_size, labels, classes, overwrite or self.url is not None, image_quality
+        )
         self._overwrite = overwrite
 
     def close(self) -> WriteReport:
@@ -271,21 +274,24 @@ def optimize(
     overwrite: bool = False,
     start_method: str = "spawn",
     storage_options: Mapping[str, Any] | None = None,
+    image_quality: int = 95,
 ) -> WriteReport:
     """`tierfeed.format.optimize.optimize`, to a directory or a URL (built in `staging_dir`,
     then uploaded); see there for the arguments."""
     if not is_url(os.fspath(dst)):
         return local_optimize.optimize(
-            fn, inputs, dst, workers, chunk_size, labels, classes, overwrite, start_method
-        )
+            fn, inputs, dst, workers, chunk_size, labels, classes, overwrite, start_method,
+            image_quality,
+        )  # fmt: skip
     url = StoreLocation.of(dst).text
     _refuse_existing(url, storage_options, overwrite, "overwrite=True")
     staging = staging_dir(url)
     staging.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with _staging_errors(staging, url):
         report = local_optimize.optimize(
-            fn, inputs, staging, workers, chunk_size, labels, classes, True, start_method
-        )
+            fn, inputs, staging, workers, chunk_size, labels, classes, True, start_method,
+            image_quality,
+        )  # fmt: skip
     upload_store(staging, url, storage_options, overwrite, progress=False)
     shutil.rmtree(staging, ignore_errors=True)
     return report

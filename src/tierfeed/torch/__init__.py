@@ -1,7 +1,7 @@
 """The PyTorch face of tierfeed: the only package that imports torch.utils.data."""
 
 from tierfeed.torch.dataset import Batch, Dataset, OrderPlan, TierConfig
-from tierfeed.torch.fields import collate_fields, sample_fields
+from tierfeed.torch.fields import collate_fields, decoded_fields, sample_fields
 from tierfeed.torch.imagefolder import IMG_EXTENSIONS, ImageFolder, pil_loader
 from tierfeed.torch.loader import Loader
 
@@ -14,6 +14,7 @@ __all__ = [
     "OrderPlan",
     "TierConfig",
     "collate_fields",
+    "decoded_fields",
     "pil_loader",
     "sample_fields",
 ]

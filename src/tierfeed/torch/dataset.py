@@ -7,6 +7,7 @@ collate, and the rank from torch.distributed.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -31,7 +32,7 @@ from tierfeed.loader.location import StoreLocation
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
-from tierfeed.torch.fields import collate_fields, sample_fields
+from tierfeed.torch.fields import collate_fields, decoded_fields, decoder, sample_fields
 from tierfeed.torch.handover import ship
 from tierfeed.world import World
 
@@ -50,12 +51,15 @@ class Dataset(Feed, IterableDataset[Batch]):
         decode: Sample -> what the batch holds per sample (e.g. (tensor, label)). A `Sample`
             has ``key``, ``label`` (-1 when unlabelled) and ``fields``, the bytes of its files
             by extension (``{"jpg": b"..."}``). By default `sample_fields`: a dict
-            ``{"__key__": ..., "__label__": ..., "jpg": b"...", ...}``. An exception it
+            ``{"__key__": ..., "__label__": ..., "jpg": b"...", ...}``; ``"auto"`` (or
+            ``"pil"``) decodes each field by its extension (json, txt, cls, npy, pt, images as
+            PIL images), ``"torch"`` too with images as uint8 CHW tensors. An exception it
             raises reaches the caller as `tierfeed.loader.DecodeError` (a ValueError and an
             OSError too), naming the sample key and chunk, the original chained.
         collate: list of decoded samples -> batch: torch's default_collate, or with the
-            default decode `collate_fields` (a dict of lists; labels a tensor; a field some
-            samples lack holds None for them).
+            default decode or one by name `collate_fields` (a dict; labels a tensor; a field
+            collated where torch's default collate can, else a list; None for the samples
+            that lack it).
         drop_last: drop the rank's last batch of an epoch if it is short (as DataLoader's
             drop_last; its samples are not read). Workers are dealt whole batches, so at most
             one batch per epoch is short, whatever the number of workers.
@@ -87,7 +91,7 @@ class Dataset(Feed, IterableDataset[Batch]):
         store: str | os.PathLike[str] | StoreLocation | Callable[[], Store],
         plan: OrderPlan | PlanSpec | str = "global",
         batch_size: int = 32,
-        decode: Callable[[Sample], Any] = sample_fields,
+        decode: Callable[[Sample], Any] | str = sample_fields,
         collate: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
         prefetch: PrefetchOptions | None = None,
@@ -107,8 +111,11 @@ class Dataset(Feed, IterableDataset[Batch]):
             opener: Callable[[], Store] = store
         else:
             opener = StoreOpener(StoreLocation.of(store, storage_options), tiers)
+        if isinstance(decode, str):
+            decode = decoder(decode)
         if collate is None:
-            collate = collate_fields if decode is sample_fields else default_collate
+            by_name = isinstance(decode, functools.partial) and decode.func is decoded_fields
+            collate = collate_fields if decode is sample_fields or by_name else default_collate
         super().__init__(
             opener,
             _NoPlan(),
