@@ -42,6 +42,14 @@ _OS_ADVICE = {
     errno.ENAMETOOLONG: "the name is too long; choose a shorter path",
 }
 
+# Modules a command may need that a plain `pip install tierfeed` leaves out: what to install.
+_EXTRAS = {
+    "torch": "pip install 'tierfeed[torch]' (a CPU-only build: pip install torch "
+    "--index-url https://download.pytorch.org/whl/cpu)",
+    "matplotlib": "pip install 'tierfeed[report]'",
+    "PIL": "pip install 'tierfeed[image]'",
+}
+
 # name -> ("module:function", one-line summary). The function adds the subcommand's parser and
 # sets `func` (args -> exit code) on it. Only the module of the command being run is imported:
 # the others appear in `tierfeed --help` by their summary alone, so a command's dependencies
@@ -224,6 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bug(command, argv)
     except TierfeedError as exc:
         _one_line(command, str(exc))
+        return EXIT_ERROR
+    except ModuleNotFoundError as exc:
+        install = _EXTRAS.get((exc.name or "").partition(".")[0])
+        if install is None:
+            return _bug(command, argv)
+        _one_line(command, f"this command needs {exc.name}, which is not installed: {install}")
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)

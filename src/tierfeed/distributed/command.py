@@ -17,7 +17,9 @@ def _run(args: argparse.Namespace) -> int:
         import torch.distributed as dist
     except ImportError as exc:
         raise ConfigError(
-            f"stage needs PyTorch ({exc}); install torch (https://pytorch.org/get-started)"
+            f"stage needs PyTorch's torch.distributed ({exc}); pip install 'tierfeed[torch]' "
+            "(a CPU-only build: pip install torch --index-url "
+            "https://download.pytorch.org/whl/cpu)"
         ) from None
 
     from tierfeed.config import gloo_on_loopback_if_local, world_from_env
