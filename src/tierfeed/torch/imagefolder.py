@@ -241,7 +241,9 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         classes: class names, sorted.
         class_to_idx: class name -> index.
         samples: ``(path relative to the store's tree, class index)`` per sample, in
-            torchvision's order (``imgs`` is the same list).
+            torchvision's order (``imgs`` is the same list). torchvision's paths start with
+            the root it was given (``/data/train/cat/a.jpg``), these with the class
+            (``cat/a.jpg``): ``os.path.join(tree_root, path)`` gives that form.
         targets: the class index of each sample.
 
     Args:
