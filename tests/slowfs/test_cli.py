@@ -46,6 +46,36 @@ def test_serves_until_sigterm_and_writes_stats(src: Path, mnt: Path, tmp_path: P
     assert doc["counters"]["opens"] == 1
 
 
+@pytest.mark.fuse
+def test_background_serves_until_umount(src: Path, mnt: Path, tmp_path: Path) -> None:
+    # Issue 33, friction 9: slowfs has mount's lifecycle, and `tierfeed umount` stops it.
+    from tierfeed.fuse.process import unmount
+
+    out = tmp_path / "final.json"
+    argv = [*CLI, str(src), str(mnt), "--background", "--latency", "nfs", "--stats-file", str(out)]
+    try:
+        started = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+        assert "tierfeed umount" in started.stdout + started.stderr
+        assert is_mounted(mnt)
+        assert (mnt / "a/one.bin").read_bytes() == (src / "a/one.bin").read_bytes()
+        stopped = subprocess.run(
+            [sys.executable, "-m", "tierfeed", "umount", str(mnt)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert stopped.returncode == 0, stopped.stderr
+        assert not is_mounted(mnt)
+    finally:
+        if is_mounted(mnt):
+            unmount(mnt, lazy=True)
+    # The detached server wrote its final counters when it was unmounted.
+    for _ in range(100):
+        if out.exists():
+            break
+        __import__("time").sleep(0.1)
+    assert json.loads(out.read_text())["counters"]["opens"] == 1
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tierfeed.errors import ConfigError, StorageError, TierfeedError
+from tierfeed.slowfs.options import SLOWFS_SUBTYPE
 from tierfeed.units import parse_size
 
 __all__ = [
@@ -28,13 +29,14 @@ _FSNAME_PREFIX = "tierfeed:"
 
 
 def is_tierfeed_mount(mountpoint: str | os.PathLike[str]) -> bool:
-    """True when the topmost mount at ``mountpoint`` is a ``tierfeed mount`` (live or stale)."""
+    """True when the topmost mount at ``mountpoint`` is a ``tierfeed mount`` or a ``tierfeed
+    slowfs`` (live or stale)."""
     from tierfeed.fuse.process import mount_entry
 
     entry = mount_entry(mountpoint)
     if entry is None:
         return False
-    if entry.fstype == f"fuse.{FUSE_SUBTYPE}":
+    if entry.fstype in (f"fuse.{FUSE_SUBTYPE}", f"fuse.{SLOWFS_SUBTYPE}"):
         return True
     # Mounted by a tierfeed that gave no subtype yet: plain `fuse`, source tierfeed:<store>.
     return entry.fstype == "fuse" and entry.source.startswith(_FSNAME_PREFIX)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from tierfeed.errors import StorageError
@@ -16,13 +17,53 @@ _EPILOG = """\
 latency presets: none (plain pass-through); nfs (median 1 ms lognormal, sigma 0.5,
 400 MB/s); heavy-tail (nfs plus a 1 s stall on 1 op in 1000). Or give the fields,
 e.g. --latency median_ms=5,sigma=0.5,tail_prob=1e-3,stall_ms=2000,bandwidth_mbps=200.
-Live counters: MOUNTPOINT/.slowfs/stats.json. Stop with Ctrl-C, SIGTERM or
-`fusermount3 -u MOUNTPOINT`.
+Live counters: MOUNTPOINT/.slowfs/stats.json. Stop with Ctrl-C, SIGTERM,
+`tierfeed umount MOUNTPOINT` or `fusermount3 -u MOUNTPOINT`; with --background the
+command returns once the mount is live and `tierfeed umount MOUNTPOINT` stops it.
 """
+
+# The options a --background server is started with again (name, attribute).
+_PASSED = (
+    ("--latency", "latency"),
+    ("--seed", "seed"),
+    ("--cache", "cache"),
+    ("--attr-timeout", "attr_timeout"),
+    ("--entry-timeout", "entry_timeout"),
+    ("--negative-timeout", "negative_timeout"),
+    ("--threads", "threads"),
+    ("--stats-file", "stats_file"),
+)
+_FLAGS = (
+    ("--per-request-bandwidth", "per_request_bandwidth"),
+    ("--single-threaded", "single_threaded"),
+    ("--allow-other", "allow_other"),
+    ("-q", "quiet"),
+)
+
+
+def _background(args: argparse.Namespace) -> int:
+    """Serve in a process of its own session, as `tierfeed mount` does; return once the
+    mount is live (a bad option or path fails as in the foreground, in one line)."""
+    from tierfeed.fuse.process import FuseProcess
+
+    argv = [sys.executable, "-m", "tierfeed", "slowfs", args.src, args.mountpoint]
+    for flag, name in _PASSED:
+        value = getattr(args, name)
+        if value is not None:
+            argv += [flag, str(os.path.abspath(value) if name == "stats_file" else value)]
+    argv += [flag for flag, name in _FLAGS if getattr(args, name)]
+    FuseProcess(argv, args.mountpoint, name="tierfeed slowfs", detachable=True).start().detach()
+    print(
+        f"slowfs: serving {args.src} at {args.mountpoint}; `tierfeed umount {args.mountpoint}` "
+        "to stop"
+    )
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    model = LatencyModel.parse(args.latency)
+    model = LatencyModel.parse(args.latency)  # (a bad spec fails here, before any start)
+    if args.background:
+        return _background(args)
     if args.seed is not None:
         model = dataclasses.replace(model, seed=args.seed)
     options = SlowFSOptions(
@@ -88,5 +129,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--single-threaded", action="store_true", help="serve one request at a time")
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     p.add_argument("--stats-file", help="write the final counters here as JSON at unmount")
+    p.add_argument(
+        "--background",
+        action="store_true",
+        help="serve in a process of its own and return once mounted (`tierfeed umount` stops it)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no start and summary lines")
     p.set_defaults(func=_run)

@@ -7,7 +7,9 @@ from typing import Literal
 
 from tierfeed.errors import ConfigError
 
-__all__ = ["CACHE_MODES", "CacheMode", "SlowFSOptions"]
+__all__ = ["CACHE_MODES", "SLOWFS_SUBTYPE", "CacheMode", "SlowFSOptions"]
+
+SLOWFS_SUBTYPE = "slowfs"  # the mount table's fuse.slowfs: what `tierfeed umount` also stops
 
 CacheMode = Literal["none", "keep", "direct"]
 CACHE_MODES: tuple[CacheMode, ...] = ("none", "keep", "direct")
@@ -91,7 +93,7 @@ class SlowFSOptions:
             "ro": True,
             "default_permissions": True,
             "fsname": "slowfs",
-            "subtype": "slowfs",
+            "subtype": SLOWFS_SUBTYPE,
             "attr_timeout": self.attr_timeout,
             "entry_timeout": self.entry_timeout,
             "negative_timeout": self.negative_timeout,
