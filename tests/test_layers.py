@@ -14,7 +14,7 @@ TOP = 9  # the command line, the demo and the package's front doors may import a
 # Level of each top-level package or module; a package may import its own level's leaves
 # (level 0) and anything of a lower level.
 LEVEL = {
-    **dict.fromkeys(["errors", "units", "world", "config", "publish", "latency"], 0),
+    **dict.fromkeys(["errors", "units", "world", "config", "publish", "cachedir", "latency"], 0),
     "telemetry": 0,
     **dict.fromkeys(["format", "plan", "fuse", "synth"], 1),
     **dict.fromkeys(["storage", "slowfs"], 2),

@@ -131,9 +131,9 @@ def test_every_writer_uses_the_one_temporary_name(
     renamed: list[str] = []
     real = os.replace
 
-    def spy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    def spy(src: str | os.PathLike[str], dst: str | os.PathLike[str], **at: int | None) -> None:
         renamed.append(Path(src).name)
-        real(src, dst)
+        real(src, dst, **at)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "replace", spy)
     chunk = ChunkWriter(tmp_path / "000000.tar")

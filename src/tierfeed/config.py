@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Mapping
 from pathlib import Path
 
-from tierfeed.errors import ConfigError
+from tierfeed.cachedir import private_dir
+from tierfeed.errors import ConfigError, StorageError
 from tierfeed.world import World
 
 __all__ = ["default_cache_dir", "gloo_on_loopback_if_local", "world_for", "world_from_env"]
@@ -45,13 +47,34 @@ def world_for(rank: int, world_size: int, env: Mapping[str, str] | None = None) 
 
 
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where local cache tiers live unless configured: $TIERFEED_CACHE, else ~/.cache/tierfeed."""
+    """Where local caches live unless configured, created 0700 and checked (see
+    `tierfeed.cachedir`): $TIERFEED_CACHE, else $XDG_CACHE_HOME/tierfeed or ~/.cache/tierfeed;
+    where the home cannot hold it (none, read-only), ``tierfeed-<uid>`` in $TMPDIR or /tmp.
+
+    Raises:
+        ConfigError: the directory is a symbolic link, another user's, or writable by others.
+        StorageError: $TIERFEED_CACHE names a directory that cannot be made or opened.
+    """
     env = os.environ if env is None else env
     explicit = env.get("TIERFEED_CACHE")
     if explicit:
-        return Path(explicit)
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tierfeed"
+        return private_dir(explicit)
+    home = env.get("HOME") or _home_of_uid()
+    if env.get("XDG_CACHE_HOME") or home:
+        base = Path(env.get("XDG_CACHE_HOME") or Path(home, ".cache"))
+        try:
+            return private_dir(base / "tierfeed")
+        except StorageError:
+            pass  # no home, or a read-only one: the per-user directory under /tmp
+    # Under a /tmp every user writes: a name of our uid's, that must be ours and 0700.
+    return private_dir(Path(env.get("TMPDIR") or "/tmp", f"tierfeed-{os.geteuid()}"), exact=True)
+
+
+def _home_of_uid() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:  # a uid with no passwd entry (containers)
+        return ""
 
 
 def gloo_on_loopback_if_local(env: dict[str, str] | os._Environ[str] | None = None) -> None:

@@ -60,14 +60,25 @@ class PendingFile:
         path: the final name.
         mode: permission bits of the new file (the umask applies, as for `open`).
         fsync: sync the data before the rename (a caller that syncs later passes False).
+        dir_fd: a directory descriptor ``path`` is relative to (a checked cache directory,
+            `tierfeed.cachedir`); the temporary file is then opened without following a link.
     """
 
-    def __init__(self, path: str | os.PathLike[str], mode: int = 0o666, fsync: bool = True):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        mode: int = 0o666,
+        fsync: bool = True,
+        dir_fd: int | None = None,
+    ):
         self.path = Path(path)
         self.temporary = temporary_path(self.path)
         self._fsync = fsync
+        self._dir_fd = dir_fd
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        self.fd = os.open(self.temporary, flags, mode)
+        if dir_fd is not None:
+            flags |= os.O_NOFOLLOW
+        self.fd = os.open(self.temporary, flags, mode, dir_fd=dir_fd)
 
     def write(self, *parts: Data) -> int:
         """Write every byte of ``parts``, in order; returns how many. On an error the file
@@ -95,7 +106,7 @@ class PendingFile:
                 os.fsync(self.fd)
             os.close(self.fd)
             self.fd = -1
-            os.replace(self.temporary, self.path)
+            os.replace(self.temporary, self.path, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         except BaseException:
             self.abort()
             raise
@@ -107,7 +118,7 @@ class PendingFile:
                 os.close(self.fd)
             self.fd = -1
         with contextlib.suppress(OSError):
-            os.unlink(self.temporary)
+            os.unlink(self.temporary, dir_fd=self._dir_fd)
 
     def __enter__(self) -> PendingFile:
         return self
@@ -135,6 +146,7 @@ def publish(
     content: Data | Callable[[PendingFile], object],
     mode: int = 0o666,
     fsync: bool = True,
+    dir_fd: int | None = None,
 ) -> None:
     """Write ``content`` to ``path`` atomically: readers see the old file or the whole new one.
 
@@ -144,11 +156,12 @@ def publish(
             (anything taking a file with ``write``, e.g. ``lambda f: np.save(f, a)``).
         mode: permission bits of the new file (the umask applies).
         fsync: sync the data before the rename.
+        dir_fd: a directory descriptor ``path`` is relative to (see `PendingFile`).
 
     Raises:
         OSError: the write failed; no temporary file is left and ``path`` is unchanged.
     """
-    with PendingFile(path, mode, fsync) as out:
+    with PendingFile(path, mode, fsync, dir_fd) as out:
         if callable(content):
             content(out)
         else:
@@ -167,13 +180,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale(directory: str | os.PathLike[str], recursive: bool = False) -> int:
+def sweep_stale(
+    directory: str | os.PathLike[str], recursive: bool = False, dir_fd: int | None = None
+) -> int:
     """Remove the temporaries in ``directory`` whose writer process is gone; returns how many.
 
     Temporaries of live processes (this one included) are kept: they are still being written.
-    A missing directory holds nothing. Symbolic links to directories are not followed.
+    A missing directory holds nothing. Symbolic links to directories are not followed. With
+    ``dir_fd`` (a checked cache directory), ``directory`` is ignored and the walk and removals
+    are made relative to that descriptor.
     """
     removed = 0
+    if dir_fd is not None:
+        for _, _, names, fd in os.fwalk(".", dir_fd=dir_fd):
+            for name in names:
+                pid = writer_pid(name)
+                if pid is not None and not _alive(pid):
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=fd)
+                        removed += 1
+            if not recursive:
+                break
+        return removed
     for parent, _, names in os.walk(directory):
         for name in names:
             pid = writer_pid(name)

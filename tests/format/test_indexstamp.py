@@ -141,7 +141,7 @@ def test_a_checker_holding_on_past_the_bound_is_not_waited_for(
 
     path = tmp_path / "index.tfi"
     synthetic_index(path, 2000)
-    name = indexstamp._stamp_path(path.absolute(), path.stat()).stem
+    name = indexstamp._stamp_name(path.absolute(), path.stat())
     lock = tmp_path / "cache" / "checking" / f"{name}.lock"
     lock.parent.mkdir(parents=True)
     monkeypatch.setattr(indexstamp, "CHECKER_WAIT_S", 0.3)

@@ -110,7 +110,7 @@ def test_a_full_cache_disk_while_caching_the_index_is_one_clear_error(
     local: Path, s3_endpoint: str, bucket: str, tmpfs: Callable[..., Path]
 ) -> None:
     url = upload(s3_endpoint, local, bucket, "nospace")
-    tiny = tmpfs("tiny", "size=4k")  # smaller than the index
+    tiny = tmpfs("tiny", "size=4k", "mode=0700")  # smaller than the index; private
     assert (local / INDEX_NAME).stat().st_size > 4096
     shown = cli(s3_endpoint, "inspect", url, TIERFEED_CACHE=str(tiny))
     assert shown.returncode != 0 and "Traceback" not in shown.stderr
@@ -122,7 +122,7 @@ def test_a_full_cache_disk_while_caching_the_index_is_one_clear_error(
 def test_a_full_disk_while_staging_a_pack_uploads_nothing(
     local: Path, s3_endpoint: str, bucket: str, tmpfs: Callable[..., Path]
 ) -> None:
-    tiny = tmpfs("tiny", "size=64k")  # the store is ~200 KB
+    tiny = tmpfs("tiny", "size=64k", "mode=0700")  # the store is ~200 KB; private
     url = f"s3://{bucket}/staged"
     shown = cli(s3_endpoint, "pack", str(local.parent / "src"), url, TIERFEED_CACHE=str(tiny))
     assert shown.returncode != 0 and "Traceback" not in shown.stderr

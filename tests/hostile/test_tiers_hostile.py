@@ -239,15 +239,19 @@ def test_racing_readers_and_copies(
         store.close()
 
 
-def test_existing_cache_dir_is_made_private(tmp_path: Path) -> None:
+def test_existing_cache_dir_keeps_its_mode_and_its_files_are_private(tmp_path: Path) -> None:
+    # tierfeed never chmods a directory it did not create (tests/hostile/test_cache_dir.py);
+    # a private tier's files are 0600 whatever the directory's mode.
     private, shared = tmp_path / "private", tmp_path / "shared"
     for d in (private, shared):
         d.mkdir(mode=0o755)
         d.chmod(0o755)
-    disk_tier(private, 2**20)
-    disk_tier(shared, 2**20, shared=True)
-    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    disk_tier(private, 2**20).driver.write("x.tar", b"x")
+    disk_tier(shared, 2**20, shared=True).driver.write("x.tar", b"x")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o755
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert stat.S_IMODE((private / "x.tar").stat().st_mode) == 0o600
+    assert stat.S_IMODE((shared / "x.tar").stat().st_mode) == 0o644
 
 
 def test_cache_dir_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:

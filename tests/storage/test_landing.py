@@ -537,7 +537,7 @@ def test_adopt_takes_only_the_file_it_was_given(tmp_path: Path) -> None:
 def test_where_no_link_can_be_made_the_bytes_are_written(
     store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def cross_device(src: object, dst: object) -> None:
+    def cross_device(src: object, dst: object, **at: object) -> None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr("tierfeed.storage.posix.os.link", cross_device)

@@ -28,7 +28,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tierfeed.cachedir import private_dir
 from tierfeed.config import default_cache_dir
+from tierfeed.errors import TierfeedError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.publish import publish
 
@@ -53,15 +55,28 @@ def _identity(st: os.stat_result, header_checksum: int) -> dict[str, int]:
     }
 
 
-def _stamp_path(path: Path, st: os.stat_result) -> Path:
+def _stamps(folder: str) -> Path | None:
+    """This user's ``folder`` of stamps or locks, created 0700 and checked with the cache
+    directory above it (`tierfeed.cachedir`); None where there is none to trust (unusable or
+    another user's): stamps only save time, so the checks then simply run."""
+    try:
+        return private_dir(default_cache_dir() / folder)
+    except TierfeedError:
+        return None
+
+
+def _stamp_name(path: Path, st: os.stat_result) -> str:
     name = checksum_bytes(f"{path}\0{st.st_dev}\0{st.st_ino}".encode())
-    return default_cache_dir() / "checked" / f"{name:016x}.json"
+    return f"{name:016x}"
 
 
 def has_stamp(path: Path, st: os.stat_result, header_checksum: int) -> bool:
     """Whether index ``path`` (``st``: the fstat of the descriptor that was mapped) was
     checked in full since it last changed."""
-    where = _stamp_path(path, st)
+    folder = _stamps("checked")
+    if folder is None:
+        return False
+    where = folder / f"{_stamp_name(path, st)}.json"
     try:
         fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -84,9 +99,11 @@ def has_stamp(path: Path, st: os.stat_result, header_checksum: int) -> bool:
 def stamp(path: Path, st: os.stat_result, header_checksum: int) -> None:
     """Record that index ``path`` passed every check; a cache directory that cannot be
     written only means the next open checks again."""
-    where = _stamp_path(path, st)
+    folder = _stamps("checked")
+    if folder is None:
+        return
+    where = folder / f"{_stamp_name(path, st)}.json"
     try:
-        where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         publish(where, json.dumps(_identity(st, header_checksum)).encode(), 0o600, fsync=False)
     except OSError:
         return
@@ -98,10 +115,12 @@ def one_checker(path: Path, st: os.stat_result, wait_s: float | None = None) -> 
     ``wait_s``, default `CHECKER_WAIT_S`) while another process holds it. The caller then looks
     for a stamp again before checking. A lock that cannot be made (no cache directory) or is
     held past the bound lets the caller check on its own: never worse than without it."""
-    name = _stamp_path(path, st).stem
-    where = default_cache_dir() / "checking" / f"{name}.lock"
+    folder = _stamps("checking")
+    if folder is None:
+        yield
+        return
+    where = folder / f"{_stamp_name(path, st)}.lock"
     try:
-        where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         yield

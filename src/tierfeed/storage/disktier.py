@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tierfeed.cachedir import open_cache_dir
 from tierfeed.errors import ConfigError, NotFoundError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.storage.driver import Driver
@@ -104,7 +106,12 @@ class SharedDirectory(TierFiles):
     Args:
         driver: a writable driver over ``root`` (e.g. `PosixDriver`).
         root: the directory; its ``.tier.lock``, ``.claims/`` and ``.verified/`` are the
-            protocol (see `tierfeed.storage.shared_dir`).
+            protocol (see `tierfeed.storage.shared_dir`), used relative to a descriptor of
+            it, checked as `tierfeed.cachedir` checks a shared cache (the driver checked it
+            as what it is, private or shared, already).
+
+    Raises:
+        ConfigError: ``root`` is a link, another user's, or writable by others.
     """
 
     shared = True
@@ -112,36 +119,42 @@ class SharedDirectory(TierFiles):
     def __init__(self, driver: Driver, root: Path) -> None:
         super().__init__(driver)
         self.root = root
+        self._fd = open_cache_dir(root, shared=True)
+        weakref.finalize(self, os.close, self._fd)
 
     def where(self, key: str) -> str:
         return str(self.root / key)
 
     def has(self, key: str) -> bool:
         # One stat, no path parsing: asked on a miss, before the origin is read.
-        return os.path.exists(os.path.join(self.root, key))
+        try:
+            os.stat(key, dir_fd=self._fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
 
     def claim(self, key: str) -> AbstractContextManager[bool]:
-        return copy_claim(self.root, key)
+        return copy_claim(self._fd, key)
 
     def placing(self) -> AbstractContextManager[None]:
-        return placement_lock(self.root)
+        return placement_lock(self._fd)
 
     def usable(self, info: ChunkInfo) -> bool:
         """Checked once per host and file: a mark records the file a process verified, so
         forked workers skip the whole-chunk read; a good file is marked."""
         key = cache_key(info)
-        if marked(self.root, key):
+        if marked(self._fd, key):
             return True
         if checksum_bytes(self.driver.read(key)) != info.checksum:
             return False
-        mark(self.root, key)
+        mark(self._fd, key)
         return True
 
     def mark(self, key: str, fd: int | None = None) -> None:
-        mark(self.root, key, fd)
+        mark(self._fd, key, fd)
 
     def unmark(self, key: str) -> None:
-        unmark(self.root, key)
+        unmark(self._fd, key)
 
 
 def tier_files(driver: Driver) -> TierFiles:

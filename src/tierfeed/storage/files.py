@@ -33,12 +33,19 @@ class FdCache:
     reused under a reader. Opens happen outside the lock: an open that hangs on slow storage
     does not stall reads of files already open. Each path is opened by one thread at a time;
     others wanting it wait for that open, so the origin sees one open per file, not one per
-    thread that raced for it.
+    thread that raced for it. With ``dir_fd`` (a checked cache directory), paths are relative
+    to that descriptor and a link at their last component is not followed.
     """
 
-    def __init__(self, max_open: int = 128, flags: int = os.O_RDONLY | os.O_CLOEXEC) -> None:
+    def __init__(
+        self,
+        max_open: int = 128,
+        flags: int = os.O_RDONLY | os.O_CLOEXEC,
+        dir_fd: int | None = None,
+    ) -> None:
         self.max_open = max_open
-        self.flags = flags
+        self.flags = flags | (os.O_NOFOLLOW if dir_fd is not None else 0)
+        self.dir_fd = dir_fd
         self.opens = 0
         self._open: OrderedDict[str, _Fd] = OrderedDict()
         self._opening: dict[str, threading.Event] = {}  # path -> set when its open ends
@@ -74,12 +81,12 @@ class FdCache:
 
     def _open_file(self, path: str) -> int:
         try:
-            return os.open(path, self.flags)
+            return os.open(path, self.flags, dir_fd=self.dir_fd)
         except OSError as exc:
             if exc.errno != errno.EINVAL or not self.flags & os.O_DIRECT:
                 raise
             self.flags &= ~os.O_DIRECT  # no O_DIRECT on this file system
-            return os.open(path, self.flags)
+            return os.open(path, self.flags, dir_fd=self.dir_fd)
 
     @contextlib.contextmanager
     def fd(self, path: str) -> Iterator[int]:
@@ -159,11 +166,13 @@ class FdCache:
 _ALIGN = 4096  # what file systems that want direct reads aligned ask at most (a page)
 
 
-def pread(fd: int, path: str, length: int, offset: int, flags: int) -> bytes:
-    """One pread of ``fd`` (opened from ``path`` with ``flags``). An O_DIRECT read the file
-    system refuses (EINVAL: a local disk's wants its buffer, offset and length aligned) is
-    made again into an aligned buffer where the offset is aligned, else through the page
-    cache."""
+def pread(
+    fd: int, path: str, length: int, offset: int, flags: int, dir_fd: int | None = None
+) -> bytes:
+    """One pread of ``fd`` (opened from ``path``, relative to ``dir_fd`` if given, with
+    ``flags``). An O_DIRECT read the file system refuses (EINVAL: a local disk's wants its
+    buffer, offset and length aligned) is made again into an aligned buffer where the offset
+    is aligned, else through the page cache."""
     try:
         return os.pread(fd, length, offset)
     except OSError as exc:
@@ -172,8 +181,11 @@ def pread(fd: int, path: str, length: int, offset: int, flags: int) -> bytes:
     if offset % _ALIGN == 0 and length > 0:
         with contextlib.suppress(OSError):
             return _aligned_pread(fd, length, offset)
-    with open(path, "rb", buffering=0) as fh:
-        return os.pread(fh.fileno(), length, offset)
+    plain = os.open(path, (flags & ~os.O_DIRECT) | os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        return os.pread(plain, length, offset)
+    finally:
+        os.close(plain)
 
 
 def _aligned_pread(fd: int, length: int, offset: int) -> bytes:

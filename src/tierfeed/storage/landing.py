@@ -29,10 +29,13 @@ import re
 import struct
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierfeed.cachedir import DIR_FLAGS, open_cache_dir
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes, checksum_range
 from tierfeed.publish import temporary_path, writer_pid
 from tierfeed.telemetry.counters import Counters
@@ -212,14 +215,18 @@ class MemoryLanding(Landing):
             arrival.ended = True
 
 
-def _map_header(path: str) -> tuple[bytes, int] | None:
-    """(magic, fetcher's pid) of an arrival's map; None if it is too short to hold them.
+def _map_header(name: str, dir_fd: int) -> tuple[bytes, int] | None:
+    """(magic, fetcher's pid) of the arrival's map ``name`` in the directory open as
+    ``dir_fd``; None if it is too short to hold them.
 
     Raises:
         OSError: the map cannot be read (gone, say).
     """
-    with open(path, "rb") as f:
-        header = f.read(_HEADER.size)
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        header = os.pread(fd, _HEADER.size, 0)
+    finally:
+        os.close(fd)
     if len(header) != _HEADER.size:
         return None
     magic, owner, _, _ = _HEADER.unpack(header)
@@ -293,54 +300,69 @@ class _FileArrival(Arrival):
 class FileLanding(Landing):
     """Arrivals in ``root/.landing``, shared by every process of the host that uses ``root``.
 
+    The directory is checked and held open (`tierfeed.cachedir`): every file of
+    ``.landing`` is created, opened and removed relative to it, never through a link.
+
     Args:
         root: a disk tier's directory.
         file_mode: mode of the files it creates (the tier's).
+
+    Raises:
+        ConfigError: ``root`` is a link, another user's, or writable by others.
     """
 
     def __init__(self, root: Path, file_mode: int = 0o600) -> None:
         self.dir = root / _DIR
         self._mode = file_mode
+        self._root_fd = open_cache_dir(root, shared=file_mode != 0o600)
+        weakref.finalize(self, os.close, self._root_fd)
 
-    def _paths(self, info: ChunkInfo) -> tuple[Path, Path]:
+    def _paths(self, info: ChunkInfo) -> tuple[str, str]:
+        """The arrival's data file and map, relative to the root's descriptor."""
         key = f"{info.id:08d}-{info.checksum:016x}"
-        return self.dir / key, self.dir / f"{key}.map"
+        return f"{_DIR}/{key}", f"{_DIR}/{key}.map"
+
+    def _open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode, dir_fd=self._root_fd)
+
+    def _unlink(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path, dir_fd=self._root_fd)
 
     def begin(self, info: ChunkInfo, piece: int) -> Arrival:
         data_path, map_path = self._paths(info)
-        self.dir.mkdir(mode=0o700 if self._mode == 0o600 else 0o755, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(_DIR, 0o700 if self._mode == 0o600 else 0o755, dir_fd=self._root_fd)
         # New files, not the old ones rewritten: a reader still holding a dead fetch's files
         # keeps reading what they held. The map appears last, so a reader that finds it finds
         # the data file too.
         for old in (map_path, data_path):
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        data_fd = os.open(data_path, flags, self._mode)
+            self._unlink(old)
+        data_fd = self._open(data_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, self._mode)
         try:
             os.ftruncate(data_fd, info.size)
-            map_tmp = temporary_path(map_path)
-            map_fd = os.open(
-                map_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, self._mode
-            )
+            map_tmp = os.fspath(temporary_path(map_path))
+            map_fd = self._open(map_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self._mode)
             header = _HEADER.pack(_MAGIC, os.getpid(), piece, info.size)
             os.pwrite(map_fd, header + bytes(_pieces(info.size, piece)), 0)
-            os.replace(map_tmp, map_path)
+            at = self._root_fd
+            os.replace(map_tmp, map_path, src_dir_fd=at, dst_dir_fd=at)
         except BaseException:
             os.close(data_fd)
             with contextlib.suppress(OSError):
-                data_path.unlink()
+                self._unlink(data_path)
             raise
-        return _FileArrival(info, piece, data_path, data_fd, map_fd, os.getpid())
+        where = self.dir.parent / data_path
+        return _FileArrival(info, piece, where, data_fd, map_fd, os.getpid())
 
     def find(self, info: ChunkInfo) -> Arrival | None:
         data_path, map_path = self._paths(info)
         try:
-            map_fd = os.open(map_path, os.O_RDWR | os.O_CLOEXEC)
+            map_fd = self._open(map_path, os.O_RDWR)
         except OSError:
             return None
         try:
-            data_fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+            data_fd = self._open(data_path, os.O_RDONLY)
         except OSError:
             os.close(map_fd)
             return None
@@ -351,7 +373,8 @@ class FileLanding(Landing):
                 magic, owner, piece, size = _HEADER.unpack(header)
                 # Anything else is not ours to serve: a damaged or foreign map is ignored.
                 if magic == _MAGIC and size == info.size and piece > 0:
-                    arrival = _FileArrival(info, piece, data_path, data_fd, map_fd, owner)
+                    where = self.dir.parent / data_path
+                    arrival = _FileArrival(info, piece, where, data_fd, map_fd, owner)
         finally:
             if arrival is None:
                 os.close(data_fd)
@@ -362,13 +385,13 @@ class FileLanding(Landing):
         # The published maps (a map appears last, and goes first when a fetch ends) whose
         # fetcher lives: a killed fetcher's map, left until a sweep, lands nothing.
         out = set()
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.dir):
-                m = _MAP_NAME.fullmatch(entry.name)
+        with contextlib.suppress(OSError), self._landing_dir() as at:
+            for name in os.listdir(at):
+                m = _MAP_NAME.fullmatch(name)
                 if m is None:
                     continue
                 try:
-                    found = _map_header(entry.path)
+                    found = _map_header(name, at)
                 except OSError:
                     continue
                 if found is not None and found[0] == _MAGIC and _pid_alive(found[1]):
@@ -378,30 +401,38 @@ class FileLanding(Landing):
     def end(self, arrival: Arrival) -> None:
         data_path, map_path = self._paths(arrival.info)
         for path in (map_path, data_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            self._unlink(path)
         arrival.close()
+
+    @contextlib.contextmanager
+    def _landing_dir(self) -> Iterator[int]:
+        """A descriptor of ``.landing`` (FileNotFoundError while there is none)."""
+        fd = os.open(_DIR, DIR_FLAGS, dir_fd=self._root_fd)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def sweep(self) -> int:
         removed = 0
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.dir):
-                writer = writer_pid(entry.name)
+        with contextlib.suppress(FileNotFoundError), self._landing_dir() as at:
+            for name in os.listdir(at):
+                writer = writer_pid(name)
                 if writer is not None and not _pid_alive(writer):  # a map never published
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                if writer is not None or not entry.name.endswith(".map"):
+                        os.unlink(name, dir_fd=at)
+                if writer is not None or not name.endswith(".map"):
                     continue
                 try:
-                    found = _map_header(entry.path)
+                    found = _map_header(name, at)
                 except OSError:
                     continue
                 owner = found[1] if found is not None else 0
                 if owner and _pid_alive(owner):
                     continue
-                for path in (entry.path, entry.path[: -len(".map")]):
+                for gone in (name, name[: -len(".map")]):
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
+                        os.unlink(gone, dir_fd=at)
                 removed += 1
         return removed
 

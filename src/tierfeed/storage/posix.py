@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from tierfeed.cachedir import open_cache_dir
 from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
 from tierfeed.publish import is_temporary, publish, sweep_stale, temporary_path
 from tierfeed.storage.driver import Driver
@@ -22,6 +22,11 @@ _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, err
 
 class PosixDriver(Driver):
     """Files under ``root``: the one POSIX reader (one pread on a cached descriptor).
+
+    A writable driver is a cache: its root is created and checked as `tierfeed.cachedir`
+    says (not a link, this user's, writable by nobody else) and held open, and every file
+    below it is created, opened, renamed and removed relative to that descriptor, never
+    through a link, so a swap of the path after the check redirects nothing.
 
     Args:
         root: the directory (created, mode 0700 unless ``shared``, when writable).
@@ -48,37 +53,24 @@ class PosixDriver(Driver):
         super().__init__(read_only)
         self.root = Path(root).absolute()
         self._dir_mode, self._file_mode = (0o755, 0o644) if shared else (0o700, 0o600)
-        if not read_only:
-            self._make_root(shared)
         self.name = f"posix:{self.root}"
-        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
-        self._fds = FdCache(max_open, flags)  # no open per read: the origin sees one per file
-        # `read_block`'s: O_DIRECT descriptors (opened when a copy first reads the file).
-        self._block_fds = self._fds if direct else FdCache(max_open, flags | os.O_DIRECT)
+        self._max_open, self._direct = max_open, direct
+        # The checked root every path is relative to (None: an origin, read by path).
+        self._dir_fd = None if read_only else open_cache_dir(self.root, shared)
+        self._open_files()
         self._opens_counted = 0
         self._resolved_paths: dict[str, str] = {}
 
-    def _make_root(self, shared: bool) -> None:
-        """Create the root, or take over an existing one: a private cache is made 0700 even
-        when the directory was there before (other users must not read or plant chunks)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-            st = os.stat(self.root)
-            if not shared and stat.S_IMODE(st.st_mode) & 0o077:
-                if st.st_uid != os.getuid():
-                    raise StorageError(
-                        f"{self.root}: cache directory belongs to another user (uid "
-                        f"{st.st_uid}) and is open to others; use a directory of your own, or "
-                        "ask for a shared cache explicitly"
-                    )
-                os.chmod(self.root, 0o700)
-        except OSError as exc:
-            if isinstance(exc, StorageError):
-                raise
-            raise StorageError(
-                f"{self.root}: cannot be used as a cache directory ({exc.strerror or exc}); "
-                "give a writable directory path"
-            ) from None
+    def _open_files(self) -> None:
+        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if self._direct else 0)
+        # No open per read: the origin sees one per file.
+        self._fds = FdCache(self._max_open, flags, self._dir_fd)
+        # `read_block`'s: O_DIRECT descriptors (opened when a copy first reads the file).
+        self._block_fds = (
+            self._fds
+            if self._direct
+            else FdCache(self._max_open, flags | os.O_DIRECT, self._dir_fd)
+        )
 
     def _path(self, path: str) -> Path:
         return path_under(
@@ -91,10 +83,14 @@ class PosixDriver(Driver):
         return StorageError(f"{self}: {path}: {exc.strerror or exc}")
 
     def _resolved(self, path: str) -> str:
-        """``path`` checked and made absolute, once per path (reads are hot)."""
+        """``path`` checked and made absolute (relative to the root's descriptor where there
+        is one), once per path (reads are hot)."""
         full = self._resolved_paths.get(path)
         if full is None:
-            full = self._resolved_paths[path] = os.fspath(self._path(path))
+            checked = self._path(path)
+            if self._dir_fd is not None:
+                checked = checked.relative_to(self.root)
+            full = self._resolved_paths[path] = os.fspath(checked)
         return full
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
@@ -112,7 +108,7 @@ class PosixDriver(Driver):
             entry = fds.acquire(full)  # not `with fds.fd(...)`: a generator per read costs ~2 us
             try:
                 out = [
-                    pread(entry.fd, full, n, o, fds.flags)
+                    pread(entry.fd, full, n, o, fds.flags, self._dir_fd)
                     for o, n in zip(offsets, lengths, strict=True)
                 ]
             finally:
@@ -140,16 +136,23 @@ class PosixDriver(Driver):
 
     def size(self, path: str) -> int:
         self.counters.add(stats=1)
+        full = self._resolved(path)
         try:
-            return self._path(path).stat().st_size
+            return os.stat(full, dir_fd=self._dir_fd, follow_symlinks=False).st_size
         except OSError as exc:
             raise self._fail(path, exc) from None
 
     def list(self, prefix: str = "") -> list[str]:
         self.counters.add(lists=1)
         out = []
-        for dirpath, _, names in os.walk(self.root):
-            rel = Path(dirpath).relative_to(self.root).as_posix()
+        walk = (
+            ((top, names) for top, _, names in os.walk(self.root))
+            if self._dir_fd is None
+            else ((top, names) for top, _, names, _ in os.fwalk(".", dir_fd=self._dir_fd))
+        )
+        for dirpath, names in walk:
+            base = self.root if self._dir_fd is None else "."
+            rel = Path(os.path.relpath(dirpath, base)).as_posix()
             for name in names:
                 p = name if rel == "." else f"{rel}/{name}"
                 if p.startswith(prefix) and not is_temporary(name):
@@ -157,13 +160,20 @@ class PosixDriver(Driver):
         return sorted(out)
 
     def _write(self, path: str, data: bytes) -> None:
-        target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+        target = self._resolved(path)
         try:
-            publish(target, data, mode=self._file_mode)
+            self._make_parents(target)
+            publish(target, data, mode=self._file_mode, dir_fd=self._dir_fd)
         except OSError as exc:
             raise self._fail(path, exc) from None
-        self._forget(os.fspath(target))
+        self._forget(target)
+
+    def _make_parents(self, target: str) -> None:
+        """The directories above ``target`` (relative to the root), one level at a time."""
+        parents = Path(target).parent.parts
+        for depth in range(1, len(parents) + 1):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.join(*parents[:depth]), self._dir_mode, dir_fd=self._dir_fd)
 
     def adopt(self, path: str, source: Path, fd: int) -> bool:
         """Link ``source`` in at ``path`` (under a temporary name, then renamed over it, as a
@@ -177,45 +187,67 @@ class PosixDriver(Driver):
         """
         if self.read_only:
             raise ReadOnlyError(f"{self}: read-only; refusing to write {path}")
-        target = self._path(path)
-        temporary = temporary_path(target)
+        target = self._resolved(path)
+        temporary = os.fspath(temporary_path(target))
+        at = self._dir_fd
         try:
-            target.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            self._make_parents(target)
             with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()  # left by a link of this process that failed midway
+                os.unlink(temporary, dir_fd=at)  # left by a link of ours that failed midway
             try:
-                os.link(source, temporary)
+                if not self._link(source, fd, temporary):
+                    return False  # the file open is no longer in the landing (fetch ended)
             except OSError as exc:
                 if exc.errno in _NO_LINK:
                     return False
                 raise
             try:
-                if os.stat(temporary).st_ino != os.fstat(fd).st_ino:
+                linked = os.stat(temporary, dir_fd=at, follow_symlinks=False)
+                if linked.st_ino != os.fstat(fd).st_ino:
                     return False  # ``source`` names another file now
-                os.chmod(temporary, self._file_mode)
-                os.replace(temporary, target)
+                os.chmod(temporary, self._file_mode, dir_fd=at)
+                os.replace(temporary, target, src_dir_fd=at, dst_dir_fd=at)
             finally:
                 with contextlib.suppress(FileNotFoundError):
-                    temporary.unlink()
+                    os.unlink(temporary, dir_fd=at)
         except OSError as exc:
             raise self._fail(path, exc) from None
-        self._forget(os.fspath(target))
+        self._forget(target)
         self.counters.add(writes=1, links=1)
+        return True
+
+    def _link(self, source: Path, fd: int, temporary: str) -> bool:
+        """Link the file open as ``fd`` (named ``source``) in at ``temporary``: through
+        /proc/self/fd where there is one, so the very file open is linked even if the path
+        to ``source`` was swapped meanwhile (False: it has no name left to link); else by its
+        path (the caller checks the inode)."""
+        proc = f"/proc/self/fd/{fd}"
+        if os.path.exists(proc):
+            try:
+                os.link(proc, temporary, dst_dir_fd=self._dir_fd, follow_symlinks=True)
+            except FileNotFoundError:
+                return False
+            return True
+        os.link(source, temporary, dst_dir_fd=self._dir_fd, follow_symlinks=False)
         return True
 
     def for_hedges(self) -> Driver:
         """The same files, read-only and ``O_DIRECT`` (descriptors of its own): a second read
         of a range does not wait for pages that a stalled first read holds locked (FUSE,
         NFS)."""
-        return PosixDriver(self.root, read_only=True, direct=True)
+        hedges = PosixDriver(self.root, read_only=True, direct=True)
+        if self._dir_fd is not None:  # the very directory this one checked, not the path
+            hedges._dir_fd = os.dup(self._dir_fd)
+            hedges._open_files()
+        return hedges
 
     def _delete(self, path: str) -> None:
-        target = self._path(path)
+        target = self._resolved(path)
         try:
-            target.unlink()
+            os.unlink(target, dir_fd=self._dir_fd)
         except OSError as exc:
             raise self._fail(path, exc) from None
-        self._forget(os.fspath(target))
+        self._forget(target)
 
     @property
     def opens(self) -> int:
@@ -240,6 +272,10 @@ class PosixDriver(Driver):
     def close(self) -> None:
         self._fds.close()
         self._block_fds.close()
+        if self._dir_fd is not None and self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            # Not None: paths stay relative, and fail (EBADF) instead of naming the cwd.
+            self._dir_fd = self._fds.dir_fd = self._block_fds.dir_fd = -1
 
     def _forget(self, path: str) -> None:
         self._fds.forget(path)
@@ -247,4 +283,4 @@ class PosixDriver(Driver):
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left by processes that died mid-write; returns how many."""
-        return sweep_stale(self.root, recursive=True)
+        return sweep_stale(self.root, recursive=True, dir_fd=self._dir_fd)

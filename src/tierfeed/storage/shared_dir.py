@@ -11,6 +11,9 @@ kept beside the cached chunks let them cooperate without a server:
 
 Locks are released by the kernel when their process dies: a killed process leaves no lock
 or claim that blocks the others.
+
+``root`` is a descriptor of the checked directory (`tierfeed.cachedir`: every name below it
+is opened relative to it, never through a link) or, for tests and tools, its path.
 """
 
 from __future__ import annotations
@@ -23,17 +26,28 @@ from pathlib import Path
 
 from tierfeed.publish import publish
 
-__all__ = ["copy_claim", "mark", "marked", "placement_lock", "unmark"]
+__all__ = ["Root", "copy_claim", "mark", "marked", "placement_lock", "unmark"]
 
 _LOCK = ".tier.lock"
 _MARKS = ".verified"
 _CLAIMS = ".claims"
 
+Root = Path | int  # a directory descriptor, or a path
+_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _at(root: Root, *names: str) -> tuple[str, int | None]:
+    """``names`` below ``root``: (path, dir_fd) for `os.open` and friends."""
+    if isinstance(root, int):
+        return os.path.join(*names), root
+    return os.path.join(root, *names), None
+
 
 @contextlib.contextmanager
-def placement_lock(root: Path) -> Iterator[None]:
+def placement_lock(root: Root) -> Iterator[None]:
     """Serialise placement decisions (evict, then write) on ``root`` across processes."""
-    fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    path, at = _at(root, _LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _FLAGS, 0o600, dir_fd=at)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -42,7 +56,7 @@ def placement_lock(root: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def copy_claim(root: Path, key: str) -> Iterator[bool]:
+def copy_claim(root: Root, key: str) -> Iterator[bool]:
     """Claim the copy of ``key`` into ``root``: yields True for the one process that holds the
     claim, False while another does (without waiting for it).
 
@@ -50,11 +64,12 @@ def copy_claim(root: Path, key: str) -> Iterator[bool]:
     then lock the removed file and also see True, but by then the chunk is in the directory
     (the holder wrote it before letting go), which the caller checks after claiming.
     """
-    claims = root / _CLAIMS
-    path = claims / key
+    claims, at = _at(root, _CLAIMS)
+    path, _ = _at(root, _CLAIMS, key)
     try:
-        claims.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(claims, 0o700, dir_fd=at)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _FLAGS, 0o600, dir_fd=at)
     except OSError:
         yield True  # no claims possible here (read-only or full): copy as before
         return
@@ -68,29 +83,37 @@ def copy_claim(root: Path, key: str) -> Iterator[bool]:
             yield True
         finally:
             with contextlib.suppress(OSError):
-                path.unlink()
+                os.unlink(path, dir_fd=at)
     finally:
         os.close(fd)
 
 
-def _fingerprint(root: Path, key: str, fd: int | None = None) -> str | None:
+def _fingerprint(root: Root, key: str, fd: int | None = None) -> str | None:
+    path, at = _at(root, key)
     try:
-        st = os.stat(root / key) if fd is None else os.fstat(fd)
+        st = os.stat(path, dir_fd=at, follow_symlinks=False) if fd is None else os.fstat(fd)
     except OSError:
         return None
     return f"{st.st_ino} {st.st_mtime_ns} {st.st_size}"
 
 
-def marked(root: Path, key: str) -> bool:
+def marked(root: Root, key: str) -> bool:
     """Was this very file (same inode, mtime and size) verified by some process already?"""
+    path, at = _at(root, _MARKS, key)
     try:
-        recorded = (root / _MARKS / key).read_text()
+        fd = os.open(path, os.O_RDONLY | _FLAGS, dir_fd=at)
     except OSError:
         return False
+    try:
+        recorded = os.read(fd, 256).decode(errors="replace")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return recorded == _fingerprint(root, key)
 
 
-def mark(root: Path, key: str, fd: int | None = None) -> None:
+def mark(root: Root, key: str, fd: int | None = None) -> None:
     """Record that the file now at ``key`` is whole and verified (atomically; best effort);
     or, with ``fd``, the file open as ``fd``, about to be linked in at ``key`` (a link keeps
     its inode, mtime and size): marked before it appears there, no reader finds it unmarked
@@ -98,13 +121,17 @@ def mark(root: Path, key: str, fd: int | None = None) -> None:
     fingerprint = _fingerprint(root, key, fd)
     if fingerprint is None:
         return
-    marks = root / _MARKS
+    marks, at = _at(root, _MARKS)
+    path, _ = _at(root, _MARKS, key)
     with contextlib.suppress(OSError):
-        marks.mkdir(mode=0o700, exist_ok=True)
-        publish(marks / key, fingerprint.encode(), fsync=False)  # a lost mark costs a re-check
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(marks, 0o700, dir_fd=at)
+        # A lost mark costs a re-check.
+        publish(path, fingerprint.encode(), fsync=False, dir_fd=at)
 
 
-def unmark(root: Path, key: str) -> None:
+def unmark(root: Root, key: str) -> None:
     """Forget the mark of an evicted entry (a later file there is checked anew anyway)."""
+    path, at = _at(root, _MARKS, key)
     with contextlib.suppress(OSError):
-        (root / _MARKS / key).unlink()
+        os.unlink(path, dir_fd=at)

@@ -1,0 +1,130 @@
+"""Cache directories tierfeed can trust: opened without following a link, owned by this user.
+
+A cache directory holds what tierfeed wrote and will serve or run again (chunks, stamps,
+scratch files), often at a path another local user can reach first (under /tmp). So before
+tierfeed writes into one, `open_cache_dir` opens it with ``O_DIRECTORY | O_NOFOLLOW`` and
+checks the descriptor, not the path:
+
+- a symbolic link is refused (never followed);
+- private (the default): it must belong to this user and be writable by nobody else; a
+  directory tierfeed creates is made 0700, an existing one keeps its mode (tierfeed never
+  chmods what it did not create);
+- shared (a cache several users fill on purpose): it must belong to this user or to root, and
+  a directory writable by other users must be sticky (``chmod +t``), so nobody removes or
+  replaces another's files.
+
+Later creates, opens, renames and removals are made relative to the descriptor (``dir_fd``),
+so a swap of the path after the check cannot redirect them. This module sits at the bottom
+of the import graph (beside `publish`): `config`, `format` and `storage` all use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+from tierfeed.errors import ConfigError, StorageError
+
+__all__ = ["DIR_FLAGS", "open_cache_dir", "private_dir"]
+
+# Opens a directory, never through a link at its last component.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _refuse(path: Path, what: str, st: os.stat_result | None = None) -> ConfigError:
+    seen = "" if st is None else f" (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+    return ConfigError(f"{path}: {what}{seen}")
+
+
+def _link_owner(path: Path) -> str:
+    try:
+        return f" (made by uid {os.lstat(path).st_uid})"
+    except OSError:
+        return ""
+
+
+def open_cache_dir(path: str | os.PathLike[str], shared: bool = False, exact: bool = False) -> int:
+    """Create ``path`` unless it exists (0700, 0755 when ``shared``; missing parents too),
+    open it without following a link and check who may write it (see the module).
+
+    Args:
+        path: the directory.
+        shared: a cache shared between users on purpose.
+        exact: a directory of tierfeed's own (``/tmp/tierfeed-<uid>``): it must be 0700.
+
+    Returns:
+        A descriptor of the directory (the caller closes it).
+
+    Raises:
+        ConfigError: it is a link, another user's, or open to writes by others.
+        StorageError: it cannot be created or opened (a file there, no permission).
+    """
+    path = Path(path).absolute()
+    mode = 0o755 if shared else 0o700
+    created = False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, mode)
+            created = True
+        fd = os.open(path, DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise _refuse(
+                path,
+                f"the cache directory is a symbolic link{_link_owner(path)}, which tierfeed "
+                "never follows; remove it, or give a directory you own itself, not a link",
+            ) from None
+        with contextlib.suppress(OSError):  # not ours to open: say whose it is
+            _check(path, os.lstat(path), shared, exact)
+        raise StorageError(
+            f"{path}: cannot be used as a cache directory ({exc.strerror or exc}); "
+            "give a writable directory path"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)  # ours, just made: the umask took bits away
+            st = os.fstat(fd)
+        _check(path, st, shared, exact)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check(path: Path, st: os.stat_result, shared: bool, exact: bool) -> None:
+    me = os.geteuid()
+    owners = (me, 0) if shared else (me,)
+    if st.st_uid not in owners:
+        raise _refuse(
+            path,
+            "the cache directory belongs to another user; choose a directory you own, or remove it",
+            st,
+        )
+    bits = stat.S_IMODE(st.st_mode)
+    if exact and bits != 0o700:
+        raise _refuse(
+            path,
+            "tierfeed's own cache directory must be 0700 and is not; remove it (tierfeed "
+            "makes it again)",
+            st,
+        )
+    if bits & (stat.S_IWGRP | stat.S_IWOTH) and not (shared and bits & stat.S_ISVTX):
+        fix = "make it sticky (chmod +t) or " if shared else ""
+        raise _refuse(
+            path,
+            f"the cache directory is writable by other users (mode {bits:04o}); {fix}"
+            "chmod go-w it, or choose a directory only you can write",
+        )
+
+
+def private_dir(path: str | os.PathLike[str], exact: bool = False) -> Path:
+    """``path``, created 0700 unless it exists and checked as `open_cache_dir` checks a
+    private cache: for tierfeed's own state and scratch directories, written by path below
+    a directory nobody else can write."""
+    os.close(open_cache_dir(path, exact=exact))
+    return Path(path)
