@@ -233,3 +233,28 @@ def test_a_directory_of_ones_own_is_never_chmodded(tmp_path: Path) -> None:
     made = tmp_path / "made" / "here"
     disk_tier(made, 2**20)
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+@pytest.mark.timeout(60)
+def test_stage_in_and_the_index_cache_refuse_a_planted_link(
+    attacker: int, shared_tmp: Path, store_dir: Path
+) -> None:
+    # Failed before: stage-in copied its chunks and index through the link, an inbox was made
+    # in the victim's directory, and the index cache beside a disk tier followed it too.
+    from tierfeed.distributed.inbox import Inbox
+    from tierfeed.distributed.staging import stage
+    from tierfeed.loader.compose import TierConfig
+
+    mine = victims_dir(shared_tmp)
+    planted = shared_tmp / "node-local"
+    planted.symlink_to(mine)
+    os.lchown(planted, attacker, attacker)
+    with pytest.raises(ConfigError) as err:
+        stage(store_dir, planted, progress=False)
+    one_line(err, str(planted), "symbolic link")
+    with pytest.raises(ConfigError):
+        Inbox(planted)
+    with pytest.raises(ConfigError):
+        TierConfig(disk_dir=str(planted), disk_bytes=2**20).index_cache()
+    assert list(mine.iterdir()) == []
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o755

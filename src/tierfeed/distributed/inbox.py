@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.cachedir import private_dir
 from tierfeed.publish import publish
 
 __all__ = [
@@ -71,12 +72,12 @@ class Inbox:
     """The writer side, owned by the rank's exchanger (one process).
 
     Args:
-        root: the rank's inbox directory (created 0700).
+        root: the rank's inbox directory (created 0700; an existing one must not be a link,
+            another user's, or writable by others: `tierfeed.cachedir`).
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.root = private_dir(root)
         self.view = InboxView(self.root)
         # segment -> members not yet sent on or deleted (segments published before: all)
         self._live: dict[str, int] = self.view.sizes()

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from tierfeed.cachedir import private_dir
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.holders import Holdings
 from tierfeed.distributed.inbox import parts_dir, punched_dir
@@ -208,7 +209,7 @@ def stage(
     spec = PlanSpec.parse(plan) if isinstance(plan, str) else plan
     shape = plan_for(index, spec).shape
     holdings = Holdings.of(shape, np.asarray(index.chunk_size), spec, world)
-    local = local_dir_for(to, world)
+    local = private_dir(local_dir_for(to, world))  # made 0700, or checked: not a link, ours
     check_stageable(index, local)
     chunks = index.chunks()
     mine = [chunks[int(c)] for c in holdings.staged_by(world.rank)]

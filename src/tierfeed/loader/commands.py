@@ -85,8 +85,7 @@ def verify_location(location: StoreLocation, progress: bool = True) -> list[str]
         index_file = location.index_file()
     except TierfeedError as exc:
         return [str(exc)]
-    scratch = default_cache_dir()
-    scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+    scratch = default_cache_dir()  # made 0700 and checked
     with (
         location.origin() as origin,
         tempfile.TemporaryDirectory(dir=scratch, prefix=".verify-") as tmp,

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from tierfeed.cachedir import private_dir
 from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader.location import StoreLocation
@@ -84,9 +85,11 @@ class TierConfig:
 
     def index_cache(self) -> Path | None:
         """Where a remote store's index is kept on this host: beside the disk tier's chunks
-        (node-local), else None (the user's cache directory)."""
+        (node-local), else None (the user's cache directory). The disk tier's directory is
+        made, or checked, first (`tierfeed.cachedir`): nothing is written through a link or
+        into another user's directory."""
         if self.disk_dir is not None and self.disk_bytes > 0:
-            return Path(self.disk_dir) / ".index"
+            return private_dir(self.disk_dir) / ".index"
         return None
 
 
