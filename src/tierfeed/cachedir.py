@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tierfeed.errors import ConfigError, StorageError
 
-__all__ = ["DIR_FLAGS", "open_cache_dir", "private_dir"]
+__all__ = ["DIR_FLAGS", "open_cache_dir", "open_subdir", "private_dir"]
 
 # Opens a directory, never through a link at its last component.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -46,7 +46,9 @@ def _link_owner(path: Path) -> str:
         return ""
 
 
-def open_cache_dir(path: str | os.PathLike[str], shared: bool = False, exact: bool = False) -> int:
+def open_cache_dir(
+    path: str | os.PathLike[str], shared: bool = False, exact: bool = False, create: bool = True
+) -> int:
     """Create ``path`` unless it exists (0700, 0755 when ``shared``; missing parents too),
     open it without following a link and check who may write it (see the module).
 
@@ -54,6 +56,7 @@ def open_cache_dir(path: str | os.PathLike[str], shared: bool = False, exact: bo
         path: the directory.
         shared: a cache shared between users on purpose.
         exact: a directory of tierfeed's own (``/tmp/tierfeed-<uid>``): it must be 0700.
+        create: make it if missing (else a missing directory is a StorageError).
 
     Returns:
         A descriptor of the directory (the caller closes it).
@@ -66,10 +69,11 @@ def open_cache_dir(path: str | os.PathLike[str], shared: bool = False, exact: bo
     mode = 0o755 if shared else 0o700
     created = False
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, mode)
-            created = True
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, mode)
+                created = True
         fd = os.open(path, DIR_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP or os.path.islink(path):
@@ -128,3 +132,21 @@ def private_dir(path: str | os.PathLike[str], exact: bool = False) -> Path:
     a directory nobody else can write."""
     os.close(open_cache_dir(path, exact=exact))
     return Path(path)
+
+
+def open_subdir(dir_fd: int, name: str, mode: int, create: bool = True) -> int:
+    """A descriptor of the directory ``name`` in the directory open as ``dir_fd`` (made with
+    ``mode`` if missing and ``create``): not through a link, and this user's or root's (in a
+    shared sticky cache another user may have made the name first).
+
+    Raises:
+        OSError: it cannot be made or opened, is a link (ELOOP), or another user's (EPERM).
+    """
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, mode, dir_fd=dir_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    if os.fstat(fd).st_uid not in (os.geteuid(), 0):
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{name} belongs to another user")
+    return fd

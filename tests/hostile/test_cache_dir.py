@@ -23,6 +23,7 @@ from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.storage import PosixDriver, TierStack, disk_tier
 from tierfeed.storage.store import Store
+from tierfeed.storage.tiers import cache_key
 
 FILES = {f"c{i % 2}/s{i:03d}.bin".encode(): bytes([i % 251]) * (500 + 31 * i) for i in range(40)}
 ATTACKER = "tierfeed-other-cd"
@@ -258,3 +259,52 @@ def test_stage_in_and_the_index_cache_refuse_a_planted_link(
         TierConfig(disk_dir=str(planted), disk_bytes=2**20).index_cache()
     assert list(mine.iterdir()) == []
     assert stat.S_IMODE(mine.stat().st_mode) == 0o755
+
+
+@pytest.mark.timeout(60)
+def test_links_planted_in_a_shared_sticky_cache_are_not_followed(
+    attacker: int, shared_tmp: Path, store_dir: Path
+) -> None:
+    # Failed before: in a cache shared on purpose (sticky, writable by all), another user's
+    # `.landing`, `.claims` and `.verified` links were followed: the victim's files of the
+    # names arrivals, claims and marks take were removed or overwritten.
+    mine = victims_dir(shared_tmp)
+    index = Index(store_dir)
+    victims = {}
+    for info in index.chunks():
+        key = f"{info.id:08d}-{info.checksum:016x}"
+        for name in (key, f"{key}.map", cache_key(info)):
+            victims[name] = f"the victim's {name}".encode()
+            (mine / name).write_bytes(victims[name])
+    cache = shared_tmp / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o1777)
+    for name in (".landing", ".claims", ".verified"):
+        (cache / name).symlink_to(mine)
+        os.lchown(cache / name, attacker, attacker)
+    origin = PosixDriver(store_dir, read_only=True)
+    stack = TierStack(index.chunks(), origin, [disk_tier(cache, 2**30, shared=True)])
+    with Store(index, stack) as store:
+        for s in range(len(store)):
+            assert store.read_sample(s).fields["bin"] == FILES[store.index.key_bytes(s) + b".bin"]
+        stack.drain()
+        # Its copies cannot land (the link is refused): counted, and read from the origin.
+        assert stack.stats()[stack.tiers[0].name]["copy_failures"] >= 1
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == victims
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o755
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o1777  # not chmodded either
+
+
+@pytest.mark.timeout(60)
+def test_shared_caches_must_be_sticky_where_others_may_write(tmp_path: Path) -> None:
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    with pytest.raises(ConfigError) as err:
+        disk_tier(open_to_all, 2**20, shared=True)
+    one_line(err, str(open_to_all), "0777", "sticky")
+    open_to_all.chmod(0o1777)
+    disk_tier(open_to_all, 2**20, shared=True).driver.write("x.tar", b"x")
+    assert stat.S_IMODE((open_to_all / "x.tar").stat().st_mode) == 0o644
+    with pytest.raises(ConfigError):  # sticky is not enough for a private cache
+        disk_tier(open_to_all, 2**20)

@@ -111,7 +111,9 @@ class SharedDirectory(TierFiles):
             as what it is, private or shared, already).
 
     Raises:
-        ConfigError: ``root`` is a link, another user's, or writable by others.
+        ConfigError: ``root`` is a link, another user's (root's may be shared), or writable
+            by others without being sticky.
+        StorageError: there is no directory ``root``.
     """
 
     shared = True
@@ -119,7 +121,7 @@ class SharedDirectory(TierFiles):
     def __init__(self, driver: Driver, root: Path) -> None:
         super().__init__(driver)
         self.root = root
-        self._fd = open_cache_dir(root, shared=True)
+        self._fd = open_cache_dir(root, shared=True, create=False)
         weakref.finalize(self, os.close, self._fd)
 
     def where(self, key: str) -> str:

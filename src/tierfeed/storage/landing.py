@@ -31,11 +31,10 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.cachedir import DIR_FLAGS, open_cache_dir
+from tierfeed.cachedir import open_cache_dir, open_subdir
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes, checksum_range
 from tierfeed.publish import temporary_path, writer_pid
 from tierfeed.telemetry.counters import Counters
@@ -47,7 +46,7 @@ _HEADER = struct.Struct("<4sIQQ")  # magic, owner pid, piece size, chunk size
 _MAGIC = b"TFL1"
 _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.02
-_MAP_NAME = re.compile(r"([0-9]{8,})-([0-9a-f]{16})\.map")  # `FileLanding._paths`
+_MAP_NAME = re.compile(r"([0-9]{8,})-([0-9a-f]{16})\.map")  # `FileLanding._names`
 
 
 @dataclass
@@ -300,69 +299,83 @@ class _FileArrival(Arrival):
 class FileLanding(Landing):
     """Arrivals in ``root/.landing``, shared by every process of the host that uses ``root``.
 
-    The directory is checked and held open (`tierfeed.cachedir`): every file of
-    ``.landing`` is created, opened and removed relative to it, never through a link.
+    The directory and its ``.landing`` are checked and held open (`tierfeed.cachedir`):
+    every file of ``.landing`` is created, opened and removed relative to them, never
+    through a link.
 
     Args:
         root: a disk tier's directory.
         file_mode: mode of the files it creates (the tier's).
 
     Raises:
-        ConfigError: ``root`` is a link, another user's, or writable by others.
+        ConfigError: ``root`` is a link, another user's (root's may be shared), or writable
+            by others without being sticky.
+        StorageError: there is no directory ``root``.
     """
 
     def __init__(self, root: Path, file_mode: int = 0o600) -> None:
         self.dir = root / _DIR
         self._mode = file_mode
-        self._root_fd = open_cache_dir(root, shared=file_mode != 0o600)
-        weakref.finalize(self, os.close, self._root_fd)
+        # The tier's driver made the directory and checked it as what it is (private or
+        # shared); checked here as a shared one, which either kind passes.
+        root_fd = open_cache_dir(root, shared=True, create=False)
+        self._fds = [root_fd]  # the root's, then ``.landing``'s once it is there
+        weakref.finalize(self, _close_all, self._fds)
+        self._lock = threading.Lock()
 
-    def _paths(self, info: ChunkInfo) -> tuple[str, str]:
-        """The arrival's data file and map, relative to the root's descriptor."""
+    def _at(self, create: bool = False) -> int:
+        """The descriptor of ``.landing`` (made if ``create``; FileNotFoundError if none)."""
+        if len(self._fds) == 1:
+            with self._lock:
+                if len(self._fds) == 1:
+                    mode = 0o700 if self._mode == 0o600 else 0o755
+                    self._fds.append(open_subdir(self._fds[0], _DIR, mode, create))
+        return self._fds[1]
+
+    def _names(self, info: ChunkInfo) -> tuple[str, str]:
+        """The arrival's data file and map, in ``.landing``."""
         key = f"{info.id:08d}-{info.checksum:016x}"
-        return f"{_DIR}/{key}", f"{_DIR}/{key}.map"
+        return key, f"{key}.map"
 
-    def _open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode, dir_fd=self._root_fd)
+    def _open(self, name: str, flags: int, create: bool = False) -> int:
+        flags |= os.O_CLOEXEC | os.O_NOFOLLOW
+        return os.open(name, flags, self._mode, dir_fd=self._at(create))
 
-    def _unlink(self, path: str) -> None:
+    def _unlink(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path, dir_fd=self._root_fd)
+            os.unlink(name, dir_fd=self._at())
 
     def begin(self, info: ChunkInfo, piece: int) -> Arrival:
-        data_path, map_path = self._paths(info)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(_DIR, 0o700 if self._mode == 0o600 else 0o755, dir_fd=self._root_fd)
+        data_name, map_name = self._names(info)
+        at = self._at(create=True)
         # New files, not the old ones rewritten: a reader still holding a dead fetch's files
         # keeps reading what they held. The map appears last, so a reader that finds it finds
         # the data file too.
-        for old in (map_path, data_path):
+        for old in (map_name, data_name):
             self._unlink(old)
-        data_fd = self._open(data_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, self._mode)
+        data_fd = self._open(data_name, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         try:
             os.ftruncate(data_fd, info.size)
-            map_tmp = os.fspath(temporary_path(map_path))
-            map_fd = self._open(map_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self._mode)
+            map_tmp = os.fspath(temporary_path(map_name))
+            map_fd = self._open(map_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
             header = _HEADER.pack(_MAGIC, os.getpid(), piece, info.size)
             os.pwrite(map_fd, header + bytes(_pieces(info.size, piece)), 0)
-            at = self._root_fd
-            os.replace(map_tmp, map_path, src_dir_fd=at, dst_dir_fd=at)
+            os.replace(map_tmp, map_name, src_dir_fd=at, dst_dir_fd=at)
         except BaseException:
             os.close(data_fd)
             with contextlib.suppress(OSError):
-                self._unlink(data_path)
+                self._unlink(data_name)
             raise
-        where = self.dir.parent / data_path
-        return _FileArrival(info, piece, where, data_fd, map_fd, os.getpid())
+        return _FileArrival(info, piece, self.dir / data_name, data_fd, map_fd, os.getpid())
 
     def find(self, info: ChunkInfo) -> Arrival | None:
-        data_path, map_path = self._paths(info)
+        data_name, map_name = self._names(info)
         try:
-            map_fd = self._open(map_path, os.O_RDWR)
+            map_fd = self._open(map_name, os.O_RDWR)
         except OSError:
             return None
         try:
-            data_fd = self._open(data_path, os.O_RDONLY)
+            data_fd = self._open(data_name, os.O_RDONLY)
         except OSError:
             os.close(map_fd)
             return None
@@ -373,7 +386,7 @@ class FileLanding(Landing):
                 magic, owner, piece, size = _HEADER.unpack(header)
                 # Anything else is not ours to serve: a damaged or foreign map is ignored.
                 if magic == _MAGIC and size == info.size and piece > 0:
-                    where = self.dir.parent / data_path
+                    where = self.dir / data_name
                     arrival = _FileArrival(info, piece, where, data_fd, map_fd, owner)
         finally:
             if arrival is None:
@@ -385,7 +398,8 @@ class FileLanding(Landing):
         # The published maps (a map appears last, and goes first when a fetch ends) whose
         # fetcher lives: a killed fetcher's map, left until a sweep, lands nothing.
         out = set()
-        with contextlib.suppress(OSError), self._landing_dir() as at:
+        with contextlib.suppress(OSError):
+            at = self._at()
             for name in os.listdir(at):
                 m = _MAP_NAME.fullmatch(name)
                 if m is None:
@@ -399,42 +413,41 @@ class FileLanding(Landing):
         return out
 
     def end(self, arrival: Arrival) -> None:
-        data_path, map_path = self._paths(arrival.info)
-        for path in (map_path, data_path):
-            self._unlink(path)
+        for name in reversed(self._names(arrival.info)):
+            self._unlink(name)
         arrival.close()
-
-    @contextlib.contextmanager
-    def _landing_dir(self) -> Iterator[int]:
-        """A descriptor of ``.landing`` (FileNotFoundError while there is none)."""
-        fd = os.open(_DIR, DIR_FLAGS, dir_fd=self._root_fd)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
 
     def sweep(self) -> int:
         removed = 0
-        with contextlib.suppress(FileNotFoundError), self._landing_dir() as at:
-            for name in os.listdir(at):
-                writer = writer_pid(name)
-                if writer is not None and not _pid_alive(writer):  # a map never published
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(name, dir_fd=at)
-                if writer is not None or not name.endswith(".map"):
-                    continue
-                try:
-                    found = _map_header(name, at)
-                except OSError:
-                    continue
-                owner = found[1] if found is not None else 0
-                if owner and _pid_alive(owner):
-                    continue
-                for gone in (name, name[: -len(".map")]):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(gone, dir_fd=at)
-                removed += 1
+        try:
+            at = self._at()
+        except OSError:
+            return 0  # no arrivals yet (or none of ours to sweep)
+        for name in os.listdir(at):
+            writer = writer_pid(name)
+            if writer is not None and not _pid_alive(writer):  # a map never published
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=at)
+            if writer is not None or not name.endswith(".map"):
+                continue
+            try:
+                found = _map_header(name, at)
+            except OSError:
+                continue
+            owner = found[1] if found is not None else 0
+            if owner and _pid_alive(owner):
+                continue
+            for gone in (name, name[: -len(".map")]):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(gone, dir_fd=at)
+            removed += 1
         return removed
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def landing_for(root: Path | None, file_mode: int = 0o600) -> Landing:

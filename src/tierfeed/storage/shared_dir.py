@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from tierfeed.cachedir import open_subdir
 from tierfeed.publish import publish
 
 __all__ = ["Root", "copy_claim", "mark", "marked", "placement_lock", "unmark"]
@@ -36,11 +37,32 @@ Root = Path | int  # a directory descriptor, or a path
 _FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
 
 
-def _at(root: Root, *names: str) -> tuple[str, int | None]:
-    """``names`` below ``root``: (path, dir_fd) for `os.open` and friends."""
-    if isinstance(root, int):
-        return os.path.join(*names), root
-    return os.path.join(root, *names), None
+def _at(root: Root, name: str) -> tuple[str, int | None]:
+    """``name`` in ``root``: (path, dir_fd) for `os.open` and friends."""
+    return (name, root) if isinstance(root, int) else (os.path.join(root, name), None)
+
+
+@contextlib.contextmanager
+def _folder(root: Root, name: str, create: bool = False) -> Iterator[tuple[str, int | None]]:
+    """The folder ``name`` of ``root`` (made 0700 if ``create``) as (path, dir_fd) of its
+    files' parent: below a descriptor, the folder's own descriptor, opened without following
+    a link and refused if another user made it (`tierfeed.cachedir.open_subdir`).
+
+    Raises:
+        OSError: the folder cannot be made or opened.
+    """
+    if not isinstance(root, int):
+        folder = os.path.join(root, name)
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700)
+        yield folder, None
+        return
+    fd = open_subdir(root, name, 0o700, create)
+    try:
+        yield "", fd
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -64,16 +86,17 @@ def copy_claim(root: Root, key: str) -> Iterator[bool]:
     then lock the removed file and also see True, but by then the chunk is in the directory
     (the holder wrote it before letting go), which the caller checks after claiming.
     """
-    claims, at = _at(root, _CLAIMS)
-    path, _ = _at(root, _CLAIMS, key)
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(claims, 0o700, dir_fd=at)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _FLAGS, 0o600, dir_fd=at)
-    except OSError:
-        yield True  # no claims possible here (read-only or full): copy as before
-        return
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            folder, at = stack.enter_context(_folder(root, _CLAIMS, create=True))
+            path = os.path.join(folder, key)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _FLAGS, 0o600, dir_fd=at)
+        except OSError:
+            fd = -1  # no claims possible here (read-only or full): copy as before
+        if fd < 0:
+            yield True
+            return
+        stack.callback(os.close, fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -84,8 +107,6 @@ def copy_claim(root: Root, key: str) -> Iterator[bool]:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path, dir_fd=at)
-    finally:
-        os.close(fd)
 
 
 def _fingerprint(root: Root, key: str, fd: int | None = None) -> str | None:
@@ -99,17 +120,15 @@ def _fingerprint(root: Root, key: str, fd: int | None = None) -> str | None:
 
 def marked(root: Root, key: str) -> bool:
     """Was this very file (same inode, mtime and size) verified by some process already?"""
-    path, at = _at(root, _MARKS, key)
     try:
-        fd = os.open(path, os.O_RDONLY | _FLAGS, dir_fd=at)
+        with _folder(root, _MARKS) as (folder, at):
+            fd = os.open(os.path.join(folder, key), os.O_RDONLY | _FLAGS, dir_fd=at)
+            try:
+                recorded = os.read(fd, 256).decode(errors="replace")
+            finally:
+                os.close(fd)
     except OSError:
         return False
-    try:
-        recorded = os.read(fd, 256).decode(errors="replace")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
     return recorded == _fingerprint(root, key)
 
 
@@ -121,17 +140,12 @@ def mark(root: Root, key: str, fd: int | None = None) -> None:
     fingerprint = _fingerprint(root, key, fd)
     if fingerprint is None:
         return
-    marks, at = _at(root, _MARKS)
-    path, _ = _at(root, _MARKS, key)
-    with contextlib.suppress(OSError):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(marks, 0o700, dir_fd=at)
+    with contextlib.suppress(OSError), _folder(root, _MARKS, create=True) as (folder, at):
         # A lost mark costs a re-check.
-        publish(path, fingerprint.encode(), fsync=False, dir_fd=at)
+        publish(os.path.join(folder, key), fingerprint.encode(), fsync=False, dir_fd=at)
 
 
 def unmark(root: Root, key: str) -> None:
     """Forget the mark of an evicted entry (a later file there is checked anew anyway)."""
-    path, at = _at(root, _MARKS, key)
-    with contextlib.suppress(OSError):
-        os.unlink(path, dir_fd=at)
+    with contextlib.suppress(OSError), _folder(root, _MARKS) as (folder, at):
+        os.unlink(os.path.join(folder, key), dir_fd=at)
