@@ -308,3 +308,22 @@ def test_shared_caches_must_be_sticky_where_others_may_write(tmp_path: Path) -> 
     assert stat.S_IMODE((open_to_all / "x.tar").stat().st_mode) == 0o644
     with pytest.raises(ConfigError):  # sticky is not enough for a private cache
         disk_tier(open_to_all, 2**20)
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_over_another_users_disk_dir_fails_in_the_main_process(
+    attacker: int, shared_tmp: Path, store_dir: Path
+) -> None:
+    # Failed before: nothing was refused (root wrote into the attacker's directory); for
+    # another user, the error came from the workers' TierStack.
+    from tierfeed.loader.compose import TierConfig
+    from tierfeed.torch.dataset import Dataset
+
+    theirs = shared_tmp / "job-cache"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, attacker, attacker)
+    tiers = TierConfig(disk_dir=str(theirs), disk_bytes=2**30)
+    with pytest.raises(ConfigError) as err:
+        Dataset(store_dir, batch_size=4, tiers=tiers)
+    one_line(err, str(theirs), f"uid {attacker}")
+    assert list(theirs.iterdir()) == []
