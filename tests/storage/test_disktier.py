@@ -96,3 +96,19 @@ def test_tier_counters_snapshot_and_pickle() -> None:
     assert again == ram.counters
     again.add(hits=1)
     assert again.hits == 3
+
+
+def test_an_origins_linked_file_is_read_through_its_link_a_caches_is_not(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.tar"
+    elsewhere.write_bytes(DATA)
+    store, cache = tmp_path / "store", tmp_path / "cache"
+    store.mkdir()
+    (store / "linked.tar").symlink_to(elsewhere)
+    origin = PosixDriver(store, read_only=True)  # a store of linked chunks is a store
+    assert origin.size("linked.tar") == len(DATA) and origin.read("linked.tar") == DATA
+    tier = disk_tier(cache, 10**6)
+    (cache / "linked.tar").symlink_to(elsewhere)  # only its owner can plant one: still refused
+    with pytest.raises(OSError):
+        tier.driver.read("linked.tar")
+    tier.driver.write("linked.tar", b"replaced")  # the link is replaced, not written through
+    assert elsewhere.read_bytes() == DATA and (cache / "linked.tar").read_bytes() == b"replaced"

@@ -138,7 +138,9 @@ class PosixDriver(Driver):
         self.counters.add(stats=1)
         full = self._resolved(path)
         try:
-            return os.stat(full, dir_fd=self._dir_fd, follow_symlinks=False).st_size
+            # A cache's files are never links; an origin's may be (a store of linked chunks).
+            cache = self._dir_fd is not None
+            return os.stat(full, dir_fd=self._dir_fd, follow_symlinks=not cache).st_size
         except OSError as exc:
             raise self._fail(path, exc) from None
 
