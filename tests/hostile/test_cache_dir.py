@@ -327,3 +327,20 @@ def test_a_dataset_over_another_users_disk_dir_fails_in_the_main_process(
         Dataset(store_dir, batch_size=4, tiers=tiers)
     one_line(err, str(theirs), f"uid {attacker}")
     assert list(theirs.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_cli_says_it_in_one_line(
+    attacker: int, shared_tmp: Path, store_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tierfeed.cli import main
+
+    mine = victims_dir(shared_tmp)
+    planted = shared_tmp / "node-local"
+    planted.symlink_to(mine)
+    os.lchown(planted, attacker, attacker)
+    assert main(["stage", str(store_dir), "--to", str(planted), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tierfeed stage: error: "), err
+    assert str(planted) in err and "symbolic link" in err and "Traceback" not in err
+    assert list(mine.iterdir()) == []
