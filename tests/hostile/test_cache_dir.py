@@ -344,3 +344,17 @@ def test_the_cli_says_it_in_one_line(
     assert err.count("\n") == 1 and err.startswith("tierfeed stage: error: "), err
     assert str(planted) in err and "symbolic link" in err and "Traceback" not in err
     assert list(mine.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_read_only_home_falls_back_to_the_uids_directory_under_tmp(
+    tmpfs: Callable[..., Path], tmp_path: Path
+) -> None:
+    home = tmpfs("home", "size=64k", "mode=0700")
+    (home / ".cache" / "tierfeed").mkdir(parents=True, mode=0o700)  # from an earlier run
+    done = subprocess.run(["mount", "-o", "remount,ro", str(home)], capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"HOME": str(home), "TMPDIR": str(scratch)}
+    assert default_cache_dir(env) == scratch / f"tierfeed-{os.geteuid()}"
