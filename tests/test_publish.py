@@ -116,7 +116,12 @@ def test_killed_writers_temporary_is_swept_a_live_ones_kept(tmp_path: Path) -> N
         child.wait(timeout=10)
     assert sweep_stale(tmp_path) == 0  # not recursive: sub/ is not looked at
     assert theirs.exists()
-    assert sweep_stale(tmp_path, recursive=True) == 1
+    at = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # relative to a cache's descriptor, the path given is not used
+        assert sweep_stale(tmp_path / "missing", dir_fd=at) == 0
+        assert sweep_stale(tmp_path / "missing", recursive=True, dir_fd=at) == 1
+    finally:
+        os.close(at)
     assert not theirs.exists()
     assert names(sub) == [mine.temporary.name]
     assert names(tmp_path) == ["kept.tar", "sub"]

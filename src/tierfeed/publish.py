@@ -191,23 +191,17 @@ def sweep_stale(
     are made relative to that descriptor.
     """
     removed = 0
-    if dir_fd is not None:
-        for _, _, names, fd in os.fwalk(".", dir_fd=dir_fd):
-            for name in names:
-                pid = writer_pid(name)
-                if pid is not None and not _alive(pid):
-                    with contextlib.suppress(OSError):
-                        os.unlink(name, dir_fd=fd)
-                        removed += 1
-            if not recursive:
-                break
-        return removed
-    for parent, _, names in os.walk(directory):
+    walk = (
+        os.fwalk(".", dir_fd=dir_fd)
+        if dir_fd is not None
+        else ((parent, dirs, names, None) for parent, dirs, names in os.walk(directory))
+    )
+    for parent, _, names, at in walk:
         for name in names:
             pid = writer_pid(name)
             if pid is not None and not _alive(pid):
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(parent, name))
+                    os.unlink(name if at is not None else os.path.join(parent, name), dir_fd=at)
                     removed += 1
         if not recursive:
             break
