@@ -217,5 +217,12 @@ class Tier:
 
 
 def disk_tier(path: str | os.PathLike[str], quota: int, shared: bool = False) -> Tier:
-    """A local-disk tier in ``path`` (0700 unless ``shared``)."""
+    """A local-disk tier in ``path``: made 0700 (0755 if ``shared``) if missing, else checked
+    and left as it is (`tierfeed.cachedir`).
+
+    Raises:
+        ConfigError: ``path`` is a link, another user's, or writable by others (a shared one:
+            unless sticky).
+        StorageError: it cannot be made or opened.
+    """
     return Tier(PosixDriver(Path(path), shared=shared), quota, name=f"disk:{path}")

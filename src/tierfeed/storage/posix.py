@@ -29,7 +29,8 @@ class PosixDriver(Driver):
     through a link, so a swap of the path after the check redirects nothing.
 
     Args:
-        root: the directory (created, mode 0700 unless ``shared``, when writable).
+        root: the directory (when writable: created 0700, 0755 if ``shared``, if missing;
+            else checked, and its mode left as it is).
         read_only: refuse writes and deletes.
         shared: create directories 0755 and files 0644 (a cache shared between users,
             configured explicitly); otherwise 0700 and 0600, private to their creator.
