@@ -94,6 +94,12 @@ def open_cache_dir(
             os.fchmod(fd, mode)  # ours, just made: the umask took bits away
             st = os.fstat(fd)
         _check(path, st, shared, exact)
+        if not os.access(".", os.W_OK, dir_fd=fd):  # a shared one of root's, a read-only disk
+            raise StorageError(
+                f"{path}: cannot be used as a cache directory (uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o}: not writable by uid {os.geteuid()}, or on a "
+                "read-only file system); give a directory you can write"
+            )
     except BaseException:
         os.close(fd)
         raise

@@ -358,3 +358,49 @@ def test_a_read_only_home_falls_back_to_the_uids_directory_under_tmp(
     scratch.mkdir()
     env = {"HOME": str(home), "TMPDIR": str(scratch)}
     assert default_cache_dir(env) == scratch / f"tierfeed-{os.geteuid()}"
+
+
+AS_NOBODY = """
+import os, sys
+from tierfeed.storage import disk_tier
+from tierfeed.errors import TierfeedError
+os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[2]))
+try:
+    disk_tier(sys.argv[1], 2**20, shared=True).driver.write("x.tar", b"x")
+except TierfeedError as exc:
+    print(type(exc).__name__, exc)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_shared_cache_of_roots_is_used_if_sticky_and_refused_in_one_line_if_not_writable(
+    shared_tmp: Path,
+) -> None:
+    # Failed before: the root-owned 0755 directory was taken, and the first write failed
+    # later, as a copy failure, far from the configuration that caused it.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a child as user nobody")
+
+    def as_nobody(cache: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", AS_NOBODY, str(cache), str(NOBODY)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
+        )
+
+    sticky = shared_tmp / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    done = as_nobody(sticky)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (sticky / "x.tar").stat().st_uid == NOBODY
+    closed = shared_tmp / "closed"
+    closed.mkdir()
+    closed.chmod(0o755)
+    done = as_nobody(closed)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.startswith("StorageError ") and done.stdout.count("\n") == 1
+    assert str(closed) in done.stdout and "not writable" in done.stdout
