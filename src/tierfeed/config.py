@@ -63,12 +63,9 @@ def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     if env.get("XDG_CACHE_HOME") or home:
         base = Path(env.get("XDG_CACHE_HOME") or Path(home, ".cache"))
         try:
-            mine = private_dir(base / "tierfeed")
+            return private_dir(base / "tierfeed")
         except StorageError:
-            pass  # no home, or one where it cannot be made: the per-user directory under /tmp
-        else:
-            if os.access(mine, os.W_OK):  # not on a home mounted read-only
-                return mine
+            pass  # no home, or a read-only one: the per-user directory under /tmp
     # Under a /tmp every user writes: a name of our uid's, that must be ours and 0700.
     return private_dir(Path(env.get("TMPDIR") or "/tmp", f"tierfeed-{os.geteuid()}"), exact=True)
 
