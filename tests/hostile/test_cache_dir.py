@@ -1,5 +1,7 @@
 """A cache directory another local user prepared: a symlink to the victim's directory, a
-directory of their own, a path swapped after the check, the per-user default taken first.
+directory of their own, a path swapped after the check, the per-user default taken first,
+links planted in a cache shared on purpose; and the rules for one's own directories (never
+chmodded, not writable by others, a shared one sticky, one that cannot be written refused).
 
 The attacker is a second real uid (`useradd`, as root; skipped otherwise). The victim is this
 process (root) or, where root's powers would hide the failure, user `nobody` in a child.
