@@ -94,7 +94,9 @@ def open_cache_dir(
             os.fchmod(fd, mode)  # ours, just made: the umask took bits away
             st = os.fstat(fd)
         _check(path, st, shared, exact)
-        if not os.access(".", os.W_OK, dir_fd=fd):  # a shared one of root's, a read-only disk
+        effective = os.access in os.supports_effective_ids  # as geteuid above
+        # A shared one of root's not open to us, a read-only disk:
+        if not os.access(".", os.W_OK, dir_fd=fd, effective_ids=effective):
             raise StorageError(
                 f"{path}: cannot be used as a cache directory (uid {st.st_uid}, mode "
                 f"{stat.S_IMODE(st.st_mode):04o}: not writable by uid {os.geteuid()}, or on a "
