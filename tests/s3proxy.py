@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -41,6 +42,11 @@ class Fault:
     code: str = ""  # the S3 error code in that body, e.g. "SlowDown"
     times: int = 1  # how many matching requests it applies to (-1: every one)
     delay_s: float = 0.0  # sleep this long before answering (a stall past the client's timeout)
+    # A cut body (GETs answered with data): send only this many bytes of the body, whose
+    # Content-Length still says the whole, then end the connection (-1: send it all).
+    cut_after: int = -1
+    reset: bool = False  # end a cut body with a TCP RST (a reset) instead of a FIN (a short body)
+    stall_s: float = 0.0  # after the cut bytes, stall this long before ending the connection
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and self.key_contains in path
@@ -109,12 +115,12 @@ class _Handler(BaseHTTPRequestHandler):
         proxy._sleep(proxy.latency_s + (fault.delay_s if fault else 0.0))
         if fault is not None and fault.status:
             self._answer_error(fault, path)
-        elif not self._serve_file(path):
-            self._forward(body)
+        elif not self._serve_file(path, fault):
+            self._forward(body, fault)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve  # noqa: N815
 
-    def _serve_file(self, path: str) -> bool:
+    def _serve_file(self, path: str, fault: Fault | None = None) -> bool:
         """GET or HEAD of an object the proxy serves from a file itself (``serve``; a key with
         no such file there is answered 404): True if answered, False to forward the request."""
         bucket, _, key = path.lstrip("/").partition("/")
@@ -154,9 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{st.st_size}")
         self.send_header("Content-Length", str(end - start))
         self.end_headers()
-        with self.server.proxy._lock:
-            self.server.proxy.bytes_out += len(data)
-        self._write_paced(data)
+        self._send_body(data, fault)
         return True
 
     def _answer_json(self, value: object) -> None:
@@ -181,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def _forward(self, body: bytes) -> None:
+    def _forward(self, body: bytes, fault: Fault | None = None) -> None:
         proxy = self.server.proxy
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         if body or self.command in ("PUT", "POST"):
@@ -203,9 +207,28 @@ class _Handler(BaseHTTPRequestHandler):
         length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else len(data)
         self.send_header("Content-Length", str(length))  # HEAD: the upstream's, with no body
         self.end_headers()
+        self._send_body(data, fault)
+
+    def _send_body(self, data: bytes, fault: Fault | None) -> None:
+        """Send the body, or with a cutting ``fault`` only its first bytes and then end the
+        connection: with a FIN (a body shorter than its Content-Length) or an RST (a reset)."""
+        proxy = self.server.proxy
+        cut = fault is not None and fault.cut_after >= 0 and len(data) > fault.cut_after
+        if fault is not None and cut:
+            data = data[: fault.cut_after]
         with proxy._lock:
             proxy.bytes_out += len(data)
         self._write_paced(data)
+        if fault is None or not cut:
+            return
+        self.wfile.flush()
+        proxy._sleep(fault.stall_s)
+        self.close_connection = True
+        if fault.reset:  # SO_LINGER 0: close() sends an RST, not a FIN
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        else:
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     def _write_paced(self, data: bytes) -> None:
         proxy = self.server.proxy

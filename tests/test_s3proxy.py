@@ -247,3 +247,63 @@ def test_keep_alive_or_one_request_per_connection(upstream: str, keep_alive: boo
         assert answer.will_close is not keep_alive
         assert (answer.getheader("Connection") == "close") is not keep_alive
         conn.close()
+
+
+def _raw_get(proxy: S3Proxy, target: str, range_: str = "") -> tuple[int, int, bytes, str]:
+    """A GET on a raw connection: status, Content-Length, the body bytes that arrived, and
+    how the body ended ("whole", "short" or "reset")."""
+    conn = http.client.HTTPConnection(proxy.url.removeprefix("http://"), timeout=5)
+    conn.request("GET", target, headers={"Range": range_} if range_ else {})
+    answer = conn.getresponse()
+    length = int(answer.getheader("Content-Length") or -1)
+    got, ended = b"", "whole"
+    try:
+        while block := answer.read1(4096):
+            got += block
+    except ConnectionResetError:
+        ended = "reset"
+    finally:
+        conn.close()
+    if ended == "whole" and len(got) < length:
+        ended = "short"
+    return answer.status, length, got, ended
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_cut_body_short_or_reset_then_whole(proxy: S3Proxy, bucket: str, reset: bool) -> None:
+    data = os.urandom(300_000)
+    s3 = _client(proxy.url)
+    s3.put_object(Bucket=bucket, Key="cut.bin", Body=data)
+    proxy.inject(Fault(method="GET", key_contains="cut.bin", cut_after=1000, reset=reset))
+    get = s3.get_object(Bucket=bucket, Key="cut.bin")  # forwarded from moto, then cut
+    assert get["ContentLength"] == len(data)
+    with pytest.raises(Exception) as info:  # urllib3: IncompleteRead / ProtocolError
+        get["Body"].read()
+    assert "IncompleteRead" in repr(info.value) or "reset" in repr(info.value).lower()
+    got = s3.get_object(Bucket=bucket, Key="cut.bin", Range="bytes=1000-")["Body"].read()
+    assert got == data[1000:]  # consumed: the next GET is whole
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_cut_body_raw(upstream: str, bucket: str, tmp_path: Any, reset: bool) -> None:
+    data = os.urandom(300_000)
+    (tmp_path / "cut.bin").write_bytes(data)
+    with S3Proxy(upstream, serve={bucket: tmp_path}) as proxy:
+        proxy.inject(Fault(method="GET", key_contains="cut.bin", cut_after=1000, reset=reset))
+        status, length, got, ended = _raw_get(proxy, f"/{bucket}/cut.bin")
+        assert (status, length, got) == (200, len(data), data[:1000])
+        assert ended == ("reset" if reset else "short")
+        # Consumed: the next GET (a ranged one, for the bytes still missing) is whole.
+        status, length, got, ended = _raw_get(proxy, f"/{bucket}/cut.bin", "bytes=1000-")
+        assert (status, got, ended) == (206, data[1000:], "whole")
+
+
+def test_cut_body_of_a_served_file(upstream: str, bucket: str, tmp_path: Any) -> None:
+    data = os.urandom(50_000)
+    (tmp_path / "f.bin").write_bytes(data)
+    with S3Proxy(upstream, serve={bucket: tmp_path}) as proxy:
+        proxy.inject(Fault(method="GET", cut_after=10, times=2))
+        for _ in range(2):
+            status, length, got, ended = _raw_get(proxy, f"/{bucket}/f.bin", "bytes=100-199")
+            assert (status, length, got, ended) == (206, 100, data[100:110], "short")
+        assert _raw_get(proxy, f"/{bucket}/f.bin", "bytes=100-199")[2:] == (data[100:200], "whole")
