@@ -97,3 +97,43 @@ def test_a_missing_object_and_a_vanished_bucket(proxy: S3Proxy, bucket: str) -> 
     proxy.inject(Fault(status=404, code="NoSuchBucket", times=-1))
     with pytest.raises(NotFoundError, match="no such bucket"):
         driver(proxy, bucket).size("obj.bin")
+
+
+def test_endless_cut_bodies_give_up_naming_the_object_and_tries(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    d = driver(proxy, bucket)
+    d.retry = RetryPolicy(attempts=3, base_s=0.01, cap_s=0.05)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", cut_after=10, times=-1))
+    with pytest.raises(StorageError, match=r"obj.bin: gave up after 3 tries .*connection cut"):
+        d.read_range("obj.bin", 0, len(DATA))
+    assert d.counters.retries == 2
+
+
+def test_a_stall_costs_the_policy_deadline_not_tries_times_the_read_timeout(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    d = driver(proxy, bucket)  # botocore's read timeout: 60 s
+    d.retry = RetryPolicy(attempts=6, deadline_s=1.0)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", delay_s=30.0, times=-1))
+    started = time.monotonic()
+    with pytest.raises(
+        StorageError, match=r"obj.bin: gave up after 1 tries .*bound 1 s.*timed out"
+    ):
+        d.read_range("obj.bin", 0, 100)
+    assert time.monotonic() - started < 2.5
+
+
+def test_a_reset_then_a_412_is_the_changed_error_and_not_retried(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    d = driver(proxy, bucket)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", cut_after=100))
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", status=412, code="PreconditionFailed"))
+    with pytest.raises(StorageError, match=r"obj.bin: the object changed while this job read it"):
+        d.read_range("obj.bin", 0, len(DATA))
+    assert d.counters.retries == 1
+    assert proxy.count("GET", "obj.bin") == 2  # the cut, then the refused rest: no third try

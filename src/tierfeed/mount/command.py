@@ -26,6 +26,7 @@ __all__ = [
 # that is how `tierfeed umount` tells its own mounts from everything else.
 FUSE_SUBTYPE = "tierfeed"
 _FSNAME_PREFIX = "tierfeed:"
+DEFAULT_TIMEOUT_S = 60.0  # a read through the mount, its retries included, answers EIO after
 
 
 def is_tierfeed_mount(mountpoint: str | os.PathLike[str]) -> bool:
@@ -92,13 +93,21 @@ def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
     return resolved
 
 
-def _tiered_store(store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str) -> Any:
-    """The store read through RAM and local-disk tiers, or directly when none is asked."""
+def _tiered_store(
+    store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str, timeout: float
+) -> Any:
+    """The store read through RAM and local-disk tiers, or directly when none is asked; a
+    URL's reads under the retry policy bounded by ``timeout`` seconds (a file system's read
+    blocked in the kernel cannot be cut short)."""
     from tierfeed.loader.compose import TierConfig, open_store
+    from tierfeed.loader.location import is_url
+    from tierfeed.storage.retry import RetryPolicy
 
-    if ram <= 0 and disk is None:
-        return open_store(store_path)
-    return open_store(store_path, TierConfig(max(ram, 0), disk, disk_bytes, policy, threads=4))
+    options = {"retry": RetryPolicy(deadline_s=timeout)} if is_url(store_path) else None
+    tiers = None
+    if ram > 0 or disk is not None:
+        tiers = TierConfig(max(ram, 0), disk, disk_bytes, policy, threads=4)
+    return open_store(store_path, tiers, storage_options=options)
 
 
 def serve(
@@ -106,6 +115,7 @@ def serve(
     mountpoint: str,
     allow_other: bool = False,
     tiers: tuple[int, str | None, int, str] = (0, None, 0, "fill-top"),
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Serve the store at ``mountpoint`` in this process until unmounted or signalled.
 
@@ -114,6 +124,8 @@ def serve(
         mountpoint: an existing empty directory.
         allow_other: let other users see the mount.
         tiers: (RAM bytes, disk directory or None, disk bytes, placement policy).
+        timeout: seconds a read of a store at a URL may take, its retries included (then
+            EIO, and one log line naming the file).
     """
     import logging
 
@@ -127,7 +139,7 @@ def serve(
 
     logging.basicConfig(format="tierfeed mount: %(message)s", level=logging.WARNING)
     try:
-        store = _tiered_store(store_path, *tiers)
+        store = _tiered_store(store_path, *tiers, timeout)
     except TierfeedError:
         raise
     except OSError as exc:  # a plain OSError escaped a driver: still one line naming the file
@@ -188,8 +200,11 @@ def _unmount_quietly(mountpoint: str) -> None:
 
 def _run_mount(args: argparse.Namespace) -> int:
     tiers = (parse_size(args.ram), args.disk, parse_size(args.disk_size), args.policy)
+    if not 0 < args.timeout <= 3600:
+        raise ConfigError(f"--timeout must be between 0 and 3600 seconds, got {args.timeout:g}")
     if args.foreground:  # serve() opens the store once, with the same message for a bad one
-        serve(args.store, check_mountpoint(args.mountpoint, args.nonempty), args.allow_other, tiers)
+        mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
+        serve(args.store, mountpoint, args.allow_other, tiers, args.timeout)
         return 0
     from tierfeed.format.index import Index
     from tierfeed.fuse.process import FuseProcess
@@ -203,6 +218,7 @@ def _run_mount(args: argparse.Namespace) -> int:
 
     argv = [sys.executable, "-m", "tierfeed", "mount", args.store, mountpoint, "--foreground"]
     argv += ["--ram", args.ram, "--disk-size", args.disk_size, "--policy", args.policy]
+    argv += ["--timeout", repr(args.timeout)]
     if args.disk:
         argv += ["--disk", args.disk]
     if args.allow_other:
@@ -235,6 +251,11 @@ def register_mount(sub: Any) -> None:
         choices=["fill-top", "lru", "clairvoyant"],
         help="placement of chunks in the RAM and disk tiers (default fill-top)",
     )
+    p.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+        help="a read of a store at a URL that takes longer, its retries of transient faults "
+        f"included, is answered EIO and logged (default {DEFAULT_TIMEOUT_S:g})",
+    )  # fmt: skip
     p.set_defaults(func=_run_mount)
 
 

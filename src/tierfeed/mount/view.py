@@ -23,7 +23,7 @@ from typing import Any
 
 import mfusepy
 
-from tierfeed.errors import ChunkCorruptError, NotFoundError, TierfeedError
+from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError, TierfeedError
 from tierfeed.storage.store import PathStat, Store
 from tierfeed.telemetry.histogram import LatencyHistogram
 
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_MEMBER_CACHE_BYTES",
     "STATS_DIR",
     "STATS_FILE",
+    "RepeatedFailureError",
     "StoreView",
     "VerifiedMembers",
 ]
@@ -42,11 +43,21 @@ STATS_FILE = "stats.json"
 _STATS_FH = 2**62  # stats file handles start here; members use member id + 1
 _SNAPSHOTS = 64  # stats snapshots kept for open handles
 _log = logging.getLogger("tierfeed.mount")
+# A member whose read of the origin failed (its retries' bound spent) answers EIO at once for
+# this long, unlogged: the kernel asks again at once after a failed read (and splits one read
+# into several requests); none of those may wait out another timeout of the origin, nor log the
+# same failure again.
+_FAILED_HOLD_S = 1.0
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
 def _erofs(*_args: object) -> int:
     raise mfusepy.FuseOSError(errno.EROFS)
+
+
+class RepeatedFailureError(StorageError):
+    """A member's read that failed moments ago (or in the flight this request waited on),
+    answered again without another read of the origin."""
 
 
 class _Flight:
@@ -78,16 +89,24 @@ class VerifiedMembers:
         self._kept: OrderedDict[int, bytes] = OrderedDict()
         self._bytes = 0
         self._flights: dict[int, _Flight] = {}
+        self._failed: dict[int, tuple[float, BaseException]] = {}  # member -> (when, error)
         self._mutex = threading.Lock()
         self.loads = 0  # members read from the store (each one checked)
 
     def get(self, member: int) -> bytes:
-        """The checked bytes of ``member``; raises what ``load`` raised for it."""
+        """The checked bytes of ``member``; raises what ``load`` raised for it, or
+        `RepeatedFailureError` where this request waited on a flight that failed, or came less than
+        a second after the origin failed it (a checksum failure is read again: the bad copy is
+        dropped by then)."""
         with self._mutex:
             kept = self._kept.get(member)
             if kept is not None:
                 self._kept.move_to_end(member)
                 return kept
+            failed = self._failed.get(member)
+            if failed is not None and time.monotonic() - failed[0] < _FAILED_HOLD_S:
+                raise RepeatedFailureError(str(failed[1]))
+            self._failed.pop(member, None)
             flight = self._flights.get(member)
             leader = flight is None
             if flight is None:
@@ -95,7 +114,7 @@ class VerifiedMembers:
         if not leader:
             flight.done.wait()
             if flight.error is not None:
-                raise flight.error
+                raise RepeatedFailureError(str(flight.error))
             return flight.data
         try:
             flight.data = self._load(member)
@@ -108,6 +127,8 @@ class VerifiedMembers:
                 self.loads += 1
                 if flight.error is None:
                     self._keep(member, flight.data)
+                elif not isinstance(flight.error, ChunkCorruptError):  # the origin failed
+                    self._failed[member] = (time.monotonic(), flight.error)
             flight.done.set()
         return flight.data
 
@@ -289,6 +310,8 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
             self._warn_oversized(path, length)
         try:
             whole = self._members.get(member)
+        except RepeatedFailureError:
+            raise mfusepy.FuseOSError(errno.EIO) from None  # said once, when it failed
         except (TierfeedError, OSError) as exc:
             self._failed(path, member, exc)
             raise mfusepy.FuseOSError(errno.EIO) from None

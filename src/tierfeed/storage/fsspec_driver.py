@@ -2,20 +2,21 @@
 
 Reads are ranged requests (an S3 ranged GET). Library errors are translated here, once: a
 missing bucket or object is `NotFoundError`, a refusal names the credentials to check, and
-throttling (S3's 503 SlowDown, 429), server errors and network timeouts are retried with
-backoff, a bounded number of times, and counted (``counters.retries``). The first look at an
-object pins its size and version for this process: an object replaced under a running job is
-an error that says so, never a mix of old and new bytes (S3, Azure and HTTP reads ask
-``If-Match`` the pinned ETag; GCS reads name the pinned generation).
+throttling (S3's 503 SlowDown, 429), server errors, timeouts, a connection reset and a body cut
+short are transient: tried again under the one `RetryPolicy` (bounded tries and seconds, each
+retry counted in ``counters.retries``); a ranged read tried again asks only for the bytes it has
+not received. The first look at an object pins its size and version for this process: an
+object replaced under a running job is an error that says so, never a mix of old and new bytes
+(S3, Azure and HTTP reads ask ``If-Match`` the pinned ETag; GCS reads name the pinned
+generation).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-import random
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from tierfeed.errors import ConfigError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.relpath import relative_parts
 from tierfeed.storage.driver import Driver
+from tierfeed.storage.retry import RetryPolicy, Verdict
 
 __all__ = ["FsspecDriver", "RetryPolicy", "error_code"]
 
@@ -43,6 +45,8 @@ _DENIED = {
 _MISSING = {"NoSuchKey", "NoSuchBucket", "BlobNotFound", "ContainerNotFound", "404"}
 _NO_BUCKET = {"NoSuchBucket", "ContainerNotFound"}
 _CHANGED = {"PreconditionFailed", "ConditionNotMet", "412"}
+_ADVICE = ("the store is throttling, unreachable or cutting connections: lower the request rate "
+           "(fewer DataLoader workers or fetch threads) or retry later")  # fmt: skip
 
 
 def error_code(exc: BaseException) -> str:
@@ -68,34 +72,47 @@ def error_code(exc: BaseException) -> str:
     return ""
 
 
-def _timed_out(exc: BaseException) -> bool:
-    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
-    return bool(names & {"TimeoutError", "ReadTimeoutError", "ConnectTimeoutError",
-                         "FSTimeoutError", "ServerTimeoutError", "timeout"})  # fmt: skip
+_TIMED_OUT = {"TimeoutError", "ReadTimeoutError", "ConnectTimeoutError", "FSTimeoutError",
+              "ServerTimeoutError", "AioReadTimeoutError", "timeout"}  # fmt: skip
+_UNREACHABLE = {"EndpointConnectionError", "ClientConnectorError", "ConnectionError",
+                "ConnectionRefusedError"}  # fmt: skip
+# The connection broke under a request, or its body ended before its Content-Length.
+_CUT = {"ConnectionResetError", "BrokenPipeError", "ClientPayloadError", "ContentLengthError",
+        "ServerDisconnectedError", "ClientOSError", "IncompleteReadError", "IncompleteRead",
+        "ResponseStreamingError", "ProtocolError", "ServiceResponseError",
+        "_ShortError"}  # fmt: skip
+_BLOCK = 1 << 20  # bytes per read of a response body: what arrived before a cut is kept
 
 
-def _unreachable(exc: BaseException) -> bool:
-    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
-    return bool(names & {"EndpointConnectionError", "ClientConnectorError", "ConnectionError",
-                         "ConnectionRefusedError", "ConnectionResetError"})  # fmt: skip
+def _names(exc: BaseException) -> set[str]:
+    """The type names of ``exc`` and of its causes and contexts."""
+    names: set[str] = set()
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        names.add(type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    return names
 
 
-class RetryPolicy:
-    """How often and how long a transient failure is tried again: exponential backoff with
-    full jitter (AWS's advice), ``attempts`` tries in all.
+def transient_kind(exc: BaseException) -> str:
+    """What makes ``exc`` worth another try ("" if nothing does): throttling or a server's own
+    trouble (its code), a timeout, an unreachable endpoint, a connection cut mid-answer."""
+    code, names = error_code(exc), _names(exc)
+    if code in _TRANSIENT:
+        return code
+    if names & _TIMED_OUT:
+        return "timed out"
+    if names & _CUT:
+        return "connection cut"
+    if names & _UNREACHABLE:
+        return "unreachable"
+    return ""
 
-    Args:
-        attempts: tries in all, the first included.
-        base_s: the first backoff's upper bound.
-        cap_s: no backoff longer than this.
-    """
 
-    def __init__(self, attempts: int = 6, base_s: float = 0.05, cap_s: float = 4.0) -> None:
-        self.attempts, self.base_s, self.cap_s = attempts, base_s, cap_s
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait before try ``attempt + 1`` (attempt counts from 0)."""
-        return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+class _ShortError(Exception):
+    """A response that ended without an error, short of the bytes asked for."""
 
 
 class FsspecDriver(Driver):
@@ -194,30 +211,30 @@ class FsspecDriver(Driver):
         except Exception:  # the question was only for a better message
             return False
 
-    def _call(self, path: str, what: Callable[[], T]) -> T:
-        """``what()``, tried again on throttling, server errors and timeouts (counted)."""
-        started = time.monotonic()
-        for attempt in range(self.retry.attempts):
-            try:
-                return what()
-            except Exception as exc:  # library errors are translated at this boundary
-                code = error_code(exc)
-                if code in _CHANGED:
-                    raise self._changed(path) from None
-                transient = code in _TRANSIENT or _timed_out(exc) or _unreachable(exc)
-                if not transient:
-                    raise self._fail(path, exc) from None
-                if attempt + 1 == self.retry.attempts:
-                    took = time.monotonic() - started
-                    kind = code or ("timed out" if _timed_out(exc) else "unreachable")
-                    raise StorageError(
-                        f"{self.where(path)}: gave up after {attempt + 1} tries in {took:.1f} s "
-                        f"({kind}: {exc}); the store is throttling or unreachable: lower the "
-                        "request rate (fewer DataLoader workers or fetch threads) or retry later"
-                    ) from None
-                self.counters.add(retries=1)
-                time.sleep(self.retry.backoff(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _call(self, path: str, what: Callable[[float], T]) -> T:
+        """``what(seconds_left)`` under the retry policy: a transient failure is tried again
+        (counted), a permanent one is translated here, once."""
+
+        def judge(exc: BaseException) -> Verdict:
+            if error_code(exc) in _CHANGED:
+                return Verdict(error=self._changed(path))
+            kind = transient_kind(exc)
+            return Verdict(kind) if kind else Verdict(error=self._fail(path, exc))
+
+        return self.retry.call(what, judge, self.where(path), self.counters, _ADVICE)
+
+    def _bounded(self, seconds: float, coroutine: Callable[[], Any], plain: Callable[[], T]) -> T:
+        """``coroutine()`` on the file system's loop, cancelled after ``seconds`` (a stalled
+        request is then a timeout, within the policy's bound); ``plain()`` where the file
+        system is not asynchronous (its own timeouts bound it)."""
+        if not getattr(self.fs, "async_impl", False):
+            return plain()
+        from fsspec.asyn import sync
+
+        async def run() -> Any:
+            return await asyncio.wait_for(coroutine(), seconds)
+
+        return cast("T", sync(self.fs.loop, run))
 
     def _changed(self, path: str) -> StorageError:
         pin = self._pins.get(path, _Pin(-1, None, None))
@@ -233,7 +250,13 @@ class FsspecDriver(Driver):
         if pinned is not None:
             return pinned
         self.counters.add(stats=1)
-        info = self._call(path, lambda: self.fs.info(self._full(path)))
+        full = self._full(path)
+        info = self._call(
+            path,
+            lambda left: self._bounded(
+                left, lambda: self.fs._info(full), lambda: self.fs.info(full)
+            ),
+        )
         etag = info.get("ETag") or info.get("etag")
         generation = info.get("generation") if self.scheme == "gs" else None
         seen = _Pin(int(info["size"]), str(etag) if etag else None, generation or None)
@@ -245,35 +268,50 @@ class FsspecDriver(Driver):
         end = min(offset + length, pin.size)
         if end <= offset:
             return b""  # at or past the end: an empty range is no request
-        data = bytes(self._call(path, lambda: self._get(self._full(path), offset, end, pin)))
-        if len(data) != end - offset:  # a store that ignored the range, or a cut answer
-            raise StorageError(
-                f"{self.where(path)}: asked for bytes {offset}-{end - 1}, got {len(data)} bytes"
-            )
-        self.counters.add(reads=1, bytes_read=len(data))
-        return data
+        full, got = self._full(path), bytearray()
 
-    def _get(self, full: str, start: int, end: int, pin: _Pin) -> bytes:
-        """One ranged GET of the pinned version: the store refuses it (412) or, for GCS, finds
-        no such generation, if the object was replaced."""
+        def rest(left: float) -> None:
+            # Each try asks only for the bytes not received yet, of the pinned version.
+            self._get(full, offset + len(got), end, pin, got, left)
+            if len(got) < end - offset:
+                raise _ShortError(f"the answer ended {end - offset - len(got)} bytes short")
+
+        self._call(path, rest)
+        if len(got) != end - offset:  # a store that ignored the range
+            raise StorageError(
+                f"{self.where(path)}: asked for bytes {offset}-{end - 1}, got {len(got)} bytes"
+            )
+        self.counters.add(reads=1, bytes_read=len(got))
+        return bytes(got)
+
+    def _get(self, full: str, start: int, end: int, pin: _Pin, got: bytearray, left: float) -> None:
+        """One ranged GET of the pinned version, its bytes appended to ``got`` as they arrive
+        (kept when the connection breaks), cancelled after ``left`` seconds: the store refuses
+        it (412) or, for GCS, finds no such generation, if the object was replaced."""
         if self._s3:
-            return self._s3_range(full, start, end, pin.etag)
+            self._s3_range(full, start, end, pin.etag, got, left)
+            return
         if self.scheme == "az" and pin.etag:
-            return self._az_range(full, start, end, pin.etag)
+            self._az_range(full, start, end, pin.etag, got, left)
+            return
         pinned: dict[str, Any] = {}
         if self.scheme == "gs" and pin.generation:
             pinned["generation"] = pin.generation
         elif self.scheme == "http" and pin.etag:
             pinned["headers"] = {"If-Match": pin.etag}
-        return bytes(self.fs.cat_file(full, start=start, end=end, **pinned))
+        got += self._bounded(
+            left,
+            lambda: self.fs._cat_file(full, start=start, end=end, **pinned),
+            lambda: self.fs.cat_file(full, start=start, end=end, **pinned),
+        )
 
-    def _s3_range(self, full: str, start: int, end: int, etag: str | None) -> bytes:
+    def _s3_range(
+        self, full: str, start: int, end: int, etag: str | None, got: bytearray, left: float
+    ) -> None:
         """One ranged GET, on the pinned ETag (S3 answers 412 if the object changed)."""
-        from fsspec.asyn import sync
-
         fs: Any = self.fs
 
-        async def get() -> bytes:
+        async def get() -> None:
             bucket, key, version = fs.split_path(full)
             extra = {"IfMatch": etag} if etag else {}
             if version:
@@ -281,21 +319,24 @@ class FsspecDriver(Driver):
             response = await fs._call_s3(
                 "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
             )
+            body = response["Body"]
             try:
-                return bytes(await response["Body"].read())
+                while block := await body.read(_BLOCK):
+                    got.extend(block)
             finally:
-                response["Body"].close()
+                body.close()
 
-        return bytes(sync(fs.loop, get))
+        self._bounded(left, get, lambda: None)
 
-    def _az_range(self, full: str, start: int, end: int, etag: str) -> bytes:
+    def _az_range(
+        self, full: str, start: int, end: int, etag: str, got: bytearray, left: float
+    ) -> None:
         """One ranged GET of a blob, on the pinned ETag (adlfs's ``cat_file`` cannot ask it)."""
         from azure.core import MatchConditions
-        from fsspec.asyn import sync
 
         fs: Any = self.fs
 
-        async def get() -> bytes:
+        async def get() -> None:
             container, blob, _ = fs.split_path(full)
             async with fs.service_client.get_blob_client(container=container, blob=blob) as bc:
                 stream = await bc.download_blob(
@@ -303,9 +344,10 @@ class FsspecDriver(Driver):
                     match_condition=MatchConditions.IfNotModified,
                     retry_total=0,  # tried again here, counted
                 )  # fmt: skip
-                return bytes(await stream.readall())
+                async for block in stream.chunks():
+                    got.extend(block)
 
-        return bytes(sync(fs.loop, get))
+        self._bounded(left, get, lambda: None)
 
     def size(self, path: str) -> int:
         """The object's size (as pinned: the first look of this process)."""
@@ -317,14 +359,14 @@ class FsspecDriver(Driver):
 
     def list(self, prefix: str = "") -> list[str]:
         self.counters.add(lists=1)
-        found = self._call(prefix or ".", lambda: self.fs.find(self.root))
+        found = self._call(prefix or ".", lambda _: self.fs.find(self.root))
         rel = (str(p)[len(self.root) + 1 :] for p in found)
         return sorted(p for p in rel if p.startswith(prefix))
 
     def _write(self, path: str, data: bytes) -> None:
         # Object stores publish a PUT whole or not at all; for file-like backends fsspec
         # writes through a temporary and moves it.
-        self._call(path, lambda: self.fs.pipe_file(self._full(path), data))
+        self._call(path, lambda _: self.fs.pipe_file(self._full(path), data))
         with self._lock:
             self._pins.pop(path, None)
 
@@ -333,7 +375,7 @@ class FsspecDriver(Driver):
         object appears whole or not at all)."""
         if self.read_only:
             raise ReadOnlyError(f"{self}: read-only; refusing to write {path}")
-        self._call(path, lambda: self.fs.put_file(os.fspath(local), self._full(path)))
+        self._call(path, lambda _: self.fs.put_file(os.fspath(local), self._full(path)))
         self.counters.add(writes=1, bytes_written=local.stat().st_size)
         with self._lock:
             self._pins.pop(path, None)
@@ -341,7 +383,7 @@ class FsspecDriver(Driver):
     def _delete(self, path: str) -> None:
         if not self.exists(path):
             raise NotFoundError(f"{self.where(path)}: no such object")
-        self._call(path, lambda: self.fs.rm_file(self._full(path)))
+        self._call(path, lambda _: self.fs.rm_file(self._full(path)))
         with self._lock:
             self._pins.pop(path, None)
 
@@ -363,7 +405,7 @@ class FsspecDriver(Driver):
         # Asked afresh (not the pin): existence is what a writer checks before it writes.
         self.counters.add(stats=1)
         try:
-            return bool(self._call(path, lambda: self.fs.exists(self._full(path))))
+            return bool(self._call(path, lambda _: self.fs.exists(self._full(path))))
         except NotFoundError:
             return False
 

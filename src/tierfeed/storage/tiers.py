@@ -475,7 +475,10 @@ class TierStack(TierFilling, ChunkSource):
                 )
                 for t in self.tiers
             }
-            out["origin"] = self.origin_counters.snapshot()
+            # Transient faults the origin's driver tried again (resets, short bodies, 5xx).
+            out["origin"] = dict(
+                self.origin_counters.snapshot(), retries=self.origin.counters.retries
+            )
         if self.tiers:
             out["fetch"] = dict(
                 self.fetch_counters.snapshot(),
