@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,3 +135,62 @@ def test_the_mount_answers_eio_within_its_timeout_when_the_endpoint_stalls(
     lines = [line for line in log.splitlines() if "answered EIO" in line]
     assert len(lines) == 2, log  # one line per failed read, naming the file
     assert {"c1/f059.bin", "c0/f030.bin"} == {rel for rel in cats for line in lines if rel in line}
+
+
+# --- a file-system origin (NFS, Lustre): the same policy, through a FUSE mount that fails reads
+
+
+def _faulty_mount(tmp_path: Path, *faults: str) -> Any:
+    from tierfeed.fuse.process import FuseProcess
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir(exist_ok=True)
+    (src / "obj.bin").write_bytes(BLOB)
+    mnt.mkdir(exist_ok=True)
+    argv = [sys.executable, "-m", "tests.storage.faultyfs", str(src), str(mnt)]
+    return FuseProcess([*argv, *(f"--fault={fault}" for fault in faults)], mnt)
+
+
+BLOB = os.urandom(300_000)
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize(
+    ("fault", "retries"),
+    [
+        ("EAGAIN:obj.bin:1", 1), ("ETIMEDOUT:obj.bin:1", 1), ("ESTALE:obj.bin:1", 1),
+        ("empty:obj.bin:2", 1),  # read on once at once, then again after a backoff
+        ("half:obj.bin:3", 0),  # a short read is read on: no fault
+    ],
+)  # fmt: skip
+def test_a_file_system_origin_retries_transient_faults_and_short_reads(
+    tmp_path: Path, fault: str, retries: int
+) -> None:
+    from tierfeed.storage.posix import PosixDriver
+
+    with (
+        _faulty_mount(tmp_path, fault),
+        PosixDriver(tmp_path / "mnt", read_only=True) as origin,
+    ):
+        # One request of the kernel's (under 128 KiB): the fault hits this read.
+        assert origin.read_range("obj.bin", 1000, 50_000) == BLOB[1000:51_000]
+        assert origin.read_range("obj.bin", 0, 300_000) == BLOB
+        assert origin.read_range("obj.bin", 299_000, 5000) == BLOB[299_000:]  # the end
+        assert origin.counters.retries == retries
+
+
+@pytest.mark.fuse
+def test_a_file_system_origin_gives_up_or_fails_at_once(tmp_path: Path) -> None:
+    from tierfeed.errors import StorageError
+    from tierfeed.storage.posix import PosixDriver
+    from tierfeed.storage.retry import RetryPolicy
+
+    with _faulty_mount(tmp_path, "EAGAIN:obj.bin:100", "EIO:other:1"):
+        (tmp_path / "src" / "other.bin").write_bytes(b"x" * 100)
+        with PosixDriver(tmp_path / "mnt", True, retry=RetryPolicy(3, 0.01, 0.05)) as origin:
+            with pytest.raises(StorageError, match=r"obj.bin: gave up after 3 tries .*EAGAIN"):
+                origin.read_range("obj.bin", 0, 100)
+            assert origin.counters.retries == 2
+            with pytest.raises(StorageError, match=r"other.bin: Input/output error"):
+                origin.read_range("other.bin", 0, 100)  # not transient: no retry
+            assert origin.counters.retries == 2

@@ -1,4 +1,12 @@
-"""The POSIX driver: objects are files under a root directory; writes are tmp-then-rename."""
+"""The POSIX driver: objects are files under a root directory; writes are tmp-then-rename.
+
+A shared file system has transient faults too: NFS answers ESTALE for a descriptor whose file
+handle the server forgot (the path opens again), EAGAIN or ETIMEDOUT on a soft mount, and a read
+may end short of a file that has not shrunk. Those go through the same `RetryPolicy` as an
+object store's: the bytes still missing are read again, each retry counted; any other error is
+raised at once. A read blocked in the kernel cannot be cut short (no face can): its bound is the
+file system's own (a soft mount's ``timeo``/``retrans``).
+"""
 
 from __future__ import annotations
 
@@ -13,11 +21,19 @@ from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
 from tierfeed.publish import is_temporary, publish, sweep_stale, temporary_path
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.files import FdCache, path_under, pread
+from tierfeed.storage.retry import RetryPolicy, Verdict
 
 __all__ = ["PosixDriver"]
 
 # A hard link cannot be made here: another file system, or one without links (or not for us).
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+# A read worth another try (EINTR is retried by Python itself, PEP 475).
+_TRANSIENT = frozenset({errno.EAGAIN, errno.ETIMEDOUT, errno.ESTALE, errno.EINTR})
+_ADVICE = "the file system keeps failing: check its server and mount, or retry later"
+
+
+class _ShortReadError(OSError):
+    """A read that ended before the end of a file that has not shrunk."""
 
 
 class PosixDriver(Driver):
@@ -39,6 +55,7 @@ class PosixDriver(Driver):
             on FUSE and NFS). Where the file system refuses O_DIRECT opens, or wants aligned
             direct reads (EINVAL), reads go through the page cache instead.
         max_open: descriptors kept open at most (see `FdCache`).
+        retry: how transient read faults are tried again (see `RetryPolicy`).
     """
 
     name = "posix"
@@ -50,8 +67,10 @@ class PosixDriver(Driver):
         shared: bool = False,
         direct: bool = False,
         max_open: int = 128,
+        retry: RetryPolicy | None = None,
     ):
         super().__init__(read_only)
+        self.retry = retry or RetryPolicy()
         self.root = Path(root).absolute()
         self._dir_mode, self._file_mode = (0o755, 0o644) if shared else (0o700, 0o600)
         self.name = f"posix:{self.root}"
@@ -115,10 +134,59 @@ class PosixDriver(Driver):
             finally:
                 fds.release(entry)
         except OSError as exc:
-            raise self._fail(path, exc) from None
+            if exc.errno not in _TRANSIENT:
+                raise self._fail(path, exc) from None
+            # The first try failed: read every range again under the retry policy.
+            out = [
+                self._rest(fds, path, full, o, n, b"", exc)
+                for o, n in zip(offsets, lengths, strict=True)
+            ]
+        for i, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
+            if len(out[i]) < n:  # the end of the file, or a short read: read on
+                out[i] = self._rest(fds, path, full, o, n, out[i])
         self.counters.add(reads=len(out), bytes_read=sum(map(len, out)))
         self._count_opens()
         return out
+
+    def _rest(
+        self, fds: FdCache, path: str, full: str, offset: int, length: int, got: bytes,
+        failed: OSError | None = None,
+    ) -> bytes:  # fmt: skip
+        """Range ``offset``..``offset + length`` of which ``got`` was read: the rest, under the
+        retry policy, up to the end of the file (the slow path: a plain read is one pread);
+        ``failed``: the fault of the first try, made already (then judged as this call's)."""
+        data = bytearray(got)
+
+        def rest(_: float) -> None:
+            entry = fds.acquire(full)
+            try:
+                while len(data) < length:
+                    block = pread(entry.fd, full, length - len(data), offset + len(data), fds.flags)
+                    if not block:
+                        if os.fstat(entry.fd).st_size > offset + len(data):
+                            raise _ShortReadError(
+                                errno.EIO, f"a read ended at byte {offset + len(data)}, before "
+                                "the end of the file",
+                            )  # fmt: skip
+                        return  # the end of the file
+                    data.extend(block)
+            finally:
+                fds.release(entry)
+
+        def judge(exc: BaseException) -> Verdict:
+            if isinstance(exc, OSError) and (
+                isinstance(exc, _ShortReadError) or exc.errno in _TRANSIENT
+            ):
+                if exc.errno == errno.ESTALE:  # the server forgot the file handle: open anew
+                    fds.forget(full)
+                return Verdict("short read" if isinstance(exc, _ShortReadError) else
+                               errno.errorcode.get(exc.errno or 0, "transient"))  # fmt: skip
+            if isinstance(exc, OSError):
+                return Verdict(error=self._fail(path, exc))
+            return Verdict(error=StorageError(f"{self}: {path}: {exc}"))
+
+        self.retry.call(rest, judge, f"{self}: {path}", self.counters, _ADVICE, failed)
+        return bytes(data)
 
     def _count_opens(self) -> None:
         opens = self.opens

@@ -72,9 +72,11 @@ class RetryPolicy:
         where: str,
         counters: Counters[int],
         advice: str,
+        failed: BaseException | None = None,
     ) -> T:
         """``what(seconds_left)``, tried again while ``judge`` calls its failure transient and
         the bound allows; ``what`` keeps whatever it received for the next try to resume from.
+        ``failed``: the failure of a first try made already (a driver's fast path).
 
         Raises:
             TierfeedError: the permanent error ``judge`` gave, or a StorageError naming
@@ -83,26 +85,29 @@ class RetryPolicy:
         started = time.monotonic()
         attempt = 0
         while True:
-            left = self.deadline_s - (time.monotonic() - started)
-            try:
-                return what(max(left, 0.001))
-            except TierfeedError:
-                raise
-            except Exception as exc:  # library errors are translated at this boundary
-                verdict = judge(exc)
-                if verdict.error is not None:
-                    raise verdict.error from None
-                attempt += 1
-                took = time.monotonic() - started
-                pause = self.backoff(attempt - 1)
-                if attempt >= self.attempts or took + pause >= self.deadline_s:
-                    bound = "" if attempt >= self.attempts else f" (bound {self.deadline_s:g} s)"
-                    raise StorageError(
-                        f"{where}: gave up after {attempt} tries in {took:.1f} s{bound} "
-                        f"({verdict.transient}: {_said(exc)}); {advice}"
-                    ) from None
-                counters.add(retries=1)
-                time.sleep(pause)
+            if failed is None:
+                left = self.deadline_s - (time.monotonic() - started)
+                try:
+                    return what(max(left, 0.001))
+                except TierfeedError:
+                    raise
+                except Exception as exc:  # library errors are translated at this boundary
+                    failed = exc
+            verdict = judge(failed)
+            if verdict.error is not None:
+                raise verdict.error from None
+            attempt += 1
+            took = time.monotonic() - started
+            pause = self.backoff(attempt - 1)
+            if attempt >= self.attempts or took + pause >= self.deadline_s:
+                bound = "" if attempt >= self.attempts else f" (bound {self.deadline_s:g} s)"
+                raise StorageError(
+                    f"{where}: gave up after {attempt} tries in {took:.1f} s{bound} "
+                    f"({verdict.transient}: {_said(failed)}); {advice}"
+                ) from None
+            counters.add(retries=1)
+            time.sleep(pause)
+            failed = None
 
 
 def _said(exc: BaseException) -> str:
