@@ -194,3 +194,16 @@ def test_a_file_system_origin_gives_up_or_fails_at_once(tmp_path: Path) -> None:
             with pytest.raises(StorageError, match=r"other.bin: Input/output error"):
                 origin.read_range("other.bin", 0, 100)  # not transient: no retry
             assert origin.counters.retries == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "1e9"])
+def test_a_bad_mount_timeout_is_one_error_line(tmp_path: Path, value: str) -> None:
+    (tmp_path / "mnt").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "tierfeed", "mount", "s3://b/ds", str(tmp_path / "mnt"),
+         "--timeout", value],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("tierfeed mount: error: --timeout must be between 0 and 3600")
