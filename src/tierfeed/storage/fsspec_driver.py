@@ -24,95 +24,24 @@ from typing import Any, NamedTuple, TypeVar, cast
 from tierfeed.errors import ConfigError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.relpath import relative_parts
 from tierfeed.storage.driver import Driver
+from tierfeed.storage.objectfaults import (
+    CHANGED,
+    DENIED,
+    MISSING,
+    NO_BUCKET,
+    ShortAnswerError,
+    error_code,
+    transient_kind,
+)
 from tierfeed.storage.retry import RetryPolicy, Verdict
 
 __all__ = ["FsspecDriver", "RetryPolicy", "error_code"]
 
 T = TypeVar("T")
 
-# S3 error codes and HTTP statuses worth another try: throttling, a server's own trouble.
-# S3 and Azure error codes and HTTP statuses worth another try: throttling, a server's own
-# trouble.
-_TRANSIENT = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-    "ServiceUnavailable", "InternalError", "RequestTimeout", "ServerBusy", "OperationTimedOut",
-    "429", "500", "502", "503", "504",
-}  # fmt: skip
-_DENIED = {
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-    "AuthenticationFailed", "AuthorizationFailure", "401", "403",
-}  # fmt: skip
-_MISSING = {"NoSuchKey", "NoSuchBucket", "BlobNotFound", "ContainerNotFound", "404"}
-_NO_BUCKET = {"NoSuchBucket", "ContainerNotFound"}
-_CHANGED = {"PreconditionFailed", "ConditionNotMet", "412"}
 _ADVICE = ("the store is throttling, unreachable or cutting connections: lower the request rate "
            "(fewer DataLoader workers or fetch threads) or retry later")  # fmt: skip
-
-
-def error_code(exc: BaseException) -> str:
-    """The store's error code (S3's or Azure's) or else the HTTP status behind ``exc``,
-    following its causes; "" if none."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            break
-        response = getattr(seen, "response", None)
-        if isinstance(response, Mapping):  # botocore
-            error = response.get("Error") or {}
-            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", "")
-            return str(error.get("Code") or status)
-        azure = getattr(seen, "error_code", None)
-        if isinstance(azure, str) and azure:  # azure.core's HttpResponseError
-            return azure
-        for name in ("status_code", "status", "code"):  # azure.core, aiohttp, gcsfs
-            status = getattr(seen, name, None)
-            if isinstance(status, int) and 100 <= status <= 599:
-                return str(status)
-        seen = seen.__cause__ or seen.__context__
-    return ""
-
-
-_TIMED_OUT = {"TimeoutError", "ReadTimeoutError", "ConnectTimeoutError", "FSTimeoutError",
-              "ServerTimeoutError", "AioReadTimeoutError", "timeout"}  # fmt: skip
-_UNREACHABLE = {"EndpointConnectionError", "ClientConnectorError", "ConnectionError",
-                "ConnectionRefusedError"}  # fmt: skip
-# The connection broke under a request, or its body ended before its Content-Length.
-_CUT = {"ConnectionResetError", "BrokenPipeError", "ClientPayloadError", "ContentLengthError",
-        "ServerDisconnectedError", "ClientOSError", "IncompleteReadError", "IncompleteRead",
-        "ResponseStreamingError", "ProtocolError", "ServiceResponseError",
-        "_ShortError"}  # fmt: skip
 _BLOCK = 1 << 20  # bytes per read of a response body: what arrived before a cut is kept
-
-
-def _names(exc: BaseException) -> set[str]:
-    """The type names of ``exc`` and of its causes and contexts."""
-    names: set[str] = set()
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            break
-        names.add(type(seen).__name__)
-        seen = seen.__cause__ or seen.__context__
-    return names
-
-
-def transient_kind(exc: BaseException) -> str:
-    """What makes ``exc`` worth another try ("" if nothing does): throttling or a server's own
-    trouble (its code), a timeout, an unreachable endpoint, a connection cut mid-answer."""
-    code, names = error_code(exc), _names(exc)
-    if code in _TRANSIENT:
-        return code
-    if names & _TIMED_OUT:
-        return "timed out"
-    if names & _CUT:
-        return "connection cut"
-    if names & _UNREACHABLE:
-        return "unreachable"
-    return ""
-
-
-class _ShortError(Exception):
-    """A response that ended without an error, short of the bytes asked for."""
 
 
 class FsspecDriver(Driver):
@@ -189,12 +118,12 @@ class FsspecDriver(Driver):
 
     def _fail(self, path: str, exc: BaseException) -> StorageError:
         where, code = self.where(path), error_code(exc)
-        if isinstance(exc, FileNotFoundError) or code in _MISSING:
+        if isinstance(exc, FileNotFoundError) or code in MISSING:
             if path in self._pins:  # it was there when this job first looked
                 return self._changed(path)
-            what = "no such bucket" if code in _NO_BUCKET or self._no_bucket() else "no such object"
+            what = "no such bucket" if code in NO_BUCKET or self._no_bucket() else "no such object"
             return NotFoundError(f"{where}: {what}")
-        if isinstance(exc, PermissionError) or code in _DENIED:
+        if isinstance(exc, PermissionError) or code in DENIED:
             return StorageError(
                 f"{where}: access denied ({code or exc}); check the credentials (environment, "
                 "AWS_PROFILE, or storage_options) and that they may read this bucket"
@@ -216,7 +145,7 @@ class FsspecDriver(Driver):
         (counted), a permanent one is translated here, once."""
 
         def judge(exc: BaseException) -> Verdict:
-            if error_code(exc) in _CHANGED:
+            if error_code(exc) in CHANGED:
                 return Verdict(error=self._changed(path))
             kind = transient_kind(exc)
             return Verdict(kind) if kind else Verdict(error=self._fail(path, exc))
@@ -274,7 +203,7 @@ class FsspecDriver(Driver):
             # Each try asks only for the bytes not received yet, of the pinned version.
             self._get(full, offset + len(got), end, pin, got, left)
             if len(got) < end - offset:
-                raise _ShortError(f"the answer ended {end - offset - len(got)} bytes short")
+                raise ShortAnswerError(f"the answer ended {end - offset - len(got)} bytes short")
 
         self._call(path, rest)
         if len(got) != end - offset:  # a store that ignored the range
