@@ -60,6 +60,7 @@ class StageReport:
         seconds: wall time of the slowest rank.
         origin_opens: files the ranks opened at the origin.
         origin_reads: read calls served by the origin.
+        origin_retries: transient origin faults tried again (resets, cut bodies, 5xx, ...).
         local_dir: this rank's node-local store directory.
         rank_bytes_copied: bytes this rank read from the origin (``bytes_copied`` is the job's).
     """
@@ -73,6 +74,7 @@ class StageReport:
     seconds: float = 0.0
     origin_opens: int = 0
     origin_reads: int = 0
+    origin_retries: int = 0
     local_dir: str = ""
     rank_bytes_copied: int = 0
 
@@ -94,6 +96,7 @@ class StageReport:
             f"{self.seconds:.1f} s ({human(rate)}/s), {present} already present "
             f"({human(self.bytes_present)}); origin: {self.origin_opens} opens, "
             f"{self.origin_reads} reads"
+            + (f", {self.origin_retries} retries" if self.origin_retries else "")
         )
 
 
@@ -241,6 +244,7 @@ def stage(
     origin.close()
     index.close()
     report.origin_opens, report.origin_reads = ops["opens"], ops["reads"]
+    report.origin_retries = ops["retries"]
     report.rank_bytes_copied = report.bytes_copied
     report.seconds = time.monotonic() - started
     return _job_total(report, comm)
@@ -251,7 +255,7 @@ def _job_total(report: StageReport, comm: Comm | None) -> StageReport:
         return report
     fields = ["chunks_copied", "chunks_present", "parts_copied", "parts_present"]
     fields += ["bytes_copied", "bytes_present"]
-    fields += ["origin_opens", "origin_reads"]
+    fields += ["origin_opens", "origin_reads", "origin_retries"]
     totals = comm.sum([getattr(report, f) for f in fields], "stage-in report")
     for name, value in zip(fields, totals, strict=True):
         setattr(report, name, int(value))
