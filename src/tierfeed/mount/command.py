@@ -97,13 +97,16 @@ def _tiered_store(
     store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str, timeout: float
 ) -> Any:
     """The store read through RAM and local-disk tiers, or directly when none is asked; a
-    URL's reads under the retry policy bounded by ``timeout`` seconds (a file system's read
-    blocked in the kernel cannot be cut short)."""
+    URL's reads under the retry policy bounded by ``timeout`` seconds (which then says why
+    a read failed: the tries and the last fault)."""
     from tierfeed.loader.compose import TierConfig, open_store
     from tierfeed.loader.location import is_url
     from tierfeed.storage.retry import RetryPolicy
 
-    options = {"retry": RetryPolicy(deadline_s=timeout)} if is_url(store_path) else None
+    # The store's own bound a little inside the view's (which holds whatever the store does):
+    # its error, naming the tries and the last fault, is then the one logged.
+    retry = RetryPolicy(deadline_s=0.9 * timeout)
+    options = {"retry": retry} if is_url(store_path) else None
     tiers = None
     if ram > 0 or disk is not None:
         tiers = TierConfig(max(ram, 0), disk, disk_bytes, policy, threads=4)
@@ -124,8 +127,8 @@ def serve(
         mountpoint: an existing empty directory.
         allow_other: let other users see the mount.
         tiers: (RAM bytes, disk directory or None, disk bytes, placement policy).
-        timeout: seconds a read of a store at a URL may take, its retries included (then
-            EIO, and one log line naming the file).
+        timeout: seconds a read through the mount may take, the store's retries included
+            (then EIO, and one log line naming the file).
     """
     import logging
 
@@ -155,13 +158,15 @@ def serve(
             source.schedule(chunk)
             source.schedule(min(chunk + 1, last))
 
-        view = StoreView(store, extra_stats=source.stats, on_open=readahead)
+        view = StoreView(store, extra_stats=source.stats, on_open=readahead, timeout_s=timeout)
         # SIGTERM unmounts cleanly: libfuse leaves its loop when the mount goes away.
         signal.signal(signal.SIGTERM, lambda *_: _unmount_quietly(mountpoint))
         try:
             mfusepy.FUSE(view, mountpoint, raw_fi=True, **_fuse_options(store_path, allow_other))
         except RuntimeError as exc:  # libfuse said why on stderr; mfusepy only gives a code
             raise StorageError(f"{mountpoint}: libfuse could not mount the store ({exc})") from None
+        finally:
+            view.close()
     finally:
         store.close()
 
@@ -253,8 +258,8 @@ def register_mount(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-        help="a read of a store at a URL that takes longer, its retries of transient faults "
-        f"included, is answered EIO and logged (default {DEFAULT_TIMEOUT_S:g})",
+        help="a read that takes longer, retries of transient faults of the store included, is "
+        f"answered EIO and logged (default {DEFAULT_TIMEOUT_S:g})",
     )  # fmt: skip
     p.set_defaults(func=_run_mount)
 

@@ -24,6 +24,7 @@ from typing import Any
 import mfusepy
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, StorageError, TierfeedError
+from tierfeed.mount.bounded import BoundedLoads
 from tierfeed.storage.store import PathStat, Store
 from tierfeed.telemetry.histogram import LatencyHistogram
 
@@ -132,6 +133,12 @@ class VerifiedMembers:
             flight.done.set()
         return flight.data
 
+    def keep(self, member: int, data: bytes) -> None:
+        """Keep checked bytes of ``member`` that arrived after its request gave up."""
+        with self._mutex:
+            if member not in self._kept:
+                self._keep(member, data)
+
     def _keep(self, member: int, data: bytes) -> None:
         # Under the mutex. A member over the whole budget is kept alone (see the class doc).
         self._kept[member] = data
@@ -154,6 +161,8 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         extra_stats: returns more counters for the stats file (e.g. the tier stack's).
         on_open: called with the chunk id when a file is opened (prefetch hints).
         cache_bytes: bytes of verified members kept for the read requests that follow.
+        timeout_s: a read whose member is not loaded within this many seconds is answered
+            EIO (the load goes on; its bytes are kept if it ends well). None: no bound here.
     """
 
     use_ns = True
@@ -164,9 +173,14 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         extra_stats: Callable[[], dict[str, Any]] | None = None,
         on_open: Callable[[int], None] | None = None,
         cache_bytes: int = DEFAULT_MEMBER_CACHE_BYTES,
+        timeout_s: float | None = None,
     ) -> None:
         self.store = store
-        self._members = VerifiedMembers(store.read_member, cache_bytes)
+        self._loads: BoundedLoads | None = None
+        load: Callable[[int], bytes] = store.read_member
+        if timeout_s is not None:
+            load = self._loads = BoundedLoads(load, timeout_s, late=self._keep_late)
+        self._members = VerifiedMembers(load, cache_bytes)
         self._warned_oversized = False
         self._extra = extra_stats or dict
         self._on_open = on_open
@@ -190,6 +204,14 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         # the most recent _SNAPSHOTS are kept.
         self._snapshots: OrderedDict[int, bytes] = OrderedDict()
         self._next_snapshot = _STATS_FH
+
+    def _keep_late(self, member: int, data: bytes) -> None:
+        self._members.keep(member, data)
+
+    def close(self) -> None:
+        """Stop the load threads (those stuck in a read end with it)."""
+        if self._loads is not None:
+            self._loads.close()
 
     # --- helpers --------------------------------------------------------------------
 
