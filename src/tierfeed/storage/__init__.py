@@ -1,5 +1,6 @@
 """Storage: every byte path. Chunk sources and the Store reading through them, drivers (posix,
-memory, fsspec, slow), the verified copy, placement policies and the tier stack."""
+memory, fsspec, slow) behind one retry policy, the verified copy, placement policies and the
+tier stack."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tierfeed.storage.driver import Driver, OpCounters
 from tierfeed.storage.fetch import fetch_verified
 from tierfeed.storage.memory import MemoryDriver
 from tierfeed.storage.posix import PosixDriver
+from tierfeed.storage.retry import RetryPolicy
 from tierfeed.storage.slow import SlowDriver
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import PathStat, Sample, Store
@@ -29,6 +31,7 @@ __all__ = [
     "OpCounters",
     "PathStat",
     "PosixDriver",
+    "RetryPolicy",
     "Sample",
     "SlowDriver",
     "Store",

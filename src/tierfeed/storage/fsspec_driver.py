@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -86,8 +87,10 @@ class FsspecDriver(Driver):
         self.name = f"fsspec:{self.url}"
         self.scheme = _scheme(url)
         # gcsfs tries each request 6 times itself (its backoff is not configurable per
-        # instance): retrying here too would multiply the tries.
-        self.retry = retry or RetryPolicy(attempts=1 if self.scheme == "gs" else 6)
+        # instance): retrying here too would multiply the tries (the deadline still holds).
+        self.retry = retry or RetryPolicy()
+        if self.scheme == "gs":
+            self.retry = dataclasses.replace(self.retry, attempts=1)
         self._s3 = self.scheme == "s3"
         storage_options = _defaults(self.scheme, storage_options)
         if self.scheme == "http" and not read_only:
