@@ -216,3 +216,16 @@ def test_a_bad_mount_timeout_is_one_error_line(tmp_path: Path, value: str) -> No
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("tierfeed mount: error: --timeout must be between 0 and 3600")
+
+
+@pytest.mark.fuse
+def test_one_fault_under_several_ranges_is_one_retry(tmp_path: Path) -> None:
+    from tierfeed.storage.posix import PosixDriver
+
+    with (
+        _faulty_mount(tmp_path, "EAGAIN:obj.bin:1"),
+        PosixDriver(tmp_path / "mnt", read_only=True) as origin,
+    ):
+        got = origin.read_ranges("obj.bin", [0, 7000, 200_000], [100, 5000, 100])
+        assert got == [BLOB[:100], BLOB[7000:12_000], BLOB[200_000:200_100]]
+        assert origin.counters.retries == 1

@@ -136,10 +136,11 @@ class PosixDriver(Driver):
         except OSError as exc:
             if exc.errno not in _TRANSIENT:
                 raise self._fail(path, exc) from None
-            # The first try failed: read every range again under the retry policy.
+            # The first try failed: read every range again under the retry policy (the fault
+            # judged, and counted, once).
             out = [
-                self._rest(fds, path, full, o, n, b"", exc)
-                for o, n in zip(offsets, lengths, strict=True)
+                self._rest(fds, path, full, o, n, b"", exc if i == 0 else None)
+                for i, (o, n) in enumerate(zip(offsets, lengths, strict=True))
             ]
         got = sum(map(len, out))
         if got < sum(lengths):  # the end of the file, or a short read: read on (rare)
