@@ -47,6 +47,7 @@ class Fault:
     cut_after: int = -1
     reset: bool = False  # end a cut body with a TCP RST (a reset) instead of a FIN (a short body)
     stall_s: float = 0.0  # after the cut bytes, stall this long before ending the connection
+    pad: int = 0  # a GET's body answered with this many bytes more than the object holds
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and self.key_contains in path
@@ -200,6 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer_error(Fault(status=502, code="BadGateway"), _path_of(self.path))
             return
         conn.close()
+        if fault is not None and fault.pad and self.command == "GET":
+            data += b"\0" * fault.pad  # a server that answers more than the range asked
         self.send_response_only(resp.status, resp.reason)
         for name, value in resp.getheaders():
             if name.lower() not in HOP_BY_HOP:

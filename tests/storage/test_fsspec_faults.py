@@ -137,3 +137,16 @@ def test_a_reset_then_a_412_is_the_changed_error_and_not_retried(
         d.read_range("obj.bin", 0, len(DATA))
     assert d.counters.retries == 1
     assert proxy.count("GET", "obj.bin") == 2  # the cut, then the refused rest: no third try
+
+
+@pytest.mark.hostile
+def test_an_answer_longer_than_the_range_is_refused_not_read_on(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    d = driver(proxy, bucket)
+    d.size("obj.bin")
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", pad=2 * 2**20))
+    with pytest.raises(StorageError, match=r"obj.bin: answered more than bytes 0-99"):
+        d.read_range("obj.bin", 0, 100)
+    assert d.counters.retries == 0
+    assert d.read_range("obj.bin", 0, 100) == DATA[:100]  # the next, plain answer reads

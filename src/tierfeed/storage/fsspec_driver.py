@@ -252,9 +252,12 @@ class FsspecDriver(Driver):
                 "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
             )
             body = response["Body"]
+            limit = len(got) + end - start  # a server ignoring the range is not read on
             try:
                 while block := await body.read(_BLOCK):
                     got.extend(block)
+                    if len(got) > limit:
+                        raise StorageError(f"{full}: answered more than bytes {start}-{end - 1}")
             finally:
                 body.close()
 
@@ -276,8 +279,11 @@ class FsspecDriver(Driver):
                     match_condition=MatchConditions.IfNotModified,
                     retry_total=0,  # tried again here, counted
                 )  # fmt: skip
+                limit = len(got) + end - start  # a server ignoring the range is not read on
                 async for block in stream.chunks():
                     got.extend(block)
+                    if len(got) > limit:
+                        raise StorageError(f"{full}: answered more than bytes {start}-{end - 1}")
 
         self._bounded(left, get, lambda: None)
 
