@@ -17,20 +17,17 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from tierfeed.cachedir import private_dir
 from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader.location import StoreLocation
+from tierfeed.loader.tierconfig import TierConfig, default_disk_bytes
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.storage import (
     DirectoryChunks,
     Driver,
-    MemoryDriver,
     PosixDriver,
-    Tier,
     TierOptions,
     TierStack,
-    disk_tier,
 )
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Store
@@ -38,59 +35,13 @@ from tierfeed.storage.store import Store
 __all__ = [
     "StoreOpener",
     "TierConfig",
+    "default_disk_bytes",
     "open_store",
     "plan_for",
     "select_samples",
     "selection_id",
     "tier_stack",
 ]
-
-
-@dataclass(frozen=True)
-class TierConfig:
-    """Cache tiers between the store and the readers, built in each process.
-
-    Attributes:
-        ram_bytes: a RAM tier of this many bytes per process (0: none).
-        disk_dir: a local-disk tier here, shared by every process of the host (None: none).
-        disk_bytes: quota of the disk tier.
-        policy: ``fill-top``, ``lru`` or ``clairvoyant`` (fed the plan's reads).
-        threads: background copy threads per process (a copy a read waits for starts beside
-            them when they are all busy, up to 8 more).
-    """
-
-    ram_bytes: int = 0
-    disk_dir: str | None = None
-    disk_bytes: int = 0
-    policy: str = "clairvoyant"
-    threads: int = 2
-
-    def tiers(self) -> list[Tier]:
-        """The configured tiers, fastest first (made anew: each process has its own)."""
-        tiers = []
-        if self.ram_bytes > 0:
-            tiers.append(Tier(MemoryDriver(self.ram_bytes), self.ram_bytes, name="ram"))
-        if self.disk_dir is not None and self.disk_bytes > 0:
-            tiers.append(disk_tier(self.disk_dir, self.disk_bytes))
-        return tiers
-
-    def build(
-        self,
-        store_path: str | os.PathLike[str],
-        storage_options: Mapping[str, Any] | None = None,
-    ) -> Store:
-        """The store at ``store_path`` (a directory or URL) read through these tiers (origin
-        read-only)."""
-        return open_store(store_path, self, storage_options=storage_options)
-
-    def index_cache(self) -> Path | None:
-        """Where a remote store's index is kept on this host: beside the disk tier's chunks
-        (node-local), else None (the user's cache directory). The disk tier's directory is
-        made, or checked, first (`tierfeed.cachedir`): nothing is written through a link or
-        into another user's directory."""
-        if self.disk_dir is not None and self.disk_bytes > 0:
-            return private_dir(self.disk_dir) / ".index"
-        return None
 
 
 def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) -> TierStack:

@@ -109,7 +109,8 @@ def _tiered_store(
     options = {"retry": retry} if is_url(store_path) else None
     tiers = None
     if ram > 0 or disk is not None:
-        tiers = TierConfig(max(ram, 0), disk, disk_bytes, policy, threads=4)
+        quota = disk_bytes if disk is not None else None
+        tiers = TierConfig(max(ram, 0), disk, quota, policy, threads=4)
     return open_store(store_path, tiers, storage_options=options)
 
 
@@ -217,7 +218,7 @@ def _run_mount(args: argparse.Namespace) -> int:
     from tierfeed.loader.location import StoreLocation
 
     # A bad store fails here, with its own message (a URL's index lands where serve looks).
-    cache = TierConfig(disk_dir=args.disk, disk_bytes=tiers[2]).index_cache()
+    cache = TierConfig(disk_dir=args.disk).index_cache()
     Index(StoreLocation.of(args.store).index_file(cache)).close()
     mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
 

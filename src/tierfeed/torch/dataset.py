@@ -7,11 +7,12 @@ collate, and the rank from torch.distributed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy.typing as npt
 from torch.utils.data import IterableDataset, get_worker_info
@@ -129,14 +130,21 @@ class Dataset(Feed, IterableDataset[Batch]):
             hedge_source,
             exchange,
         )
-        if isinstance(plan, (str, PlanSpec)):
-            index = self.plan_index()
+        by_path = opener if isinstance(opener, StoreOpener) and tiers is not None else None
+        planning = isinstance(plan, (str, PlanSpec))
+        index = self.plan_index() if by_path or planning else None  # opened once
+        if by_path is not None and index is not None and tiers is not None:
+            # Decided here, in the main process, so that every worker has the same quota;
+            # the disk tier's directory was checked as the index was found (`index_cache`).
+            store_bytes = int(index.chunks().mean_size() * index.num_chunks)
+            self._opener = dataclasses.replace(by_path, tiers=tiers.sized(store_bytes))
+        if planning and index is not None:
             if samples is not None:
                 self.samples = select_samples(index, samples)
                 self.selection = selection_id(self.samples)
-            self.plan = plan_for(index, plan, self.samples)
+            self.plan = plan_for(index, cast("PlanSpec | str", plan), self.samples)
         else:
-            self.plan = plan
+            self.plan = cast("OrderPlan", plan)
         # Set by a Loader, which restores them: a worker sends tensors of at most so many
         # bytes inside the pickle, not through shared memory (0: torch's way for all).
         self.by_value_bytes = 0
