@@ -112,8 +112,11 @@ def test_bandwidth_cap_charges_bytes(slowfs: Callable[..., SlowFS]) -> None:
     assert read_all(fs.mountpoint, ["a/deep/three.bin"]) == 1 << 20
     elapsed = time.monotonic() - t0
     s = fs.stats()
-    assert s.delay_s == pytest.approx((1 << 20) / 20e6)
-    assert elapsed >= 0.9 * s.delay_s
+    # Every byte read is charged; under load the kernel may read a page twice (seen in a full
+    # run: 8 KiB more than the file), so the charge follows the bytes read, not the file.
+    assert s.bytes_read >= 1 << 20
+    assert s.delay_s == pytest.approx(s.bytes_read / 20e6)
+    assert elapsed >= 0.9 * (1 << 20) / 20e6
 
 
 def test_stalls_are_counted(slowfs: Callable[..., SlowFS]) -> None:
