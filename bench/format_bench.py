@@ -5,6 +5,7 @@ Usage:
     python bench/format_bench.py index --samples 1000000 10000000
     python bench/format_bench.py at-once --samples 30000000 --procs 4 [--code OLD/src]
     python bench/format_bench.py setup --samples 1000000 10000000 [--code OLD/src]
+    python bench/format_bench.py rows --samples 10000000 --runs 3 --code OLD/src
 
 Both tools read the same page-cached tree and write to the same disk; runs alternate
 (tar, pack, tar, pack, ...) so the machine's noise hits both alike, and medians are reported.
@@ -225,6 +226,64 @@ def bench_setup(samples: int, runs: int, code: str | None, workdir: Path) -> Non
                       }))  # fmt: skip
 
 
+_ROWS_CHILD = """
+import json, sys, time
+import numpy as np
+from tierfeed.format.index import Index
+rng = np.random.default_rng(int(sys.argv[2]))
+t0 = time.perf_counter()
+ix = Index(sys.argv[1], lazy=True)
+assert not ix.checked
+i = int(rng.integers(0, ix.num_samples))
+ix.check_samples([i])  # what a read of sample i takes of the index: its rows, key, chunk
+ix.key(i), ix.members(i), ix.chunk(int(ix.sample_chunk[i]))
+first = time.perf_counter() - t0
+rank = rng.integers(0, ix.num_samples, size=140_381)  # 2.3 billion / 16,384 ranks
+t1 = time.perf_counter()
+ix.check_samples(rank)
+print(json.dumps(dict(first_s=first, epoch_s=time.perf_counter() - t1)))
+"""
+
+
+def bench_rows(samples: int, runs: int, old: str, workdir: Path) -> None:
+    """What checking rows on use costs, before and after a change: each code writes its own
+    index of ``samples`` (its format), then fresh processes, alternating old and new, open it
+    lazily (no stamp) and time the first random sample's rows (open included) and one rank's
+    epoch of rows (140,381 random ids, checked at once)."""
+    codes = {"old": old, "new": str(Path(__file__).resolve().parents[1] / "src")}
+    paths = {}
+    for name, code in codes.items():
+        env = {**os.environ, "PYTHONPATH": code}
+        paths[name] = workdir / f"rows-{name}-{samples}.tfi"
+        subprocess.run(
+            [sys.executable, "-c", "import sys; from pathlib import Path; from "
+             "tierfeed.format.synthindex import synthetic_index; "
+             "synthetic_index(Path(sys.argv[1]), int(sys.argv[2]))",
+             str(paths[name]), str(samples)],
+            check=True, env=env,
+        )  # fmt: skip
+        paths[name].read_bytes()  # in the page cache for both alike
+    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    for run in range(runs):
+        for name, code in codes.items():
+            env = {**os.environ, "PYTHONPATH": code, "TIERFEED_CACHE": str(workdir / f"c{run}")}
+            done = subprocess.run(
+                [sys.executable, "-c", _ROWS_CHILD, str(paths[name]), str(run)],
+                capture_output=True, text=True, check=True, env=env,
+            )  # fmt: skip
+            rows[name].append(json.loads(done.stdout))
+    out: dict[str, object] = {"samples": samples, "runs": runs, "old": old}
+    for name in codes:
+        for what in ("first_s", "epoch_s"):
+            values = [r[what] for r in rows[name]]
+            out[f"{name}_{what}"] = [round(v * 1000, 3) for v in values]
+            out[f"{name}_{what}_median_ms"] = round(statistics.median(values) * 1000, 3)
+    for what in ("first_s", "epoch_s"):
+        ratio = out[f"new_{what}_median_ms"] / out[f"old_{what}_median_ms"]  # type: ignore[operator]
+        out[f"{what}_new_over_old"] = round(ratio, 3)
+    print(json.dumps(out))
+
+
 def bench_at_once(samples: int, procs: int, runs: int, code: str | None, workdir: Path) -> None:
     """``procs`` processes open one unstamped index at the same moment (a fresh cache each
     run): when the last of them has it open, and how many ran the O(N) checks (None: code
@@ -272,6 +331,10 @@ def main() -> None:
     w.add_argument("--samples", type=int, nargs="+", default=[10_000_000])
     w.add_argument("--runs", type=int, default=3)
     w.add_argument("--code", default=None, help="a src directory to run instead of this one's")
+    r = sub.add_parser("rows")  # checking rows on use, before and after a change
+    r.add_argument("--samples", type=int, nargs="+", default=[10_000_000])
+    r.add_argument("--runs", type=int, default=3)
+    r.add_argument("--code", required=True, help="the src directory of the code before")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -280,6 +343,9 @@ def main() -> None:
         elif args.what == "setup":
             for n in args.samples:
                 bench_setup(n, args.runs, args.code, Path(tmp))
+        elif args.what == "rows":
+            for n in args.samples:
+                bench_rows(n, args.runs, args.code, Path(tmp))
         elif args.what == "at-once":
             bench_at_once(args.samples, args.procs, args.runs, args.code, Path(tmp))
         else:

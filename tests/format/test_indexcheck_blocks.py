@@ -16,6 +16,7 @@ from tierfeed.format import indexcheck
 from tierfeed.format.indexcheck import check_invariants
 
 WHERE = Path("/stores/x/index.tfi")
+EXTS = 8  # the extension table's size: more than any sample here has members
 
 
 def arrays(members_per_sample: list[int], chunk_of_sample: list[int]) -> dict[str, Any]:
@@ -39,7 +40,8 @@ def arrays(members_per_sample: list[int], chunk_of_sample: list[int]) -> dict[st
         "sample_label": np.zeros(len(counts), dtype=np.int32),
         "sample_chunk": sample_chunk,
         "member_chunk": member_chunk.astype(np.uint32),
-        "member_ext": np.zeros(len(member_chunk), dtype=np.uint16),
+        # A sample's members have extensions 0, 1, 2, ...: in order, none twice.
+        "member_ext": np.concatenate([np.arange(c) for c in counts]).astype(np.uint16),
         "member_offset": offset,
         "member_length": np.full(len(member_chunk), 10, dtype=np.uint64),
         "chunk_size": np.full(chunks, 1000, dtype=np.uint64),  # room for every member
@@ -49,7 +51,7 @@ def arrays(members_per_sample: list[int], chunk_of_sample: list[int]) -> dict[st
 
 def check(a: dict[str, Any]) -> None:
     chunks = len(a["chunk_size"])
-    check_invariants(a, WHERE, chunks, classes=1, exts=1)
+    check_invariants(a, WHERE, chunks, classes=1, exts=EXTS)
 
 
 @pytest.mark.parametrize("block", [1, 2, 3, 1 << 22])
@@ -146,15 +148,15 @@ def test_rows_find_a_flaw_in_the_row_that_holds_it(sizes, block, flaw, at) -> No
         a["keys"] = a["keys"].copy()
         a["keys"][int(a["sample_key_offset"][s]) + 1] = 0
     else:
-        a["member_ext"][m] = 1
+        a["member_ext"][m] = EXTS
     whole = _verdict(a)
     assert whole is not None
     chunks = len(a["chunk_size"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(indexcheck, "_BLOCK", block)
         with pytest.raises(IndexFormatError) as info:
-            indexcheck.check_sample_rows(a, WHERE, np.arange(len(sizes)), chunks, 1, 1)
+            indexcheck.check_sample_rows(a, WHERE, np.arange(len(sizes)), chunks, 1, EXTS)
         assert str(info.value) == whole
         others = np.array([i for i in range(len(sizes)) if i != s], dtype=np.int64)
-        indexcheck.check_sample_rows(a, WHERE, others, chunks, 1, 1)
-        indexcheck.check_sample_rows(a, WHERE, others[::-1].copy(), chunks, 1, 1)
+        indexcheck.check_sample_rows(a, WHERE, others, chunks, 1, EXTS)
+        indexcheck.check_sample_rows(a, WHERE, others[::-1].copy(), chunks, 1, EXTS)

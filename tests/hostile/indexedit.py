@@ -68,9 +68,10 @@ def section(raw: bytes, name: str) -> tuple[int, int]:
     return int(offset), int(nbytes)
 
 
-def edit_array(raw: bytes, name: str, change: Any) -> bytes:
+def edit_array(raw: bytes, name: str, change: Any, sealed: bool = True) -> bytes:
     """``raw`` with section ``name`` replaced by ``change(array)`` (same byte length),
-    resealed so only the invariant checks can catch it."""
+    resealed so only the invariant checks can catch it; without ``sealed``, left as rot
+    leaves it (the sections checksum stale, every row check as written)."""
     header = read_header(raw)
     offset, nbytes = section(raw, name)
     known = present_sections(header["sections"])
@@ -79,7 +80,8 @@ def edit_array(raw: bytes, name: str, change: Any) -> bytes:
     array = np.frombuffer(raw, dtype=spec, count=nbytes // np.dtype(spec).itemsize, offset=offset)
     new = np.asarray(change(array.copy()), dtype=spec).tobytes()
     assert len(new) == nbytes, f"edit of {name} changed its length"
-    return reseal(raw[:offset] + new + raw[offset + nbytes :])
+    edited = raw[:offset] + new + raw[offset + nbytes :]
+    return reseal(edited) if sealed else edited
 
 
 def boundaries(raw: bytes) -> list[int]:

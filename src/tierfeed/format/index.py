@@ -36,10 +36,12 @@ from tierfeed.format.layout import (
     INDEX_NAME,
     MAGIC,
     READS,
+    ROW_CHECKS_SINCE,
     VERSION,
     expected_length,
     present_sections,
 )
+from tierfeed.format.rowcheck import name_check
 from tierfeed.format.treecheck import check_tree, check_tree_members
 
 __all__ = ["CHECKSUM_ON_OPEN_BYTES", "ChunkTable", "Index", "IndexContent", "write_index"]
@@ -54,6 +56,11 @@ CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 _SORT_ROWS_ABOVE = 4096
 
 
+def version_needs_row_checks(version: int) -> bool:
+    """Whether an index of format ``version`` must hold the row checks."""
+    return version >= ROW_CHECKS_SINCE
+
+
 class ChunkTable(Sequence[ChunkInfo]):
     """An index's chunks as `ChunkInfo`, each made when first asked for (and, for an index
     checked on use, its row checked then): O(1) to set up at any number of chunks, where a
@@ -63,7 +70,7 @@ class ChunkTable(Sequence[ChunkInfo]):
     """
 
     def __init__(self, arrays: dict[str, Any], where: Path) -> None:
-        self._a = {name: arrays[name] for name in _CHUNK_SECTIONS}
+        self._a = {name: arrays[name] for name in _CHUNK_SECTIONS if name in arrays}
         self._where = where
         self.checked = False  # every row checked (the index's checks ran, or a stamp)
         self._made: dict[int, ChunkInfo] = {}
@@ -92,7 +99,14 @@ class ChunkTable(Sequence[ChunkInfo]):
             check_chunk_rows(self._a, self._where, np.array([c], dtype=np.int64))
         a = self._a
         lo, hi = int(a["chunk_name_offset"][c]), int(a["chunk_name_offset"][c + 1])
-        name = os.fsdecode(a["chunk_names"][lo:hi].tobytes())
+        raw = a["chunk_names"][lo:hi].tobytes()
+        if (
+            not self.checked
+            and "chunk_check" in a
+            and name_check(raw) != int(a["chunk_check"][c]) >> 32
+        ):
+            raise damaged(self._where, f"the name of chunk {c} does not match its check")
+        name = os.fsdecode(raw)
         info = ChunkInfo(c, name, int(a["chunk_size"][c]), int(a["chunk_checksum"][c]))
         self._made[c] = info  # (two threads making one entry make equal ones)
         return info
@@ -104,7 +118,8 @@ class ChunkTable(Sequence[ChunkInfo]):
         return float(sizes.sum(dtype=np.float64)) / len(sizes) if len(sizes) else 0.0
 
 
-# What `ChunkTable` keeps views of (the member sections for their dtype only).
+# What `ChunkTable` keeps views of (the member sections for their dtype only; the row checks
+# where the index has them).
 _CHUNK_SECTIONS = (
     "chunk_name_offset",
     "chunk_names",
@@ -112,6 +127,7 @@ _CHUNK_SECTIONS = (
     "chunk_checksum",
     "member_offset",
     "member_length",
+    "chunk_check",
 )
 
 
@@ -183,11 +199,13 @@ class Index:
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)
         self._checked = False
         self._chunk_table: ChunkTable | None = None
+        self._chunks_done: npt.NDArray[np.bool_] | None = None
         self.header = self._read_header()
         self._map_sections(recheck, lazy)
 
     def _read_header(self) -> dict[str, Any]:
         magic, version, hlen = _PREFIX.unpack_from(self._mm, 0)
+        self.version: int = version
         if magic != MAGIC:
             raise IndexFormatError(f"{self.path}: not a tierfeed index (bad magic {magic!r})")
         if version not in READS:
@@ -230,6 +248,12 @@ class Index:
                 raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
             arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
         self._arrays = arrays
+        # Format 3 checks each row a reader takes (`rowcheck`); an older index has nothing
+        # to check rows against, so it is never read checked on use: it is checked in full.
+        self.row_checks = "sample_check" in arrays
+        if version_needs_row_checks(self.version) and not self.row_checks:
+            raise damaged(self.path, f"a format {self.version} index without its row checks")
+        lazy = lazy and self.row_checks
         self._chunk_table = ChunkTable(arrays, self.path)
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = []
@@ -305,25 +329,44 @@ class Index:
             ids = np.unique(ids)
         if len(ids):
             chunks, classes, exts = self.num_chunks, len(self.classes), len(self.exts)
-            check_sample_rows(self._arrays, self.path, ids, chunks, classes, exts)
+            if self._chunks_done is None:  # chunk rows this process checked: one byte a chunk
+                self._chunks_done = np.zeros(chunks, dtype=bool)
+            check_sample_rows(
+                self._arrays, self.path, ids, chunks, classes, exts, self._chunks_done
+            )
 
     def check_members(self, members: npt.ArrayLike) -> None:
-        """`check_samples` for members ``members`` (ids in range) alone."""
+        """`check_samples` for members ``members`` (ids in range) alone: their rows, and with
+        row checks the rows of the samples that hold them (what covers a member's fields)."""
         if self.checked:
             return
         ids = np.asarray(members, dtype=np.int64).reshape(-1)
         if len(ids):
             check_member_rows(self._arrays, self.path, ids, self.num_chunks, len(self.exts))
+        if len(ids) and self.row_checks:
+            start = self.sample_member_start
+            owners = np.searchsorted(start, ids.astype(start.dtype), "right") - 1
+            owners = np.clip(owners, 0, self.num_samples - 1)
+            self.check_samples(owners)  # the owners' member ranges are now as written
+            if np.any((start[owners] > ids) | (start[owners + 1] <= ids)):
+                raise damaged(self.path, "a member has no sample (member ranges unsorted)")
 
     # --- lookups ------------------------------------------------------------------
 
     def key_bytes(self, sample: int) -> bytes:
-        """The key of ``sample`` as stored (bytes)."""
+        """The key of ``sample`` as stored (bytes); on an index checked on use, its bytes
+        checked against the row's key check (its offsets are the row's: `check_samples`)."""
         lo = int(self.sample_key_offset[sample])
         hi = int(self.sample_key_offset[sample + 1])
         key = self._keys[lo:hi].tobytes()
-        if not self.checked and (hi < lo or hi > len(self._keys) or b"\0" in key):
-            self.check_samples([sample])  # names what is wrong
+        if not self.checked:
+            if hi < lo or hi > len(self._keys) or b"\0" in key:
+                self.check_samples([sample])  # names what is wrong
+            if (
+                self.row_checks
+                and name_check(key) != int(self._arrays["sample_check"][sample]) >> 32
+            ):
+                raise damaged(self.path, f"the key of sample {sample} does not match its check")
         return key
 
     def key_blob(self) -> bytes:

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import IndexFormatError
+from tierfeed.format import rowcheck
 from tierfeed.format.chunkref import CHECKSUM_ALGO, checksum_bytes
 from tierfeed.format.layout import NARROW, TREE_SECTIONS, as_dtype, present_sections
 
@@ -193,6 +194,7 @@ def check_sections(
 Arrays = Mapping[str, npt.NDArray[Any]]
 _THREADS = min(8, os.cpu_count() or 1)
 _NOT_IN_CHUNK = "the members of a sample are not all in the sample's chunk"
+_MEMBER_COLUMNS = ("member_chunk", "member_ext", "member_length", "member_offset")
 
 
 _BLOCK = 1 << 20  # samples or members per block: ~25 MiB of temporaries a thread
@@ -259,6 +261,15 @@ def check_chunk_rows(a: Arrays, where: Path, chunks: Any) -> None:
     narrow = a["member_offset"].dtype.itemsize == 4 or a["member_length"].dtype.itemsize == 4
     if narrow and len(size) and int(size.max()) >= 2**32:
         raise damaged(where, "32-bit member offsets with a chunk of 4 GiB or more")
+    if "chunk_check" in a:  # format 3: every field of these rows as written
+        ids = np.arange(chunks.start, chunks.stop) if isinstance(chunks, slice) else chunks
+        stored = a["chunk_check"][chunks]
+        got = rowcheck.chunk_terms(
+            ids, lo, hi, size, a["chunk_checksum"][chunks], stored >> np.uint64(32)
+        )
+        bad = np.flatnonzero(got != (stored & rowcheck.MASK))
+        if len(bad):
+            raise damaged(where, f"chunk {int(ids[bad[0]])}'s row does not match its row check")
 
 
 def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: int) -> None:
@@ -272,6 +283,7 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
     _run_blocks(lambda lo, hi: _check_keys(a["keys"][lo:hi], where), len(a["keys"]), 16 * _BLOCK)
     _run_blocks(lambda lo, hi: _member_rows(a, where, chunks, exts, slice(lo, hi)), members)
     _run_blocks(lambda lo, hi: _check_owners(a, where, lo, hi), samples)
+    _run_blocks(lambda lo, hi: _check_ext_blocks(a, where, lo, hi), samples)
     order = a["path_order"]
     if len(order) and order.max() >= members:
         raise damaged(where, "the path order names a member id out of range")
@@ -282,23 +294,69 @@ def check_invariants(a: Arrays, where: Path, chunks: int, classes: int, exts: in
 
 
 def check_sample_rows(
-    a: Arrays, where: Path, ids: npt.NDArray[np.int64], chunks: int, classes: int, exts: int
+    a: Arrays,
+    where: Path,
+    ids: npt.NDArray[np.int64],
+    chunks: int,
+    classes: int,
+    exts: int,
+    chunks_done: npt.NDArray[np.bool_] | None = None,
 ) -> None:
     """What a reader of samples ``ids`` (in range) relies on, checked on those rows alone:
-    their member ranges and key offsets, labels, chunk ids, their members (ids, extensions,
-    inside their chunk, in the sample's chunk) and key bytes. O(the rows, their members and
-    key bytes), in blocks of at most `_BLOCK` members or key bytes; an index opened without
-    `check_invariants` is safe to read row by row with it."""
-    _sample_rows(a, where, chunks, classes, ids, ids + 1)
-    start, key_offset = a["sample_member_start"], a["sample_key_offset"]
-    sample_chunk = a["sample_chunk"][ids]
-    check_chunk_rows(a, where, np.unique(sample_chunk).astype(np.int64))
-    for rows, members in _spans(start[ids], start[ids + 1]):
-        _member_rows(a, where, chunks, exts, members)
-        if np.any(a["member_chunk"][members] != sample_chunk[rows]):
+    their member ranges and key offsets, labels, chunk ids, their members (ids, extensions in
+    order, inside their chunk, in the sample's chunk) and key bytes, and, with row checks
+    (format 3), that every field of these rows and their members is as written. O(the rows,
+    their members and key bytes), in blocks of at most `_BLOCK` members or key bytes; an index
+    opened without `check_invariants` is safe to read row by row with it. ``chunks_done``:
+    one flag a chunk, set for chunk rows checked already (by this call too), not checked
+    again."""
+    first, end, k0, k1, label, sample_chunk = _sample_rows(a, where, chunks, classes, ids, ids + 1)
+    chunk_ids = np.unique(sample_chunk).astype(np.int64)
+    if chunks_done is not None:
+        chunk_ids = chunk_ids[~chunks_done[chunk_ids]]
+    if len(chunk_ids):
+        check_chunk_rows(a, where, chunk_ids)
+        if chunks_done is not None:
+            chunks_done[chunk_ids] = True
+    checks = "sample_check" in a
+    names = rowcheck.member_columns(a) if checks else list(_MEMBER_COLUMNS)
+    sums = np.zeros(len(ids), dtype=np.uint64)
+    for rows, members in _spans(first, end):
+        cols = {name: a[name][members] for name in names}
+        _member_rows(a, where, chunks, exts, members, cols)
+        if np.any(cols["member_chunk"] != sample_chunk[rows]):
             raise damaged(where, _NOT_IN_CHUNK)
-    for _, at in _spans(key_offset[ids], key_offset[ids + 1]):
+        _check_ext_order(rows, cols["member_ext"], where)
+        if checks:
+            _add_by_row(sums, rows, rowcheck.member_terms(members, [cols[n] for n in names]))
+    for _, at in _spans(k0, k1):
         _check_keys(a["keys"][at], where)
+    if checks:
+        stored = a["sample_check"][ids]
+        key_check = stored >> np.uint64(32)
+        sums += rowcheck.sample_terms(ids, first, end, k0, k1, label, sample_chunk, key_check)
+        bad = np.flatnonzero((sums & rowcheck.MASK) != (stored & rowcheck.MASK))
+        if len(bad):
+            raise damaged(where, f"sample {int(ids[bad[0]])}'s row does not match its row check")
+
+
+def _add_by_row(sums: npt.NDArray[np.uint64], rows: npt.NDArray[np.int64], terms: Any) -> None:
+    """``sums[r] += terms`` for each row ``r`` of ``rows`` (sorted: each row's entries
+    together), by one reduceat over the runs of equal rows."""
+    if not len(rows):
+        return
+    starts = np.flatnonzero(np.diff(rows, prepend=-1))  # (uint64 sums wrap, silently)
+    sums[rows[starts]] += np.add.reduceat(terms, starts)
+
+
+def _check_ext_order(rows: npt.NDArray[np.int64], ext: npt.NDArray[Any], where: Path) -> None:
+    """Within each sample (equal ``rows``, in member order) extension ids strictly rise: no
+    two members of one extension (a reader keeps one field per extension), and in the order
+    every writer stores them."""
+    if len(ext) > 1 and np.any((rows[1:] == rows[:-1]) & (ext[1:] <= ext[:-1])):
+        raise damaged(
+            where, "a sample's members are not in extension order (two of one extension?)"
+        )
 
 
 def check_member_rows(
@@ -344,10 +402,13 @@ def _spans(
         first = last
 
 
-def _sample_rows(a: Arrays, where: Path, chunks: int, classes: int, at: Any, after: Any) -> None:
+def _sample_rows(
+    a: Arrays, where: Path, chunks: int, classes: int, at: Any, after: Any
+) -> tuple[npt.NDArray[Any], ...]:
     """Samples ``at`` (a slice or ids; ``after`` the entries one past each): member ranges
     non-empty and inside the members, key offsets monotone and inside the keys, labels and
-    chunk ids in range."""
+    chunk ids in range. Returns the columns it gathered: member start and end, key start and
+    end, label, chunk."""
     first, end = a["sample_member_start"][at], a["sample_member_start"][after]
     if np.any(end <= first) or (len(end) and end.max() > len(a["member_chunk"])):
         raise damaged(where, "sample member ranges are not contiguous and non-empty")
@@ -358,8 +419,10 @@ def _sample_rows(a: Arrays, where: Path, chunks: int, classes: int, at: Any, aft
     labels = a["sample_label"][at]
     if np.any((labels < -1) | (labels >= classes)):
         raise damaged(where, f"sample labels outside [-1, {classes})")
-    if np.any(a["sample_chunk"][at] >= chunks):
+    chunk = a["sample_chunk"][at]
+    if np.any(chunk >= chunks):
         raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
+    return first, end, k0, k1, labels, chunk
 
 
 def _check_samples(a: Arrays, where: Path, chunks: int, classes: int, lo: int, hi: int) -> None:
@@ -397,21 +460,40 @@ def _check_owners(a: Arrays, where: Path, lo: int, hi: int) -> None:
         first = last
 
 
+def _check_ext_blocks(a: Arrays, where: Path, lo: int, hi: int) -> None:
+    """`_check_ext_order` over the members of samples [lo, hi) (after the member ranges were
+    checked: they are monotone)."""
+    start = a["sample_member_start"][lo : hi + 1].astype(np.int64)
+    m0, m1 = int(start[0]), int(start[-1])
+    ext = a["member_ext"][m0:m1]
+    first = np.zeros(m1 - m0, dtype=bool)  # the members that start a sample
+    first[start[:-1] - m0] = True
+    if len(ext) > 1 and np.any(~first[1:] & (ext[1:] <= ext[:-1])):
+        raise damaged(
+            where, "a sample's members are not in extension order (two of one extension?)"
+        )
+
+
 def _check_keys(key_bytes: npt.NDArray[np.uint8], where: Path) -> None:
     if np.any(key_bytes == 0):
         raise damaged(where, "a sample key or chunk name holds a NUL byte")
 
 
-def _member_rows(a: Arrays, where: Path, chunks: int, exts: int, members: Any) -> None:
-    """Members ``members`` (a slice or ids): chunk ids and extension ids in range, and
-    inside their chunk (offset + length <= chunk size, without uint64 wrap-around)."""
-    member_chunk = a["member_chunk"][members]
+def _member_rows(
+    a: Arrays, where: Path, chunks: int, exts: int, members: Any, cols: Arrays | None = None
+) -> None:
+    """Members ``members`` (a slice or ids; ``cols``: their member columns, if gathered
+    already): chunk ids and extension ids in range, and inside their chunk (offset + length
+    <= chunk size, without uint64 wrap-around)."""
+    if cols is None:
+        cols = {n: a[n][members] for n in _MEMBER_COLUMNS}
+    member_chunk = cols["member_chunk"]
     if np.any(member_chunk >= chunks):
         raise damaged(where, f"a sample or member points to a chunk id >= {chunks}")
-    if np.any(a["member_ext"][members] >= exts):
+    if np.any(cols["member_ext"] >= exts):
         raise damaged(where, f"a member has an extension id >= {exts}")
     size = a["chunk_size"][member_chunk]
-    length, offset = a["member_length"][members], a["member_offset"][members]
+    length, offset = cols["member_length"], cols["member_offset"]
     past = np.flatnonzero((length > size) | (offset > size - np.minimum(length, size)))
     if len(past):
         k = int(past[0])

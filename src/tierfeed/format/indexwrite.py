@@ -15,7 +15,8 @@ import numpy.typing as npt
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
 from tierfeed.format.indexcheck import header_checksum
-from tierfeed.format.layout import MAGIC, NARROW, SECTIONS, TREE_SECTIONS, VERSION, aligned
+from tierfeed.format.layout import MAGIC, NARROW, VERSION, aligned, present_sections
+from tierfeed.format.rowcheck import write_checks
 from tierfeed.publish import publishing
 
 __all__ = ["PREFIX", "IndexContent", "write_index"]
@@ -124,7 +125,10 @@ def _section_arrays(
         "chunk_checksum": content.chunk_checksum,
     }
     arrays |= _tree_arrays(content)
-    return _narrowed(arrays, content, narrow)
+    arrays = _narrowed(arrays, content, narrow)
+    columns = {k: v for k, v in arrays.items() if not isinstance(v, bytes)}
+    arrays["sample_check"], arrays["chunk_check"] = write_checks(columns, keys, names)
+    return arrays
 
 
 def _narrowed(
@@ -146,9 +150,7 @@ def _narrowed(
 def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, bytes]]:
     """The sections' bytes in file order, each in its on-disk dtype."""
     payloads: list[tuple[str, bytes]] = []
-    for name, (dtype, _) in (
-        SECTIONS | TREE_SECTIONS if len(arrays) > len(SECTIONS) else SECTIONS
-    ).items():
+    for name, (dtype, _) in present_sections(arrays).items():
         value = arrays[name]
         if isinstance(value, bytes):
             payloads.append((name, value))

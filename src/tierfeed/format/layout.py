@@ -25,6 +25,8 @@ __all__ = [
     "MAGIC",
     "NARROW",
     "READS",
+    "ROW_CHECKS_SINCE",
+    "ROW_CHECK_SECTIONS",
     "SECTIONS",
     "TREE_SECTIONS",
     "VERSION",
@@ -35,8 +37,9 @@ __all__ = [
 ]
 
 MAGIC = b"TIERFEED"
-VERSION = 2  # 2: the header's "dtypes" may narrow the NARROW sections to <u4
-READS = (1, 2)  # versions this reader opens (1: every NARROW section <u8)
+VERSION = 3  # 3: row checks (`ROW_CHECK_SECTIONS`); 2: "dtypes" narrows NARROW sections to <u4
+READS = (1, 2, 3)  # versions this reader opens (1: every NARROW section <u8; 1, 2: no row checks)
+ROW_CHECKS_SINCE = 3  # an index of this version or later must hold the row checks
 ALIGN = 64
 INDEX_NAME = "index.tfi"
 
@@ -60,6 +63,13 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "chunk_checksum": ("<u8", "c"),
 }
 
+# Row checks (format 3, `tierfeed.format.rowcheck`): what a lazily opened index verifies of
+# each row it reads. Older indexes lack them and are opened checked in full.
+ROW_CHECK_SECTIONS: dict[str, tuple[str, str]] = {
+    "sample_check": ("<u8", "s"),  # low 32 bits: the row and its members; high: the key
+    "chunk_check": ("<u8", "c"),  # low 32 bits: the chunk's row; high: its name
+}
+
 # The tree: present all together (with the header count "dirs") or not at all. "d" is the
 # number of directories of the tree, the root excluded, sorted bytewise by path.
 TREE_SECTIONS: dict[str, tuple[str, str]] = {
@@ -80,10 +90,13 @@ NARROW = ("sample_member_start", "sample_key_offset", "member_offset", "member_l
 
 def present_sections(names: object) -> dict[str, tuple[str, str]]:
     """The sections an index with this section table holds, in file and checksum order:
-    `SECTIONS`, then `TREE_SECTIONS` when the table names any of them."""
-    if isinstance(names, dict) and any(name in names for name in TREE_SECTIONS):
-        return SECTIONS | TREE_SECTIONS
-    return dict(SECTIONS)
+    `SECTIONS`, then `ROW_CHECK_SECTIONS` and `TREE_SECTIONS`, each when the table names any
+    of its sections."""
+    present = dict(SECTIONS)
+    for optional in (ROW_CHECK_SECTIONS, TREE_SECTIONS):
+        if isinstance(names, dict) and any(name in names for name in optional):
+            present |= optional
+    return present
 
 
 def aligned(n: int) -> int:

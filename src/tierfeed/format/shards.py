@@ -234,18 +234,23 @@ def _content(
     sums: list[int],
     skipped: int,
 ) -> IndexContent:
-    """The index of the collected members, the shards as its chunks."""
+    """The index of the collected members, the shards as its chunks; a sample's members in
+    extension order, as every index holds them (a shard's own order may be any)."""
     exts = sorted(set(got.ext))
     ext_id = {e: i for i, e in enumerate(exts)}
+    start = np.asarray([*got.starts, len(got.offset)], dtype=np.uint64)
+    ext = np.asarray([ext_id[e] for e in got.ext], dtype=np.uint16)
+    owner = np.repeat(np.arange(len(got.keys)), np.diff(start).astype(np.int64))
+    order = np.lexsort((ext, owner))  # by sample, then extension
     return IndexContent(
         keys=got.keys,
         labels=np.asarray(label_of, dtype=np.int32),
-        member_start=np.asarray([*got.starts, len(got.offset)], dtype=np.uint64),
-        member_chunk=np.asarray(got.chunk, dtype=np.uint32),
-        member_offset=np.asarray(got.offset, dtype=np.uint64),
-        member_length=np.asarray(got.length, dtype=np.uint64),
-        member_checksum=np.asarray(got.checksum, dtype=np.uint64),
-        member_ext=np.asarray([ext_id[e] for e in got.ext], dtype=np.uint16),
+        member_start=start,
+        member_chunk=np.asarray(got.chunk, dtype=np.uint32)[order],
+        member_offset=np.asarray(got.offset, dtype=np.uint64)[order],
+        member_length=np.asarray(got.length, dtype=np.uint64)[order],
+        member_checksum=np.asarray(got.checksum, dtype=np.uint64)[order],
+        member_ext=ext[order],
         exts=exts,
         chunk_names=names,
         chunk_size=np.asarray(sizes, dtype=np.uint64),
