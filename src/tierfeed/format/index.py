@@ -56,6 +56,13 @@ CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 _SORT_ROWS_ABOVE = 4096
 
 
+def _distinct(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``ids`` sorted, each once: a sort and one comparison (numpy 2's np.unique hashes first,
+    ~20x slower for a rank's 10^5 random ids)."""
+    ordered = np.sort(ids)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+
+
 def version_needs_row_checks(version: int) -> bool:
     """Whether an index of format ``version`` must hold the row checks."""
     return version >= ROW_CHECKS_SINCE
@@ -326,7 +333,7 @@ class Index:
             return
         ids = np.asarray(samples, dtype=np.int64).reshape(-1)
         if len(ids) > _SORT_ROWS_ABOVE:  # a rank's epoch: each row once, pages in file order
-            ids = np.unique(ids)
+            ids = _distinct(ids)
         if len(ids):
             chunks, classes, exts = self.num_chunks, len(self.classes), len(self.exts)
             if self._chunks_done is None:  # chunk rows this process checked: one byte a chunk

@@ -311,9 +311,13 @@ def check_sample_rows(
     one flag a chunk, set for chunk rows checked already (by this call too), not checked
     again."""
     first, end, k0, k1, label, sample_chunk = _sample_rows(a, where, chunks, classes, ids, ids + 1)
-    chunk_ids = np.unique(sample_chunk).astype(np.int64)
+    # The chunks these rows name, each once: a flag a chunk (O(chunks), a fraction of the
+    # cost of np.unique over a rank's 10^5 rows).
+    named = np.zeros(chunks, dtype=bool)
+    named[sample_chunk] = True
     if chunks_done is not None:
-        chunk_ids = chunk_ids[~chunks_done[chunk_ids]]
+        named &= ~chunks_done
+    chunk_ids = np.flatnonzero(named)
     if len(chunk_ids):
         check_chunk_rows(a, where, chunk_ids)
         if chunks_done is not None:
