@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from tests.format.conftest import write_tree
 from tierfeed.format.pack import PackOptions, pack
+from tierfeed.loader.compose import open_store
 from tierfeed.storage.store import Sample
 from tierfeed.torch import Dataset, Loader, collate_fields, sample_fields
 
@@ -76,3 +77,42 @@ def test_samples_with_other_fields_collate_with_none() -> None:
     batch = collate_fields([a, b])
     assert batch["__key__"] == ["a", "b"] and batch["__label__"].tolist() == [0, 1]
     assert batch["jpg"] == [b"1", b"2"] and batch["json"] == [b"{}", None]
+
+
+# --- a map-style view, and cache_dir= ------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_map_style_view_for_code_written_around_indices(store: Path, workers: int) -> None:
+    from tierfeed.torch import MapDataset
+
+    ds = MapDataset(store)
+    assert len(ds) == N
+    first = ds[0]
+    assert set(first) == {"__key__", "__label__", "txt"} and isinstance(first["txt"], bytes)
+    with pytest.raises(IndexError):
+        ds[N]
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers)
+    assert flat(list(loader)) == WANT  # every sample once, through torch's own sampler
+
+
+def test_a_map_style_view_of_a_selection_decoded_by_name(store: Path) -> None:
+    from tierfeed.torch import MapDataset
+
+    ds = MapDataset(store, decode="auto", samples=[3, 7])
+    assert len(ds) == 2
+    with open_store(store) as whole:
+        want = [whole.read_sample(i).fields["txt"].decode() for i in (3, 7)]
+    assert [ds[i]["txt"] for i in range(2)] == want  # "auto": a txt field is text
+
+
+def test_cache_dir_is_a_disk_tier_in_short(store: Path, tmp_path: Path) -> None:
+    from tierfeed.errors import ConfigError
+    from tierfeed.loader.compose import TierConfig
+
+    ds = Dataset(store, batch_size=4, cache_dir=tmp_path / "cache")
+    with Loader(ds) as loader:
+        assert flat(list(loader)) == WANT
+    assert list((tmp_path / "cache").rglob("*.tar"))
+    with pytest.raises(ConfigError, match="one of cache_dir and tiers"):
+        Dataset(store, cache_dir=tmp_path / "c", tiers=TierConfig(ram_bytes=1 << 20))

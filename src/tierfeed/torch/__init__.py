@@ -12,6 +12,7 @@ from tierfeed.torch.dataset import Batch, Dataset, OrderPlan, TierConfig
 from tierfeed.torch.fields import collate_fields, decoded_fields, sample_fields
 from tierfeed.torch.imagefolder import IMG_EXTENSIONS, ImageFolder, pil_loader
 from tierfeed.torch.loader import Loader
+from tierfeed.torch.mapdataset import MapDataset
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -19,6 +20,7 @@ __all__ = [
     "Dataset",
     "ImageFolder",
     "Loader",
+    "MapDataset",
     "OrderPlan",
     "TierConfig",
     "collate_fields",

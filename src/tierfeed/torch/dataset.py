@@ -81,6 +81,9 @@ class Dataset(Feed, IterableDataset[Batch]):
             selected sample once and no other (`ImageFolder(store).sample_ids` selects what
             torchvision would from a tree with stray files, e.g. a ``README`` or
             ``.DS_Store``). Needs ``plan`` as a spec; not with an ``exchange``.
+        cache_dir: a local-disk tier here, of the default size (the whole store, or the free
+            space less a margin): ``tiers=TierConfig(disk_dir=cache_dir)`` in short, as
+            MosaicML Streaming's ``local=``.
 
     Raises:
         ConfigError: ``samples`` names ids outside the store, one twice, or none, or is a
@@ -103,11 +106,19 @@ class Dataset(Feed, IterableDataset[Batch]):
         exchange: EpochExchange | None = None,
         storage_options: Mapping[str, Any] | None = None,
         samples: npt.ArrayLike | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if samples is not None and not isinstance(plan, (str, PlanSpec)):
             raise ConfigError("samples= selects what a plan spec plans: give plan as its text")
         if samples is not None and exchange is not None:
             raise ConfigError("samples= cannot be combined with an exchange between ranks")
+        if cache_dir is not None:
+            if tiers is not None:
+                raise ConfigError(
+                    "cache_dir= is TierConfig(disk_dir=...) in short: give one of cache_dir "
+                    "and tiers (TierConfig(disk_dir=cache_dir, ...) for more)"
+                )
+            tiers = TierConfig(disk_dir=os.fspath(cache_dir))
         if callable(store):
             opener: Callable[[], Store] = store
         else:
