@@ -34,6 +34,7 @@ import xxhash
 __all__ = [
     "MASK",
     "chunk_terms",
+    "member_columns",
     "member_terms",
     "name_check",
     "sample_terms",
