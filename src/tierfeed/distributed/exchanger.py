@@ -28,7 +28,7 @@ from tierfeed.distributed.holders import Holdings
 from tierfeed.distributed.namespace import inbox_dir
 from tierfeed.distributed.schedule import num_windows
 from tierfeed.distributed.strategies import EpochState, MoveStrategy, strategy_for
-from tierfeed.distributed.windows import RESTORE, WindowExecutor
+from tierfeed.distributed.windows import RESTORE, ExchangeCounters, WindowExecutor
 from tierfeed.errors import ConfigError, ExchangeError
 from tierfeed.plan import Plan
 
@@ -52,31 +52,6 @@ class ExchangeOptions:
     def __post_init__(self) -> None:
         if self.window < 1 or self.ahead < 1 or self.timeout_s <= 0:
             raise ConfigError(f"exchange window, ahead and timeout must be positive: {self}")
-
-
-@dataclass
-class ExchangeCounters:
-    """What this rank's exchanger did."""
-
-    windows: int = 0
-    samples_sent: int = 0
-    bytes_sent: int = 0
-    samples_received: int = 0
-    bytes_received: int = 0
-    exchange_s: float = 0.0  # wall time in windows, waits for slower peers included
-    read_s: float = 0.0  # reading what is sent
-    collective_s: float = 0.0  # in all_to_all (transfer and waiting for peers)
-    write_s: float = 0.0  # publishing what arrived
-    delete_s: float = 0.0  # deleting what was sent (partial)
-    punched_bytes: int = 0
-    held: int = 0  # samples this rank stores now (partition plans)
-    max_held: int = 0
-    held_bytes: int = 0  # their member bytes (staged samples, and under partial what moved)
-    max_held_bytes: int = 0  # the most at once (received before sent ones are deleted)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values."""
-        return dict(self.__dict__)
 
 
 class Exchanger:

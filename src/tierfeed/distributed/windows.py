@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.copies import LocalCopies
@@ -23,12 +23,34 @@ from tierfeed.distributed.schedule import Transfers
 from tierfeed.distributed.strategies import EpochState, ScheduleStrategy
 from tierfeed.errors import ExchangeError
 
-if TYPE_CHECKING:
-    from tierfeed.distributed.exchanger import ExchangeCounters
-
-__all__ = ["WindowExecutor"]
+__all__ = ["ExchangeCounters", "WindowExecutor"]
 
 RESTORE = -1  # the window number of a restore's single exchange
+
+
+@dataclass
+class ExchangeCounters:
+    """What this rank's exchanger did."""
+
+    windows: int = 0
+    samples_sent: int = 0
+    bytes_sent: int = 0
+    samples_received: int = 0
+    bytes_received: int = 0
+    exchange_s: float = 0.0  # wall time in windows, waits for slower peers included
+    read_s: float = 0.0  # reading what is sent
+    collective_s: float = 0.0  # in all_to_all (transfer and waiting for peers)
+    write_s: float = 0.0  # publishing what arrived
+    delete_s: float = 0.0  # deleting what was sent (partial)
+    punched_bytes: int = 0
+    held: int = 0  # samples this rank stores now (partition plans)
+    max_held: int = 0
+    held_bytes: int = 0  # their member bytes (staged samples, and under partial what moved)
+    max_held_bytes: int = 0  # the most at once (received before sent ones are deleted)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values."""
+        return dict(self.__dict__)
 
 
 @dataclass

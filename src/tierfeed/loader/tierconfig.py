@@ -12,18 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from tierfeed.cachedir import private_dir
 from tierfeed.errors import ConfigError
 from tierfeed.storage import MemoryDriver, Tier, disk_tier
 from tierfeed.units import human
-
-if TYPE_CHECKING:
-    from tierfeed.storage.store import Store
 
 __all__ = ["TierConfig", "default_disk_bytes"]
 
@@ -153,17 +148,6 @@ class TierConfig:
                 raise ConfigError(f"{self.disk_dir}: the file system has no room for a disk tier")
             tiers.append(disk_tier(self.disk_dir, quota))
         return tiers
-
-    def build(
-        self,
-        store_path: str | os.PathLike[str],
-        storage_options: Mapping[str, Any] | None = None,
-    ) -> Store:
-        """The store at ``store_path`` (a directory or URL) read through these tiers (origin
-        read-only)."""
-        from tierfeed.loader.compose import open_store  # (compose builds on this module)
-
-        return open_store(store_path, self, storage_options=storage_options)
 
     def index_cache(self) -> Path | None:
         """Where a remote store's index is kept on this host: beside the disk tier's chunks
