@@ -174,7 +174,7 @@ class TierFilling(ABC):
         `_mutex`): what it holds and, in a tier the host's processes share, the copies
         landing for it. Deciding on what was held alone, each of two DataLoader workers saw
         room for the same bytes: both copied, and chunks were evicted before their reads
-        came (1.10x the store in a cold epoch with half the cache, 1.02x with one worker)."""
+        came (the origin bytes it cost: docs/BENCHMARKS.md)."""
         if not tier.shared:
             return tier.held
         view = dict(tier.held)

@@ -62,9 +62,9 @@ class FsspecDriver(Driver):
             says otherwise.
     """
 
-    # Each GET of an object store is slow (tens of MB/s); its aggregate grows with parallel
-    # ones. Measured on bench/s3_compare.py's slowed endpoint (20 ms, 25 MB/s per GET): a cold
-    # epoch 1.8-2.0 s starting at 16 in flight, 2.6-2.8 s starting at 4.
+    # Each GET of an object store is slow; its aggregate grows with parallel ones: a cold epoch
+    # over bench/s3_compare.py's slowed endpoint was faster starting at 16 in flight than at 4
+    # (docs/BENCHMARKS.md).
     parallel_requests = 16
     costly_requests = True
 

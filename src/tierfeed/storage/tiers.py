@@ -76,10 +76,10 @@ class TierOptions:
             object store).
         landing_wait_s: how long a read waits for its bytes to land from a copy in flight
             before it reads the origin itself. Longer: fewer origin bytes beside the copies
-            (a cold epoch read 1.008x the store at 2 s, 1.012x at 0.5 s, 1.03x at 0.1 s in
-            bench/origin_bytes.py); shorter: a shorter first-epoch tail while whole chunks
-            are still on their way. Where a piece takes longer to land (an object store's
-            GETs), a read waits up to twice a piece's fitted time (at most 5 s); 0: no wait.
+            (docs/BENCHMARKS.md, bench/origin_bytes.py); shorter: a shorter first-epoch tail
+            while whole chunks are still on their way. Where a piece takes longer to land (an
+            object store's GETs), a read waits up to twice a piece's fitted time (at most
+            5 s); 0: no wait.
     """
 
     threads: int = 4

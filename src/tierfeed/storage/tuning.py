@@ -47,8 +47,8 @@ class FetchLimits:
             their rate stay flat when they add requests, and step back; without a floor one
             of them ends near a single request while the others fill the link, and when they
             are done it fetches what it has left alone at a fraction of the link, climbing one
-            request per round: a cold epoch's last 0.1-0.15 s went so in a trace of 2
-            DataLoader workers over the `nfs` model (`bench/cold_trace.py`). 4 is as many
+            request per round: the end of a cold epoch went so in a trace of 2 DataLoader
+            workers over the `nfs` model (`bench/cold_trace.py`, docs/BENCHMARKS.md). 4 is as many
             as a tuner starts with; then it kept one process near the link on its own.
         max_inflight: requests in flight at most (the fetch threads).
         overhead: the share of a piece's time its fixed latency may take.

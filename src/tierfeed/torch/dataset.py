@@ -187,13 +187,14 @@ def freeze_inherited() -> None:
     """In a DataLoader worker, once: put every object it inherited from its parent (torch, the
     model, the training script's state) out of the cyclic garbage collector's reach
     (`gc.freeze`). A full collection walks every tracked object while holding the GIL: with
-    torch loaded that is ~80 ms, in which none of the worker's reader and fetch threads can
-    issue a request; it fell at the start of the first epoch, where the cold epoch's first
-    pieces wait for it. Frozen, a collection walks only what the worker made. Garbage cycles
-    the parent left behind are not collected in the worker (they were the parent's), and the
-    collector no longer writes to the inherited objects' pages, which fork shares. A `Loader`
-    freezes them already for the fork (`tierfeed.torch.loader._start`), before the worker's
-    own start-up allocates; this covers a Dataset handed to a plain DataLoader."""
+    torch loaded that is tens of milliseconds (docs/BENCHMARKS.md), in which none of the
+    worker's reader and fetch threads can issue a request; it fell at the start of the first
+    epoch, where the cold epoch's first pieces wait for it. Frozen, a collection walks only
+    what the worker made. Garbage cycles the parent left behind are not collected in the
+    worker (they were the parent's), and the collector no longer writes to the inherited
+    objects' pages, which fork shares. A `Loader` freezes them already for the fork
+    (`tierfeed.torch.loader._start`), before the worker's own start-up allocates; this covers
+    a Dataset handed to a plain DataLoader."""
     global _frozen_in
     if _frozen_in != os.getpid():
         gc.freeze()
