@@ -659,3 +659,30 @@ def test_readers_of_an_unchecked_copy_wait_for_one_check(store_dir: Path, tmp_pa
         assert sorted(got) == sorted(want[97 * k : 97 * k + 50] for k in range(8))
         assert driver.whole == 1
         assert tiers.origin.counters.snapshot()["reads"] == 0
+
+
+def test_threads_listing_arrivals_at_once_each_see_them_all(tmp_path: Path) -> None:
+    # The copy threads and readers of a worker ask which arrivals are in flight at the same
+    # moment. Listed through one shared directory descriptor (whose duplicates share its
+    # offset), each saw part of them: two DataLoader workers then copied one chunk twice
+    # (1.05-1.12x the store from the origin in 1 run of 6, tests/torch/test_half_cache_workers).
+    landing = FileLanding(tmp_path)
+    arrivals = [
+        landing.begin(ChunkInfo(i, f"chunks/{i:06d}.tar", 4096, i + 1), 1024) for i in range(300)
+    ]
+    want = landing.in_flight()
+    assert len(want) == 300
+    seen: list[set[tuple[int, int]]] = []
+
+    def look() -> None:
+        for _ in range(40):
+            seen.append(landing.in_flight())
+
+    threads = [threading.Thread(target=look) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(seen) == 160 and all(s == want for s in seen)
+    for arrival in arrivals:
+        landing.end(arrival)
