@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tierfeed.errors import ConfigError, StorageError
 
-__all__ = ["DIR_FLAGS", "open_cache_dir", "open_subdir", "private_dir"]
+__all__ = ["DIR_FLAGS", "list_names", "open_cache_dir", "open_subdir", "private_dir"]
 
 # Opens a directory, never through a link at its last component.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -158,3 +158,15 @@ def open_subdir(dir_fd: int, name: str, mode: int, create: bool = True) -> int:
         os.close(fd)
         raise OSError(errno.EPERM, f"{name} belongs to another user")
     return fd
+
+
+def list_names(dir_fd: int) -> list[str]:
+    """The names in the directory open as ``dir_fd``, listed through a descriptor of its own:
+    `os.listdir` of a descriptor reads through a duplicate that shares its offset, so two
+    threads listing one descriptor at once each saw part of the directory (a landing's
+    arrivals in flight: one missed, two workers copied its chunk)."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)

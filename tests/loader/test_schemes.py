@@ -157,4 +157,7 @@ def test_throttling_and_server_errors_are_retried(
         assert driver.read_range(INDEX_NAME, 0, 16) == (local / INDEX_NAME).read_bytes()[:16]
         # Retried here and counted; GCS's own library retries its requests itself (uncounted).
         assert driver.counters.retries == (0 if remote.scheme == "gs" else 3)
-        assert len(remote.data_gets(INDEX_NAME)) == 4
+        gets = len(remote.data_gets(INDEX_NAME))
+        # gcsfs may ask for the object's metadata again (not a data GET): a fault then falls
+        # on that request (seen once in a CI run: 3 data GETs).
+        assert gets in (3, 4) if remote.scheme == "gs" else gets == 4

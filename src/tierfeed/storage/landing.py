@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.cachedir import open_cache_dir, open_subdir
+from tierfeed.cachedir import list_names, open_cache_dir, open_subdir
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes, checksum_range
 from tierfeed.publish import temporary_path, writer_pid
 from tierfeed.telemetry.counters import Counters
@@ -400,7 +400,7 @@ class FileLanding(Landing):
         out = set()
         with contextlib.suppress(OSError):
             at = self._at()
-            for name in _names_in(at):
+            for name in list_names(at):
                 m = _MAP_NAME.fullmatch(name)
                 if m is None:
                     continue
@@ -423,7 +423,7 @@ class FileLanding(Landing):
             at = self._at()
         except OSError:
             return 0  # no arrivals yet (or none of ours to sweep)
-        for name in _names_in(at):
+        for name in list_names(at):
             writer = writer_pid(name)
             if writer is not None and not _pid_alive(writer):  # a map never published
                 with contextlib.suppress(FileNotFoundError):
@@ -442,18 +442,6 @@ class FileLanding(Landing):
                     os.unlink(gone, dir_fd=at)
             removed += 1
         return removed
-
-
-def _names_in(dir_fd: int) -> list[str]:
-    """The names in the directory open as ``dir_fd``, through a descriptor of its own:
-    `os.listdir` of a descriptor reads through a duplicate that shares its offset, so two
-    threads listing one descriptor at once each saw part of the directory (an arrival in
-    flight missed, its room taken twice: a chunk copied by two workers)."""
-    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        return os.listdir(fd)
-    finally:
-        os.close(fd)
 
 
 def _close_all(fds: list[int]) -> None:
