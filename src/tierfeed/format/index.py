@@ -28,6 +28,7 @@ from tierfeed.format.indexcheck import (
     check_sections,
     concat_ranges,
     damaged,
+    distinct,
 )
 from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, one_checker, stamp
 from tierfeed.format.indexwrite import PREFIX as _PREFIX
@@ -56,13 +57,6 @@ CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 _SORT_ROWS_ABOVE = 4096
 
 
-def _distinct(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``ids`` sorted, each once: a sort and one comparison (numpy 2's np.unique hashes first,
-    ~20x slower for a rank's 10^5 random ids)."""
-    ordered = np.sort(ids)
-    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-
-
 def version_needs_row_checks(version: int) -> bool:
     """Whether an index of format ``version`` must hold the row checks."""
     return version >= ROW_CHECKS_SINCE
@@ -81,6 +75,14 @@ class ChunkTable(Sequence[ChunkInfo]):
         self._where = where
         self.checked = False  # every row checked (the index's checks ran, or a stamp)
         self._made: dict[int, ChunkInfo] = {}
+        self._rows_done: npt.NDArray[np.bool_] | None = None
+
+    def rows_done(self) -> npt.NDArray[np.bool_]:
+        """One flag a chunk: its row checked in this process (here, or by `check_samples`),
+        not checked again. Made on first use (zeroed pages: nothing before it is touched)."""
+        if self._rows_done is None:
+            self._rows_done = np.zeros(len(self), dtype=bool)
+        return self._rows_done
 
     def __len__(self) -> int:
         return len(self._a["chunk_size"])
@@ -102,8 +104,9 @@ class ChunkTable(Sequence[ChunkInfo]):
         if not -n <= c < n:
             raise IndexError(f"chunk {c} out of range [0, {n})")
         c %= n
-        if not self.checked:
+        if not self.checked and not self.rows_done()[c]:
             check_chunk_rows(self._a, self._where, np.array([c], dtype=np.int64))
+            self.rows_done()[c] = True
         a = self._a
         lo, hi = int(a["chunk_name_offset"][c]), int(a["chunk_name_offset"][c + 1])
         raw = a["chunk_names"][lo:hi].tobytes()
@@ -206,7 +209,6 @@ class Index:
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)
         self._checked = False
         self._chunk_table: ChunkTable | None = None
-        self._chunks_done: npt.NDArray[np.bool_] | None = None
         self.header = self._read_header()
         self._map_sections(recheck, lazy)
 
@@ -333,14 +335,11 @@ class Index:
             return
         ids = np.asarray(samples, dtype=np.int64).reshape(-1)
         if len(ids) > _SORT_ROWS_ABOVE:  # a rank's epoch: each row once, pages in file order
-            ids = _distinct(ids)
+            ids = distinct(ids)
         if len(ids):
             chunks, classes, exts = self.num_chunks, len(self.classes), len(self.exts)
-            if self._chunks_done is None:  # chunk rows this process checked: one byte a chunk
-                self._chunks_done = np.zeros(chunks, dtype=bool)
-            check_sample_rows(
-                self._arrays, self.path, ids, chunks, classes, exts, self._chunks_done
-            )
+            done = self.chunks().rows_done()  # chunk rows this process checked already
+            check_sample_rows(self._arrays, self.path, ids, chunks, classes, exts, done)
 
     def check_members(self, members: npt.ArrayLike) -> None:
         """`check_samples` for members ``members`` (ids in range) alone: their rows, and with
@@ -348,15 +347,18 @@ class Index:
         if self.checked:
             return
         ids = np.asarray(members, dtype=np.int64).reshape(-1)
-        if len(ids):
+        if not len(ids):
+            return
+        if not self.row_checks:
             check_member_rows(self._arrays, self.path, ids, self.num_chunks, len(self.exts))
-        if len(ids) and self.row_checks:
-            start = self.sample_member_start
-            owners = np.searchsorted(start, ids.astype(start.dtype), "right") - 1
-            owners = np.clip(owners, 0, self.num_samples - 1)
-            self.check_samples(owners)  # the owners' member ranges are now as written
-            if np.any((start[owners] > ids) | (start[owners + 1] <= ids)):
-                raise damaged(self.path, "a member has no sample (member ranges unsorted)")
+            return
+        # The owners' rows checked cover their members' rows (and their own checks them).
+        start = self.sample_member_start
+        owners = np.searchsorted(start, ids.astype(start.dtype), "right") - 1
+        owners = np.clip(owners, 0, self.num_samples - 1)
+        self.check_samples(owners)
+        if np.any((start[owners] > ids) | (start[owners + 1] <= ids)):
+            raise damaged(self.path, "a member has no sample (member ranges unsorted)")
 
     # --- lookups ------------------------------------------------------------------
 
