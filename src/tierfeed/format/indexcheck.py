@@ -327,7 +327,7 @@ def check_sample_rows(
         _member_rows(a, where, chunks, exts, members, cols)
         if np.any(cols["member_chunk"] != sample_chunk[rows]):
             raise damaged(where, _NOT_IN_CHUNK)
-        _check_ext_order(rows, cols["member_ext"], where)
+        _check_ext_order(rows[1:] == rows[:-1], cols["member_ext"], where)
         if checks:
             _add_by_row(sums, rows, rowcheck.member_terms(members, [cols[n] for n in names]))
     for _, at in _spans(k0, k1):
@@ -350,11 +350,11 @@ def _add_by_row(sums: npt.NDArray[np.uint64], rows: npt.NDArray[np.int64], terms
     sums[rows[starts]] += np.add.reduceat(terms, starts)
 
 
-def _check_ext_order(rows: npt.NDArray[np.int64], ext: npt.NDArray[Any], where: Path) -> None:
-    """Within each sample (equal ``rows``, in member order) extension ids strictly rise: no
-    two members of one extension (a reader keeps one field per extension), and in the order
-    every writer stores them."""
-    if len(ext) > 1 and np.any((rows[1:] == rows[:-1]) & (ext[1:] <= ext[:-1])):
+def _check_ext_order(same: npt.NDArray[np.bool_], ext: npt.NDArray[Any], where: Path) -> None:
+    """Within each sample extension ids strictly rise (``ext``: members in order; ``same[k]``:
+    members k and k + 1 are of one sample): no two members of one extension (a reader keeps
+    one field per extension), and in the order every writer stores them."""
+    if len(ext) > 1 and np.any(same & (ext[1:] <= ext[:-1])):
         raise damaged(
             where, "a sample's members are not in extension order (two of one extension?)"
         )
@@ -474,13 +474,9 @@ def _check_ext_blocks(a: Arrays, where: Path, lo: int, hi: int) -> None:
     checked: they are monotone)."""
     start = a["sample_member_start"][lo : hi + 1].astype(np.int64)
     m0, m1 = int(start[0]), int(start[-1])
-    ext = a["member_ext"][m0:m1]
     first = np.zeros(m1 - m0, dtype=bool)  # the members that start a sample
     first[start[:-1] - m0] = True
-    if len(ext) > 1 and np.any(~first[1:] & (ext[1:] <= ext[:-1])):
-        raise damaged(
-            where, "a sample's members are not in extension order (two of one extension?)"
-        )
+    _check_ext_order(~first[1:], a["member_ext"][m0:m1], where)
 
 
 def _check_keys(key_bytes: npt.NDArray[np.uint8], where: Path) -> None:
