@@ -112,3 +112,30 @@ def test_an_origins_linked_file_is_read_through_its_link_a_caches_is_not(tmp_pat
         tier.driver.read("linked.tar")
     tier.driver.write("linked.tar", b"replaced")  # the link is replaced, not written through
     assert elsewhere.read_bytes() == DATA and (cache / "linked.tar").read_bytes() == b"replaced"
+
+
+def test_every_read_of_a_cache_names_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reads of a cache go relative to its checked directory: a read a file system refuses
+    # with O_DIRECT (unaligned) is made again by opening the file anew, which by a bare
+    # relative path would open whatever the working directory holds there. A read running
+    # past the end of the file is read on (the retry policy's path): it names it too.
+    from tierfeed.storage import posix
+
+    seen: list[int | None] = []
+    real = posix.pread
+
+    def spy(
+        fd: int, path: str, length: int, offset: int, flags: int, dir_fd: int | None = None
+    ) -> bytes:
+        seen.append(dir_fd)
+        return real(fd, path, length, offset, flags, dir_fd)
+
+    monkeypatch.setattr(posix, "pread", spy)
+    cache = PosixDriver(tmp_path / "cache", read_only=False)
+    cache.write("c.bin", b"cached" * 1000)
+    assert cache.read_block("c.bin", 5001, 4096) == (b"cached" * 1000)[5001:]
+    assert cache.read_range("c.bin", 5001, 4096) == (b"cached" * 1000)[5001:]
+    assert len(seen) >= 4 and all(d is not None and d >= 0 for d in seen), seen
+    cache.close()

@@ -165,7 +165,8 @@ class PosixDriver(Driver):
             entry = fds.acquire(full)
             try:
                 while len(data) < length:
-                    block = pread(entry.fd, full, length - len(data), offset + len(data), fds.flags)
+                    want, at = length - len(data), offset + len(data)
+                    block = pread(entry.fd, full, want, at, fds.flags, self._dir_fd)
                     if not block:
                         if os.fstat(entry.fd).st_size > offset + len(data):
                             raise _ShortReadError(
