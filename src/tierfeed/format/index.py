@@ -78,8 +78,7 @@ class ChunkTable(Sequence[ChunkInfo]):
         self._rows_done: npt.NDArray[np.bool_] | None = None
 
     def rows_done(self) -> npt.NDArray[np.bool_]:
-        """One flag a chunk: its row checked in this process (here, or by `check_samples`),
-        not checked again. Made on first use (zeroed pages: nothing before it is touched)."""
+        """A flag a chunk: its row checked here or by `check_samples` (made on first use)."""
         if self._rows_done is None:
             self._rows_done = np.zeros(len(self), dtype=bool)
         return self._rows_done
@@ -352,8 +351,7 @@ class Index:
         if not self.row_checks:
             check_member_rows(self._arrays, self.path, ids, self.num_chunks, len(self.exts))
             return
-        # The owners' rows checked cover their members' rows (and their own checks them).
-        start = self.sample_member_start
+        start = self.sample_member_start  # the owners' rows checked cover their members
         owners = np.searchsorted(start, ids.astype(start.dtype), "right") - 1
         owners = np.clip(owners, 0, self.num_samples - 1)
         self.check_samples(owners)

@@ -373,9 +373,8 @@ def check_member_rows(
 
 
 def distinct(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``ids`` sorted, each once: a sort and one comparison, O(ids log ids) whatever the table
-    they index (numpy 2's np.unique hashes first: ~20x slower for a rank's 10^5 random ids,
-    and ~6 ms more on its first call in a process)."""
+    """``ids`` sorted, each once, by a sort: numpy 2's np.unique hashes first, far slower for
+    a rank's random ids (docs/BENCHMARKS.md, the row checks)."""
     ordered = np.sort(ids)
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
