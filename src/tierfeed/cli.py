@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from tierfeed.errors import TierfeedError
+from tierfeed.errors import INSTALL_TORCH, TierfeedError
 
 __all__ = ["main"]
 
@@ -44,8 +44,7 @@ _OS_ADVICE = {
 
 # Modules a command may need that a plain `pip install tierfeed` leaves out: what to install.
 _EXTRAS = {
-    "torch": "pip install 'tierfeed[torch]' (a CPU-only build: pip install torch "
-    "--index-url https://download.pytorch.org/whl/cpu)",
+    "torch": INSTALL_TORCH,
     "matplotlib": "pip install 'tierfeed[report]'",
     "PIL": "pip install 'tierfeed[image]'",
 }

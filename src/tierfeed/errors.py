@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "INSTALL_TORCH",
     "BadMemberError",
     "ChunkCorruptError",
     "ConfigError",
@@ -24,6 +25,14 @@ __all__ = [
     "TierfeedError",
     "UnreadableFileError",
 ]
+
+
+# What to do when the PyTorch face (tierfeed.torch, stage) is asked for without torch: the one
+# wording every place that finds it missing gives.
+INSTALL_TORCH = (
+    "pip install 'tierfeed[torch]' (a CPU-only build: pip install torch --index-url "
+    "https://download.pytorch.org/whl/cpu)"
+)
 
 
 class TierfeedError(Exception):

@@ -7,7 +7,7 @@ import datetime
 import json
 from typing import Any
 
-from tierfeed.errors import ConfigError, ExchangeError
+from tierfeed.errors import INSTALL_TORCH, ConfigError, ExchangeError
 
 __all__ = ["register"]
 
@@ -17,9 +17,7 @@ def _run(args: argparse.Namespace) -> int:
         import torch.distributed as dist
     except ImportError as exc:
         raise ConfigError(
-            f"stage needs PyTorch's torch.distributed ({exc}); pip install 'tierfeed[torch]' "
-            "(a CPU-only build: pip install torch --index-url "
-            "https://download.pytorch.org/whl/cpu)"
+            f"stage needs PyTorch's torch.distributed ({exc}); {INSTALL_TORCH}"
         ) from None
 
     from tierfeed.config import gloo_on_loopback_if_local, world_from_env

@@ -1,12 +1,11 @@
 """The PyTorch face of tierfeed: the only package that imports torch.utils.data."""
 
+from tierfeed.errors import INSTALL_TORCH
+
 try:
     import torch as _torch  # noqa: F401  (present, or say how to get it)
 except ImportError as _missing:
-    raise ImportError(
-        "tierfeed.torch needs PyTorch: pip install 'tierfeed[torch]' (a CPU-only build: "
-        "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
-    ) from _missing
+    raise ImportError(f"tierfeed.torch needs PyTorch: {INSTALL_TORCH}") from _missing
 
 from tierfeed.torch.dataset import Batch, Dataset, OrderPlan, TierConfig
 from tierfeed.torch.fields import collate_fields, decoded_fields, sample_fields
