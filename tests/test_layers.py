@@ -58,9 +58,8 @@ def test_leaves_import_only_leaves() -> None:
             assert all(LEVEL[t] == 0 for t in imports_of(path)), path
 
 
-# Import circles inside a package: none, but the one issue 34's tier stack by composition
-# removes (TierStack is one class in two files that import each other).
-KNOWN_CIRCLES = {frozenset({"tierfeed.storage.filling", "tierfeed.storage.tiers"})}
+# Import circles inside a package: none (a known one would be listed here, to be removed).
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -113,12 +112,9 @@ OVER_400 = {
     "storage/fsspec_driver.py": 430,
     "loader/stream.py": 438,
     "plan/plan.py": 446,
-    "storage/landing.py": 455,
     "torch/loader.py": 468,
-    "storage/tiers.py": 509,
     "format/indexcheck.py": 524,
     "format/index.py": 555,
-    "storage/filling.py": 555,
 }
 
 
@@ -129,3 +125,47 @@ def test_no_module_passes_400_lines_or_grows_past_it() -> None:
     grown = {name: (n, OVER_400[name]) for name, n in over.items() if n > OVER_400[name]}
     assert grown == {}, grown
     assert set(OVER_400) <= set(over), "shrunk below 400: take it out of OVER_400"
+
+
+# Functions over 50 lines: none, but a function that reads best whole says why in a comment
+# `# long: <reason>` among its first lines. These are being split (issue 34); none may grow.
+LONG_FUNCTIONS = {
+    "format/labels.py:resolve_labels": 52,
+    "format/shards.py:index_shards": 54,
+    "distributed/simulate_command.py:register": 55,
+    "mount/command.py:serve": 56,
+    "format/pack.py:pack": 57,
+    "torch/imagefolder.py:make_dataset": 57,
+    "format/source.py:walk_tree": 58,
+    "format/optimize.py:optimize": 59,
+    "cachedir.py:open_cache_dir": 60,
+    "distributed/traffic.py:job_traffic": 62,
+    "format/index.py:_map_sections": 64,
+    "distributed/staging.py:stage": 72,
+    "torch/dataset.py:__init__": 72,
+}
+
+
+def _long_functions() -> dict[str, int]:
+    """Every function over 50 lines (``def`` to its last line) without a `# long:` reason."""
+    out = {}
+    for path in SRC.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            head = lines[node.lineno - 1 : node.lineno + 8]
+            if length > 50 and not any(line.strip().startswith("# long: ") for line in head):
+                out[f"{path.relative_to(SRC)}:{node.name}"] = length
+    return out
+
+
+def test_no_function_passes_50_lines_without_a_reason() -> None:
+    found = _long_functions()
+    assert set(found) <= set(LONG_FUNCTIONS), sorted(set(found) - set(LONG_FUNCTIONS))
+    grown = {
+        name: (n, LONG_FUNCTIONS[name]) for name, n in found.items() if n > LONG_FUNCTIONS[name]
+    }
+    assert grown == {}, grown
+    assert set(LONG_FUNCTIONS) <= set(found), "split below 50: take it out of LONG_FUNCTIONS"

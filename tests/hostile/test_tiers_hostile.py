@@ -175,7 +175,7 @@ def test_copy_threads_survive_any_error_and_count_it(store_dir: Path) -> None:
             for s in range(len(store)):
                 assert store.read_sample(s).fields["bin"] == expected(store, s)
             stack.drain()
-        assert all(t.is_alive() for t in stack._copier.threads)
+        assert all(t.is_alive() for t in stack.filler.copier.threads)
         stats = stack.stats()
         assert stats["ram"]["copy_failures"] == 3
         assert set(ram.held) == set(range(index.num_chunks))
@@ -231,7 +231,7 @@ def test_racing_readers_and_copies(
         t.join()
     try:
         assert errors == []
-        assert all(t.is_alive() for t in stack._copier.threads)
+        assert all(t.is_alive() for t in stack.filler.copier.threads)
         assert stack.stats()["ram"]["copy_failures"] == 0
         assert sum(ram.held.values()) <= quota
         assert ram.driver.used <= quota  # type: ignore[attr-defined]
@@ -308,7 +308,7 @@ def test_full_cache_disk_is_counted_and_reads_go_on(
                 assert store.read_sample(s).fields["bin"] == expected(store, s)
             stack.drain()
         assert stack.stats()[tier.name]["copy_failures"] >= 1
-        assert all(t.is_alive() for t in stack._copier.threads)
+        assert all(t.is_alive() for t in stack.filler.copier.threads)
     assert not [p.name for p in (tiny_disk / "cache").iterdir() if p.name.startswith(".tmp.")]
     assert {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()} == before
 

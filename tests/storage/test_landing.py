@@ -22,7 +22,8 @@ from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
 from tierfeed.storage.disktier import cache_key
-from tierfeed.storage.landing import Arrival, FileLanding, MemoryLanding
+from tierfeed.storage.filelanding import FileLanding
+from tierfeed.storage.landing import Arrival, MemoryLanding
 from tierfeed.storage.shared_dir import marked
 from tierfeed.storage.tiers import TierOptions, disk_tier
 
@@ -50,7 +51,7 @@ def test_reads_during_a_copy_are_served_from_its_pieces(store_dir: Path) -> None
         info = tiers.chunks[0]
         want = (store_dir / info.name).read_bytes()
         assert tiers.schedule(0)
-        until(lambda: tiers.landing.find(info) is not None)
+        until(lambda: tiers.filler.landing.find(info) is not None)
         got: dict[int, bytes] = {}
 
         def reader(k: int) -> None:
@@ -64,12 +65,12 @@ def test_reads_during_a_copy_are_served_from_its_pieces(store_dir: Path) -> None
             t.join()
         tiers.drain()
         assert all(data == want[o : o + 600] for o, data in got.items())
-        fetch = tiers.fetch_counters.snapshot()
+        fetch = tiers.fetch.counters.snapshot()
         assert fetch["served"] == 8 and fetch["gave_up"] == 0
         pieces = -(-info.size // PIECE)
         assert tiers.origin.counters.snapshot()["bytes_read"] == info.size  # each byte once
         assert fetch["pieces"] == pieces and 0 in ram.held
-        assert tiers.landing.find(info) is None  # ended once placed
+        assert tiers.filler.landing.find(info) is None  # ended once placed
 
 
 def test_a_sibling_process_reads_from_the_copy_in_flight(store_dir: Path, tmp_path: Path) -> None:
@@ -81,11 +82,11 @@ def test_a_sibling_process_reads_from_the_copy_in_flight(store_dir: Path, tmp_pa
     ):
         info = copier.chunks[1]
         copier.schedule(1)
-        until(lambda: sibling.landing.find(info) is not None)
+        until(lambda: sibling.filler.landing.find(info) is not None)
         data = sibling.read_range(1, 100, 5000)
         assert data == (store_dir / info.name).read_bytes()[100:5100]
         assert sibling.origin.counters.snapshot()["reads"] == 0
-        assert sibling.fetch_counters.snapshot()["served"] == 1
+        assert sibling.fetch.counters.snapshot()["served"] == 1
         copier.drain()
         # Landed and ended: the sibling finds the chunk in the directory, not at the origin.
         assert sibling.read_range(1, 0, 10) == (store_dir / info.name).read_bytes()[:10]
@@ -111,7 +112,7 @@ def test_a_read_that_would_wait_too_long_reads_the_origin(store_dir: Path) -> No
         started = time.monotonic()
         assert tiers.read_range(0, 0, 100) == (store_dir / tiers.chunks[0].name).read_bytes()[:100]
         assert time.monotonic() - started < 0.8  # not the copy's 1 s
-        assert tiers.fetch_counters.snapshot()["gave_up"] == 1
+        assert tiers.fetch.counters.snapshot()["gave_up"] == 1
         assert tiers.origin_counters.hits == 1  # the read's own, beside the copy
 
 
@@ -120,7 +121,7 @@ import sys, time
 sys.path.insert(0, {cwd!r})
 from pathlib import Path
 from tierfeed.format.index import Index
-from tierfeed.storage.landing import FileLanding
+from tierfeed.storage.filelanding import FileLanding
 info = Index(Path({store!r})).chunk(0)
 arrival = FileLanding(Path({cache!r})).begin(info, {piece})
 arrival.put(0, (Path({store!r}) / info.name).read_bytes()[:{piece}])
@@ -143,7 +144,7 @@ def test_a_killed_fetcher_holds_no_reader_and_leaves_nothing_served(
             info = tiers.chunks[0]
             want = (store_dir / info.name).read_bytes()
             assert tiers.read_range(0, 10, 100) == want[10:110]  # piece 0 landed: served
-            assert tiers.fetch_counters.snapshot()["served"] == 1
+            assert tiers.fetch.counters.snapshot()["served"] == 1
             assert tiers.origin.counters.snapshot()["reads"] == 0
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
@@ -244,7 +245,7 @@ def test_tampered_bytes_in_flight_are_refused_and_read_from_the_origin(
         for m in members:
             o, n = int(store.index.member_offset[m]), int(store.index.member_length[m])
             assert store.read_member(m) == want[o : o + n]
-        assert tiers.fetch_counters.snapshot()["served"] == 1  # the first, refused; then origin
+        assert tiers.fetch.counters.snapshot()["served"] == 1  # the first, refused; then origin
     arrival.close()
 
 
@@ -266,7 +267,7 @@ def test_a_copy_landed_whole_reads_as_local_until_it_ends(store_dir: Path, tmp_p
         offsets, lengths = [0, 5000, info.size - 10], [10, 300, 10]
         got = sibling.read_ranges(0, offsets, lengths)
         assert got == [want[o : o + n] for o, n in zip(offsets, lengths, strict=True)]
-        assert sibling.fetch_counters.snapshot()["served"] == 5
+        assert sibling.fetch.counters.snapshot()["served"] == 5
         assert sibling.origin.counters.snapshot()["reads"] == 0
         FileLanding(cache).end(arrival)  # the copy is over without a placement (it failed)
         assert sibling.read_range(0, 7, 10) == want[7:17]  # read as any miss is: copied anew
@@ -300,7 +301,9 @@ def test_a_bad_byte_in_a_copy_landed_whole_is_refused_and_read_from_the_origin(
             assert got.fields == store.read_sample(s).fields
         o, n = int(store.index.member_offset[bad]), int(store.index.member_length[bad])
         assert store.read_member(bad) == want[o : o + n]
-        assert 0 not in tiers._complete and 0 in tiers._shunned  # from the origin from now on
+        assert (
+            0 not in tiers.holdings.complete and 0 in tiers.holdings.shunned
+        )  # from the origin from now on
     arrival.close()
 
 
@@ -346,7 +349,7 @@ def test_the_piece_a_read_waits_for_is_fetched_first(store_dir: Path) -> None:
         tiers.drain()
         assert origin.offsets[0] // PIECE == 3  # its piece first, then the rest in order
         assert sorted({o // PIECE for o in origin.offsets}) == [0, 1, 2, 3]
-        assert tiers.fetch_counters.snapshot()["served"] == 1
+        assert tiers.fetch.counters.snapshot()["served"] == 1
 
 
 class OneStalledPiece(PosixDriver):
@@ -367,10 +370,10 @@ def test_a_read_whose_copy_waits_for_a_busy_thread_starts_it_beside(store_dir: P
     ram = Tier(MemoryDriver(), quota=10**9, name="ram")
     with TierStack(Index(store_dir).chunks(), origin, [ram], options=options) as tiers:
         assert tiers.schedule(0)
-        until(lambda: tiers.landing.find(tiers.chunks[0]) is not None)  # the one thread busy
+        until(lambda: tiers.filler.landing.find(tiers.chunks[0]) is not None)  # the one thread busy
         want = (store_dir / tiers.chunks[1].name).read_bytes()[5000:5100]
         assert tiers.read_range(1, 5000, 100) == want  # queued, it waited 0.5 s, then the origin
-        fetch = tiers.fetch_counters.snapshot()
+        fetch = tiers.fetch.counters.snapshot()
         # From its piece, or from the tier where the copy (quick) was placed meanwhile.
         assert fetch["served"] + ram.counters.hits == 1 and fetch["gave_up"] == 0
         assert tiers.origin_counters.hits == 0  # no read of its own beside the copy
@@ -434,7 +437,7 @@ def test_a_costly_origin_is_read_once_per_piece_and_never_to_measure(store_dir: 
         tiers.drain(timeout=30)
         # No piece read as halves for the tuner, no read beside a copy: one request per piece,
         # each byte of the store once.
-        assert origin.counters.reads == tiers.fetch_counters.snapshot()["pieces"]
+        assert origin.counters.reads == tiers.fetch.counters.snapshot()["pieces"]
         assert origin.counters.bytes_read == sum(c.size for c in tiers.chunks)
 
 
@@ -593,19 +596,19 @@ def test_a_copy_landing_for_a_sibling_takes_room_in_the_shared_tier(
             options=TierOptions(piece_bytes=PIECE),
         ) as second,
     ):
-        assert second._needed(1)  # nothing held, nothing landing: room for it
+        assert second.filler._needed(1)  # nothing held, nothing landing: room for it
         assert first.schedule(0)
-        until(lambda: first.landing.find(first.chunks[0]) is not None)
-        assert not second._needed(1)
-        second._refused.clear()
+        until(lambda: first.filler.landing.find(first.chunks[0]) is not None)
+        assert not second.filler._needed(1)
+        second.holdings.refused.clear()
         second.set_future([0, 1] * 25)  # its prefetch copies nothing while chunk 0 lands
         second.drain()
         assert second.stats()["fetch"]["pieces"] == 0 and 1 not in second.tiers[0].held
         first.drain()
         assert 0 in first.tiers[0].held
         time.sleep(0.15)  # past the sibling's view of the directory
-        second._refused.clear()
-        assert not second._needed(1)  # placed now: held, still no room
+        second.holdings.refused.clear()
+        assert not second.filler._needed(1)  # placed now: held, still no room
 
 
 def _exited_pid() -> int:
@@ -617,7 +620,7 @@ def _exited_pid() -> int:
 
 def _rewrite_owner(directory: Path, info: ChunkInfo, pid: int) -> None:
     """Make the map of ``info``'s arrival name ``pid`` as its fetcher."""
-    from tierfeed.storage.landing import _HEADER
+    from tierfeed.storage.filelanding import _HEADER
 
     path = directory / f"{info.id:08d}-{info.checksum:016x}.map"
     raw = bytearray(path.read_bytes())

@@ -63,15 +63,15 @@ def test_a_stalled_piece_is_hedged_and_the_copy_does_not_wait_for_it(
     stack = TierStack(Index(store_dir).chunks(), origin, [disk], options=options)
     try:
         for _ in range(8):  # the tuner learns what a piece takes: a stall is then late
-            stack.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
-        stack._begun_bytes = 10**9  # a budget for the hedge (earlier copies)
+            stack.fetch.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
+        stack.fetch._begun_bytes = 10**9  # a budget for the hedge (earlier copies)
         assert stack.schedule(0)
         assert origin.stalled.wait(10)
         deadline = time.monotonic() + 10
         while 0 not in disk.held:  # placed while the first request still stalls
             assert time.monotonic() < deadline, "the copy waited for the stalled request"
             time.sleep(0.005)
-        fetch = stack.fetch_counters.snapshot()
+        fetch = stack.fetch.counters.snapshot()
         assert fetch["hedges"] == 1 and fetch["hedge_wins"] == 1
         assert fetch["pieces"] == -(-info.size // PIECE)  # each landed once
         cached = tmp_path / "cache" / cache_key(info)
@@ -81,7 +81,7 @@ def test_a_stalled_piece_is_hedged_and_the_copy_does_not_wait_for_it(
         stack.drain()
         time.sleep(0.05)
         assert cached.read_bytes() == want
-        assert stack._gate._aside == 0  # the late request, set aside, has left
+        assert stack.fetch.gate._aside == 0  # the late request, set aside, has left
     finally:
         origin.release.set()
         stack.close()
@@ -101,17 +101,17 @@ def test_a_stalled_request_does_not_hold_a_place_among_those_in_flight(
         options=TierOptions(piece_bytes=PIECE, fetch_threads=4),
     )
     try:
-        stack.tuner._inflight = 1
-        stack.tuner.limits = type(stack.tuner.limits)(min_inflight=1, max_inflight=1)
+        stack.fetch.tuner._inflight = 1
+        stack.fetch.tuner.limits = type(stack.fetch.tuner.limits)(min_inflight=1, max_inflight=1)
         for _ in range(8):
-            stack.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
-        stack._begun_bytes = 10**9
+            stack.fetch.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
+        stack.fetch._begun_bytes = 10**9
         stack.schedule(0)
         deadline = time.monotonic() + 10
         while 0 not in stack.tiers[0].held:
             assert time.monotonic() < deadline, "the other pieces queued behind the stall"
             time.sleep(0.005)
-        assert stack.fetch_counters.snapshot()["pieces"] == -(-info.size // PIECE)
+        assert stack.fetch.counters.snapshot()["pieces"] == -(-info.size // PIECE)
     finally:
         origin.release.set()
         stack.close()
@@ -330,7 +330,7 @@ def copied_in_order(
     options = TierOptions(piece_bytes=PIECE, fetch_threads=1)
     stack = TierStack(index.chunks(), origin, [disk_tier(tmp_path / "c", 10**9)], options=options)
     try:
-        stack._splits = 10**6  # no pieces read as halves: one request per piece
+        stack.fetch._splits = 10**6  # no pieces read as halves: one request per piece
         pieces = -(-index.chunk(0).size // PIECE)
         stack.set_reads(*reads(pieces))
         stack.schedule(0)

@@ -17,7 +17,7 @@ from tierfeed.errors import ChunkCorruptError
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import LatencyModel, MemoryDriver, PosixDriver, SlowDriver, Tier, TierStack
-from tierfeed.storage.filling import _Landed
+from tierfeed.storage.placing import Landed
 from tierfeed.storage.shared_dir import copy_claim
 from tierfeed.storage.store import Store
 from tierfeed.storage.tiers import cache_key, disk_tier
@@ -258,7 +258,9 @@ def test_processes_sharing_a_disk_tier_copy_a_chunk_from_the_origin_once(
             assert mine.origin.counters.snapshot()["reads"] == 0  # it did not copy it too
             assert 0 not in ram.held
             with stack(store_dir, [disk_tier(cache, 10**9)]) as sibling:
-                sibling._place_all(info, _Landed((store_dir / info.name).read_bytes()), 0.0)
+                sibling.filler._placer.place_all(
+                    info, Landed((store_dir / info.name).read_bytes()), 0.0
+                )
         # The sibling's copy has landed: the next miss takes it from the shared directory.
         mine.schedule(0)
         mine.drain()
@@ -277,7 +279,7 @@ def test_a_copy_placed_by_a_sibling_meanwhile_is_not_read_again(
         assert 0 not in disk.held  # what this process saw when it queued the copy
         sibling.schedule(0)
         sibling.drain()
-        mine._copy(0)  # the queued copy runs after the sibling's landed
+        mine.filler._copy(0)  # the queued copy runs after the sibling's landed
         assert disk.driver.counters.snapshot()["reads"] == 0  # not read whole to place it
         assert mine.origin.counters.snapshot()["reads"] == 0
         assert 0 in disk.held and disk.counters.copies == 0

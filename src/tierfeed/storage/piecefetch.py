@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ class PieceFetch:
         arrival: Arrival,
         read: Callable[[int, Callable[[], None], bool], bytes],
         pool: ThreadPoolExecutor,
-        hedge_pool: ThreadPoolExecutor,
+        hedge_pool: Executor,
         late_after: Callable[[], float | None],
         may_hedge: Callable[[int], bool],
         counters: FetchCounters,

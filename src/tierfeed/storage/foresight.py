@@ -1,0 +1,76 @@
+"""What a tier stack knows of the reads to come: the plan's chunk order for clairvoyant
+placement and prefetch, and the byte ranges each chunk's reads need, in order of use."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.storage.chunktable import mean_chunk_size
+from tierfeed.storage.holdings import Holdings
+from tierfeed.storage.originfetch import Reads
+from tierfeed.storage.placement import Clairvoyant
+from tierfeed.storage.tuning import LookAhead
+
+__all__ = ["Foresight"]
+
+
+class Foresight:
+    """The future a stack is told (`set_future`, `set_reads`) and what follows from it."""
+
+    def __init__(self, holdings: Holdings) -> None:
+        self._holdings = holdings
+        self._ahead = LookAhead(mean_chunk_size(holdings.chunks))
+        empty = np.zeros(0, dtype=np.int64)
+        self._reads = (empty, empty, empty, empty)  # see `set_reads`
+
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
+        """Tell the clairvoyant tiers' policies the chunk of every read to come, in order
+        (``read_bytes``: a read's mean size, which weighs a whole-chunk copy against reads)."""
+        h = self._holdings
+        for i, policy in enumerate(h.policies):
+            if isinstance(policy, Clairvoyant):
+                # Built aside (an O(reads) pass), then swapped in: readers never wait on it.
+                fresh = Clairvoyant()
+                fresh.set_future(sequence, read_bytes)
+                with h.mutex:
+                    h.policies[i] = fresh
+                    h.refused.clear()  # the future decides what a tier takes
+
+    def set_reads(
+        self, chunks: npt.ArrayLike, offsets: npt.ArrayLike, ends: npt.ArrayLike | None = None
+    ) -> None:
+        """This epoch's reads in the order they are consumed: their chunks and byte ranges
+        (``offsets`` to ``ends``, exclusive; None: the start only)."""
+        chunk_of = np.asarray(chunks, dtype=np.int64)
+        by_chunk = np.argsort(chunk_of, kind="stable")  # each chunk's reads, in order
+        starts = np.asarray(offsets, dtype=np.int64)
+        stops = starts + 1 if ends is None else np.asarray(ends, dtype=np.int64)
+        self._reads = (chunk_of[by_chunk], by_chunk, starts, stops)
+
+    def reads_of(self, chunk: int) -> Reads:
+        """Where in the order of consumption each read of ``chunk`` comes, and the byte range
+        it reads, start and end (empty when not told)."""
+        sorted_chunks, positions, starts, stops = self._reads
+        lo, hi = np.searchsorted(sorted_chunks, (chunk, chunk + 1))
+        mine = positions[lo:hi]
+        return mine, starts[mine], stops[mine]
+
+    def due(self, rate: float, inflight: int, reads: int) -> int:
+        """How many reads ahead to prefetch now, ``reads`` reads having been made (0: not yet:
+        see `LookAhead`), at the origin's measured ``rate`` with ``inflight`` copies running."""
+        return self._ahead.due(time.monotonic(), rate, inflight, reads)
+
+    def chosen(self, landing: set[int], horizon: int) -> list[int]:
+        """The chunks of the next ``horizon`` reads of the known future that the clairvoyant
+        tiers would take (their quotas and policies decide), ``landing`` counted as taken."""
+        h = self._holdings
+        out: list[int] = []
+        for tier, policy in zip(h.tiers, h.policies, strict=True):
+            if isinstance(policy, Clairvoyant):
+                with h.mutex:
+                    taken = h.committed(tier, landing, -1)
+                    out += policy.prefetch(taken, tier.quota, h.sizes, horizon)
+        return out

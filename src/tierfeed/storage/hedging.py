@@ -1,0 +1,90 @@
+"""Hedges: second requests for late reads, on one pool of threads per process.
+
+A hedge is a second request for a read that runs late, made on threads of their own so that it
+does not queue behind the requests it hedges. tierfeed hedges at two levels: a sample read
+that misses its deadline (`tierfeed.loader.stream`: the second read goes another way to the
+sample) and a piece of a chunk copy that stalls (`tierfeed.storage.piecefetch`: the second
+request goes to the origin through a way of its own). Both submit to the process's one pool
+through a `Hedges`, which keeps its own requests: closing it cancels those still queued and
+waits for those running, so nothing a closed owner holds is read after its close.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from typing import Any, TypeVar
+
+__all__ = ["HEDGE_THREADS", "Hedges"]
+
+HEDGE_THREADS = 8  # at most this many hedges run at once in a process, both levels together
+
+T = TypeVar("T")
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _process_pool() -> ThreadPoolExecutor:
+    """The process's hedge threads, made on first use (a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
+        return _pool
+
+
+def _forget_pool() -> None:
+    """After fork: the parent's threads are not in the child."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+class Hedges(Executor):
+    """One owner's hedges on the process's hedge threads (an `Executor`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine: set[Future[Any]] = set()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Run ``fn(*args, **kwargs)`` on a hedge thread.
+
+        Raises:
+            RuntimeError: after `close`.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot hedge after close")
+            future = _process_pool().submit(fn, *args, **kwargs)
+            self._mine.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._mine.discard(future)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more hedges; cancel the queued ones (``cancel_futures``) and wait for the rest
+        (``wait``). The process's threads stay for other owners."""
+        with self._lock:
+            self._closed = True
+            mine = list(self._mine)
+        if cancel_futures:
+            for future in mine:
+                future.cancel()
+        if wait:
+            wait_for(mine)
+
+    def close(self) -> None:
+        """Cancel this owner's queued hedges and wait for its running ones; idempotent."""
+        self.shutdown(wait=True, cancel_futures=True)

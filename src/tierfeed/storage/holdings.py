@@ -1,0 +1,231 @@
+"""What each tier of a stack holds, and whether a held copy may be served.
+
+`Holdings` is the bookkeeping a tier stack's reads (`tierfeed.storage.tiers`) and its copies
+(`tierfeed.storage.filler`) share: each tier's chunks and checked copies, the placement
+policies, the chunks known bad, the chunks no tier would take, and the copies in flight that
+landed whole. One lock guards it, held for bookkeeping only, never across I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from tierfeed.errors import NotFoundError, StorageError
+from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
+from tierfeed.storage.chunktable import ChunkKeys, ChunkSizes
+from tierfeed.storage.disktier import Tier, cache_key
+from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
+
+__all__ = ["Holdings"]
+
+_log = logging.getLogger("tierfeed.tiers")
+
+
+class Holdings:
+    """The tiers' contents and the checks of their copies.
+
+    Args:
+        chunks: the store's chunks.
+        tiers: cache tiers, fastest first.
+        policy: the placement policy's name (one instance per tier).
+        verify_cached: check a cached copy against its checksum before this process serves it.
+
+    Attributes:
+        mutex: guards ``held``/``verified``/``counters`` of every tier, ``policies``,
+            ``corrupt`` and ``refused``.
+        corrupt: chunks whose origin copy is bad -> the message a read of them raises.
+        refused: chunks no tier would take at the last look (asked again once room is made
+            or the future changes).
+        complete: chunks whose copy in flight this process saw landed whole: read as local
+            until placed. A set: membership and updates are atomic, no lock.
+        shunned: chunks whose copy in flight served bad bytes: read from the origin.
+    """
+
+    def __init__(
+        self, chunks: Sequence[ChunkInfo], tiers: Sequence[Tier], policy: str, verify_cached: bool
+    ) -> None:
+        self.chunks = chunks
+        self.tiers = list(tiers)
+        self.policies: list[Placement] = [make_policy(policy) for _ in self.tiers]
+        self.keys = ChunkKeys(chunks)  # entries made as chunks are used, not up front
+        self.sizes = ChunkSizes(chunks)
+        self.verify = verify_cached
+        self.mutex = threading.Lock()
+        self.corrupt: dict[int, str] = {}
+        self.refused: set[int] = set()
+        self.complete: set[int] = set()
+        self.shunned: set[int] = set()
+        self._warned: set[str] = set()
+        self._checking: dict[int, threading.Lock] = {}  # chunk -> held while its copy is checked
+        for tier in self.tiers:
+            tier.files.sweep()  # left by a process killed mid-copy
+            self.scan(tier)
+
+    @property
+    def clairvoyant(self) -> bool:
+        """Whether a tier places by the plan's future (and so prefetches)."""
+        return any(isinstance(p, Clairvoyant) for p in self.policies)
+
+    def scan(self, tier: Tier) -> None:
+        """What a tier holds now (other processes may have filled a shared directory)."""
+        held = tier.files.scan(self.keys)
+        with self.mutex:
+            tier.held = held
+            tier.scanned = time.monotonic()
+
+    def warn(self, what: str, message: str) -> None:
+        """Log the first failure of each kind; later ones are only counted."""
+        with self.mutex:
+            if what in self._warned:
+                return
+            self._warned.add(what)
+        _log.warning("%s (further such failures are counted, not logged)", message)
+
+    def accessed(self, chunk: int, reads: int) -> list[bool]:
+        """Tell the policies of ``reads`` reads of ``chunk``; which tiers hold it."""
+        with self.mutex:
+            for policy in self.policies:
+                for _ in range(reads):
+                    policy.accessed(chunk)
+            return [chunk in t.held for t in self.tiers]
+
+    def local(self, chunk: int) -> bool:
+        """A tier holds a checked (or unchecked by choice) copy of ``chunk`` not known bad, or
+        its copy in flight landed whole. No lock: membership tests are atomic, and a copy
+        evicted meanwhile is read by the ordinary path (found gone, read one level down)."""
+        if chunk in self.corrupt:
+            return False
+        if chunk in self.complete:
+            return True
+        return any(
+            chunk in tier.held and (not self.verify or chunk in tier.verified)
+            for tier in self.tiers
+        )
+
+    def read_held(
+        self, info: ChunkInfo, holding: list[bool], offsets: Sequence[int], lengths: Sequence[int]
+    ) -> tuple[list[bytes], int] | None:
+        """The ranges from the highest tier holding the chunk whose copy is usable, and that
+        tier's level (0: the fastest); None when none serves them."""
+        for level, (tier, held) in enumerate(zip(self.tiers, holding, strict=True)):
+            if held and self.usable(tier, info):
+                data = self._read_copy(tier, info, offsets, lengths)
+                if data is not None:
+                    with self.mutex:
+                        tier.counters.hits += len(data)
+                        tier.counters.bytes += sum(map(len, data))
+                    return data, level
+            with self.mutex:
+                tier.counters.misses += len(offsets)
+        return None
+
+    def _read_copy(
+        self, tier: Tier, info: ChunkInfo, offsets: Sequence[int], lengths: Sequence[int]
+    ) -> list[bytes] | None:
+        """The ranges from ``tier``'s copy; None if the copy is gone, or short (then dropped)."""
+        try:
+            data = tier.driver.read_ranges(self.keys.key(info.id), offsets, lengths)
+        except NotFoundError:  # evicted by another process just now
+            with self.mutex:
+                tier.held.pop(info.id, None)
+                tier.verified.discard(info.id)
+            return None
+        if any(len(d) != n for d, n in zip(data, lengths, strict=True)):
+            self.drop(tier, info)  # truncated behind the cache's back: never serve it
+            return None
+        return data
+
+    def usable(self, tier: Tier, info: ChunkInfo) -> bool:
+        """Whether ``tier``'s copy may be served: checked before this process serves it (a
+        disk copy once per host and file: see `SharedDirectory.usable`); a bad one is dropped,
+        and the next miss fetches the chunk again."""
+        if not self.verify or info.id in tier.verified:
+            return True  # a membership test is atomic: no lock for the common case
+        with self.mutex:
+            checking = self._checking.setdefault(info.id, threading.Lock())
+        with checking:  # one reader checks a copy (reads all of it); the others wait for it
+            if info.id in tier.verified:
+                return True
+            try:
+                good = tier.files.usable(info)
+            except NotFoundError:
+                with self.mutex:
+                    tier.held.pop(info.id, None)
+                return False
+            if good:
+                with self.mutex:
+                    tier.verified.add(info.id)
+                return True
+        self.drop(tier, info)
+        return False
+
+    def drop(self, tier: Tier, info: ChunkInfo) -> str:
+        """Remove a bad copy of a chunk from ``tier``; returns which copy it was."""
+        key = cache_key(info)
+        with self.mutex:
+            tier.held.pop(info.id, None)
+            tier.verified.discard(info.id)
+            tier.counters.corrupt_dropped += 1
+            self.refused.clear()
+        where = f"copy {tier.files.where(key)} of tier {tier.name}"
+        tier.files.unmark(key)
+        try:
+            tier.driver.delete(key)
+        except NotFoundError:
+            pass  # another process dropped it first
+        except StorageError as exc:
+            self.warn(f"drop:{tier.name}", f"cannot remove the bad {where}: {exc}")
+        _log.warning("dropped the bad %s (chunk %s); it is fetched again", where, info.name)
+        return where
+
+    def highest(self, chunk: int) -> Tier | None:
+        """The fastest tier holding ``chunk``, if any."""
+        with self.mutex:
+            return next((t for t in self.tiers if chunk in t.held), None)
+
+    def appeared(self, info: ChunkInfo) -> bool:
+        """Whether a tier holds the chunk, a shared one looked at again (a copy by another
+        process lands, and its arrival ends, between two looks)."""
+        for tier in self.tiers:
+            if info.id in tier.held:
+                return True
+            if tier.shared:
+                with contextlib.suppress(StorageError):
+                    if tier.files.has(cache_key(info)):
+                        with self.mutex:
+                            tier.held[info.id] = info.size
+                        return True
+        return False
+
+    def whole(self, info: ChunkInfo) -> bytes | None:
+        """The whole chunk from a tier that holds it (a shared one looked at again first:
+        another process may have filled it), checked; None if none does."""
+        for tier in self.tiers:
+            if tier.shared:
+                self.scan(tier)
+            with self.mutex:
+                held = info.id in tier.held
+            if held and self.usable(tier, info):
+                with contextlib.suppress(NotFoundError):
+                    data = tier.driver.read(cache_key(info))
+                    # Checked again whatever the marks say: it is about to be copied on.
+                    if len(data) == info.size and checksum_bytes(data) == info.checksum:
+                        return data
+        return None
+
+    def committed(self, tier: Tier, landing: set[int], chunk: int) -> dict[int, int]:
+        """What a placement decision for ``chunk`` counts as taken in ``tier`` (under
+        ``mutex``): what it holds and, in a tier the host's processes share, the copies
+        landing for it. Deciding on what was held alone, each of two DataLoader workers saw
+        room for the same bytes: both copied, and chunks were evicted before their reads came
+        (the origin bytes it cost: docs/BENCHMARKS.md)."""
+        if not tier.shared:
+            return tier.held
+        view = dict(tier.held)
+        for c in landing - {chunk} - view.keys():
+            view[c] = self.sizes[c]
+        return view

@@ -1,0 +1,187 @@
+"""Requests to a tier stack's origin: single reads, and the pieces of whole-chunk copies.
+
+Every request is timed for the `FetchTuner`, which learns the origin's latency and bandwidth
+and chooses the piece size and the requests in flight. A copy's pieces run on the fetch
+threads within that budget (`Gate`), in the order the epoch's reads need them; a piece that
+runs late is hedged (`tierfeed.storage.hedging`) through a way to the origin of its own,
+within a budget of bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.storage.copier import Gate
+from tierfeed.storage.disktier import TierCounters
+from tierfeed.storage.driver import Driver
+from tierfeed.storage.fetch import damaged_chunk, short_chunk
+from tierfeed.storage.hedging import Hedges
+from tierfeed.storage.landing import Arrival, FetchCounters
+from tierfeed.storage.piecefetch import PieceFetch, piece_order
+from tierfeed.storage.tuning import FetchTuner
+
+__all__ = ["OriginFetch"]
+
+_SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at most
+_HEDGE_SHARE = 0.02  # second requests for late pieces read at most this share of the copies' bytes
+# The first pieces of copies, until the fetch tuner has measured the origin: small where a
+# request is cheap (a late one is hedged at little cost), larger where requests are billed.
+_FIRST_PIECE = 512 * 1024
+_FIRST_PIECE_COSTLY = 4 * 2**20
+
+Reads = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+class OriginFetch:
+    """A stack's requests to its read-only origin.
+
+    Args:
+        origin: the origin's driver.
+        copies: whether whole chunks are copied (a stack with tiers): fetch threads and a way
+            of its own for hedges are made only then.
+        fetch_threads: origin reads in flight at once while copying (before the tuner fits).
+        piece_bytes: bytes per piece until the tuner chooses; None: by the origin's kind.
+    """
+
+    def __init__(
+        self, origin: Driver, copies: bool, fetch_threads: int, piece_bytes: int | None
+    ) -> None:
+        self.origin = origin
+        self.counters = FetchCounters()
+        piece = piece_bytes or (_FIRST_PIECE_COSTLY if origin.costly_requests else _FIRST_PIECE)
+        self.tuner = FetchTuner.starting(origin.parallel_requests, fetch_threads, piece)
+        self.gate = Gate()
+        self._pool = ThreadPoolExecutor(
+            self.tuner.limits.max_inflight if copies else 1, thread_name_prefix="tierfeed-fetch"
+        )
+        self._hedges = Hedges()
+        self._hedge_origin = origin.for_hedges() if copies else origin
+        self._mutex = threading.Lock()
+        self._hedged_bytes = self._begun_bytes = 0
+        self._splits = 0  # pieces read as halves for the tuner's fit (a few)
+        # ``hits``: reads served from the origin; ``bytes``: every byte it gave (reads, the
+        # pieces of copies, hedges); ``copies``, ``copy_failures``: whole-chunk copies.
+        self.origin_counters = TierCounters()
+
+    def read(
+        self,
+        info: ChunkInfo,
+        offset: int,
+        length: int,
+        begun: Callable[[], None] | None = None,
+        hedge: bool = False,
+    ) -> bytes:
+        """One request, timed for the tuner. A piece of a copy (``begun`` given: told when it
+        starts) waits for a place within the tuner's requests in flight, and is read past the
+        page cache where the origin can (`Driver.read_block`); a ``hedge`` goes its own way
+        and past that limit, so it does not queue behind the requests it hedges.
+
+        Raises:
+            ChunkCorruptError: the origin returned fewer bytes than the index says are there.
+        """
+        piece = begun is not None
+        gated = piece and not hedge
+        with self.gate.held(self.tuner.inflight) if gated else contextlib.nullcontext():
+            if begun is not None:
+                begun()
+            started = time.perf_counter()
+            way = self._hedge_origin if hedge else self.origin
+            data = (way.read_block if piece else way.read_range)(info.name, offset, length)
+            took = time.perf_counter() - started
+        self.tuner.observe(len(data), took, time.monotonic(), piece=piece)
+        if len(data) != length:
+            raise short_chunk(info, self.origin.name, offset, length)
+        if piece:
+            self.origin_counters.add(bytes=length)
+        else:
+            self.origin_counters.add(hits=1, bytes=length)
+        return data
+
+    def fetch(self, arrival: Arrival, reads: Reads, first: int | None) -> None:
+        """Every piece of ``arrival``'s chunk, in parallel on the fetch threads: piece
+        ``first`` first (a read waits for it), then in the order the epoch's ``reads``
+        (positions, starts, ends) need them, else in offset order; checked whole.
+
+        Raises:
+            ChunkCorruptError: the origin's copy is shorter than the index says, or its
+                checksum differs.
+            StorageError: the origin could not be read.
+        """
+        with self._mutex:
+            self._begun_bytes += arrival.info.size
+        # A hedge's way to the chunk is opened now, while no request of it stalls: on FUSE an
+        # open waits for the pages a stalled read holds (and on NFS an open may hang itself).
+        if self._hedge_origin is not self.origin:
+            self._hedge_origin.open_ahead([arrival.info.name])
+        pieces = PieceFetch(
+            arrival,
+            lambda index, begun, hedge: self._piece(arrival, index, begun, hedge),
+            self._pool,
+            self._hedges,
+            self.tuner.late_after,
+            self._may_hedge,
+            self.counters,
+            self.gate.set_aside,
+        )
+        positions, offsets, ends = reads
+        order = piece_order(positions, offsets, arrival.piece, arrival.pieces, first, ends)
+        pieces.run(order, self.tuner.limits.max_inflight)
+        info = arrival.info
+        size, checksum = arrival.digest()
+        if size != info.size or checksum != info.checksum:
+            raise damaged_chunk(info, self.origin.name, size)
+
+    def _piece(self, arrival: Arrival, index: int, begun: Callable[[], None], hedge: bool) -> bytes:
+        """Piece ``index`` of ``arrival``'s chunk. Until the tuner can tell latency from
+        bandwidth, a few pieces are read as two halves: requests of two sizes are what the fit
+        needs. A few: all of a chunk's pieces may start before the first ends, and each split
+        is one request more. None from a store that bills requests: there the fit takes the
+        sizes that occur (each chunk's shorter last piece, sample reads)."""
+        offset, length = arrival.span(index)
+        splits = 0 if self.origin.costly_requests else _SPLITS
+        halves = 1
+        if self.tuner.fitted is None and index % 2 and length > 1 and self._splits < splits:
+            self._splits += 1
+            halves = 2
+        cut = [offset + length * k // halves for k in range(halves + 1)]
+        parts = [
+            self.read(arrival.info, a, b - a, begun, hedge) for a, b in itertools.pairwise(cut)
+        ]
+        return parts[0] if halves == 1 else b"".join(parts)
+
+    def _may_hedge(self, nbytes: int) -> bool:
+        """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges
+        read at most `_HEDGE_SHARE` of the bytes of the copies begun."""
+        with self._mutex:
+            if self._hedged_bytes + nbytes > _HEDGE_SHARE * self._begun_bytes:
+                return False
+            self._hedged_bytes += nbytes
+            return True
+
+    def stats(self) -> dict[str, Any]:
+        """The pieces and reads served from copies in flight, what the tuner chose
+        (``piece_kib``, ``inflight``) and the origin's throughput it measured."""
+        return dict(
+            self.counters.snapshot(),
+            piece_kib=self.tuner.piece // 1024,
+            inflight=self.tuner.inflight,
+            origin_mbps=round(self.tuner.rate / 1e6, 1),
+        )
+
+    def close(self) -> None:
+        """Stop the fetch threads and the hedges, close the origin's ways."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._hedges.close()
+        self.origin.close()
+        if self._hedge_origin is not self.origin:
+            self._hedge_origin.close()
