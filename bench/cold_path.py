@@ -53,7 +53,7 @@ def one_epoch(mnt: Path, cache: Path, workers: int) -> dict[str, float]:
     from tierfeed.torch import Dataset, Loader, TierConfig
 
     torch.set_num_threads(1)
-    tiers = TierConfig(disk_dir=str(cache), disk_bytes=10**12)
+    tiers = TierConfig(disk_dir=str(cache))  # room for the whole store
     ds = Dataset(
         str(mnt / "tierfeed"), "global", batch_size=64, decode=length_and_label, tiers=tiers
     )

@@ -39,7 +39,7 @@ def child(mnt: Path, cache: Path, workers: int) -> None:
 
     torch.set_num_threads(1)
     with (TRACE / "trace_marker").open("w", buffering=1) as marker:
-        tiers = TierConfig(disk_dir=str(cache), disk_bytes=10**12)
+        tiers = TierConfig(disk_dir=str(cache))  # room for the whole store
         ds = Dataset(
             str(mnt / "tierfeed"), "global", batch_size=64, decode=length_and_label, tiers=tiers
         )

@@ -78,7 +78,7 @@ def rank_main(
     comm = Comm(timeout_s=300)
     report = stage(store, os.path.join(work, "node{node}"), plan, comm=comm, progress=False)
     cache = Path(work) / f"cache{rank}"
-    tiers = TierConfig(disk_dir=str(cache), disk_bytes=1 << 40)
+    tiers = TierConfig(disk_dir=str(cache))  # room for the whole store
     options = ExchangeOptions(window=WINDOW, timeout_s=300)
     rows: list[dict[str, Any]] = []
     with Namespace(comm, report.local_dir, plan, options=options, tiers=tiers) as ns:

@@ -80,7 +80,7 @@ def main() -> None:
         store = base / "store"
         pack(base / "raw", store, PackOptions(chunk_size=64 * 2**20, progress=False))
         cache = base / "cache"
-        tiers = TierConfig(disk_dir=str(cache), disk_bytes=2**40)
+        tiers = TierConfig(disk_dir=str(cache))  # room for the whole store
         prefetch = PrefetchOptions(inline_local=not args.threads_only)
         ds = Dataset(
             store, "global", batch_size=args.batch, decode=length_and_label, tiers=tiers,
