@@ -10,7 +10,7 @@ import numpy as np
 from tests.format.conftest import write_tree
 from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
-from tierfeed.loader.feed import _byte_spans
+from tierfeed.loader.clairvoyance import byte_spans
 
 
 def test_a_samples_span_covers_all_its_members_and_nothing_of_its_neighbours(
@@ -26,7 +26,7 @@ def test_a_samples_span_covers_all_its_members_and_nothing_of_its_neighbours(
     index = Index(tmp_path / "store")
     assert int(np.diff(index.sample_member_start).max()) == 3
     samples = np.random.default_rng(0).permutation(len(index))
-    starts, ends = _byte_spans(index, samples)
+    starts, ends = byte_spans(index, samples)
     for s, lo, hi in zip(samples.tolist(), starts.tolist(), ends.tolist(), strict=True):
         members = list(index.members(s))
         offsets = [int(index.member_offset[m]) for m in members]

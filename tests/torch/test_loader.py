@@ -451,3 +451,18 @@ def test_a_workers_error_stops_the_workers_at_once(
     assert sorted(values(list(loader))) == list(range(N))
     loader.close()
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_reads_a_view_and_leaves_its_dataset_as_given(store_dir: Path) -> None:
+    ds = Dataset(store_dir, PermPlan(N), batch_size=16, decode=decode)
+    with Loader(ds) as loader:
+        head = values(list(itertools.islice(iter(loader), 2)))
+        state = loader.state_dict()
+        loader.load_state_dict(state)
+        rest = values(list(loader))
+        assert sorted(head + rest) == list(range(N))
+        assert ds.config.read_across_epochs is False  # the Loader's view runs on, not ds
+        assert ds.epoch == 1  # the epoch is shared with the view
+        # The dataset alone still yields its batches' data, from the start of its epoch.
+        assert sorted(values(list(ds))) == list(range(N))

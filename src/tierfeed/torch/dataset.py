@@ -12,32 +12,32 @@ import functools
 import gc
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any, TypeVar
 
+import numpy as np
 import numpy.typing as npt
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from tierfeed.config import world_for, world_from_env
 from tierfeed.errors import ConfigError
+from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
-from tierfeed.loader.compose import (
-    StoreOpener,
-    TierConfig,
-    plan_for,
-    select_samples,
-    selection_id,
-)
-from tierfeed.loader.feed import Batch, EpochExchange, Feed, OrderPlan
+from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
+from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPlan
 from tierfeed.loader.location import StoreLocation
+from tierfeed.loader.processstore import ProcessStore
+from tierfeed.loader.resume import Resume
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
 from tierfeed.torch.fields import collate_fields, decoded_fields, decoder, sample_fields
-from tierfeed.torch.handover import ship
+from tierfeed.torch.handover import BY_VALUE_BYTES, ship
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
+
+_D = TypeVar("_D", bound="Dataset")
 
 
 class Dataset(Feed, IterableDataset[Batch]):
@@ -112,56 +112,40 @@ class Dataset(Feed, IterableDataset[Batch]):
             raise ConfigError("samples= selects what a plan spec plans: give plan as its text")
         if samples is not None and exchange is not None:
             raise ConfigError("samples= cannot be combined with an exchange between ranks")
-        if cache_dir is not None:
-            if tiers is not None:
-                raise ConfigError(
-                    "cache_dir= is TierConfig(disk_dir=...) in short: give one of cache_dir "
-                    "and tiers (TierConfig(disk_dir=cache_dir, ...) for more)"
-                )
-            tiers = TierConfig(disk_dir=os.fspath(cache_dir))
-        if callable(store):
-            opener: Callable[[], Store] = store
-        else:
-            opener = StoreOpener(StoreLocation.of(store, storage_options), tiers)
-        if isinstance(decode, str):
-            decode = decoder(decode)
-        if collate is None:
-            by_name = isinstance(decode, functools.partial) and decode.func is decoded_fields
-            collate = collate_fields if decode is sample_fields or by_name else default_collate
-        super().__init__(
-            opener,
-            _NoPlan(),
+        tiers = _tiers(tiers, cache_dir)
+        opener = (
+            store
+            if callable(store)
+            else StoreOpener(StoreLocation.of(store, storage_options), tiers)
+        )
+        decode = decoder(decode) if isinstance(decode, str) else decode
+        config = FeedConfig(
             batch_size,
             decode,
-            collate,
-            drop_last,
-            prefetch,
-            deadline,
+            collate or _default_collate(decode),
             world or _world(),
+            drop_last,
+            prefetch or PrefetchOptions(),
+            deadline or DeadlineOptions(),
             hedge_source,
             exchange,
         )
-        by_path = opener if isinstance(opener, StoreOpener) and tiers is not None else None
-        planning = isinstance(plan, (str, PlanSpec))
-        index = self.plan_index() if by_path or planning else None  # opened once
-        if by_path is not None and index is not None and tiers is not None:
-            # Decided here, in the main process, so that every worker has the same quota;
-            # the disk tier's directory was checked as the index was found (`index_cache`).
-            store_bytes = int(index.chunks().mean_size() * index.num_chunks)
-            self._opener = dataclasses.replace(by_path, tiers=tiers.sized(store_bytes))
-        if planning and index is not None:
-            if samples is not None:
-                self.samples = select_samples(index, samples)
-                self.selection = selection_id(self.samples)
-            self.plan = plan_for(index, cast("PlanSpec | str", plan), self.samples)
-        else:
-            self.plan = cast("OrderPlan", plan)
-        # Set by a Loader, which restores them: a worker sends tensors of at most so many
-        # bytes inside the pickle, not through shared memory (0: torch's way for all).
-        self.by_value_bytes = 0
-        # Set by a Loader: yield each batch as a `Batch` (the data with the worker's place in
-        # the plan and its counters), which the Loader unwraps; alone, the data itself.
-        self.wrapped = False
+        process, index = _opened(opener, tiers)
+        order, selected = _planned(plan, samples, process, index)
+        super().__init__(process, order, config, selected)
+        # A Loader's view sends each batch as a `Batch`, tensors of at most so many bytes
+        # inside the pickle (`for_loader`); alone, the Dataset yields the data itself.
+        self._by_value_bytes = 0
+        self._wrapped = False
+
+    def for_loader(self: _D, resume: Resume | None, by_value_bytes: int = BY_VALUE_BYTES) -> _D:
+        """This dataset as a `Loader`'s DataLoader reads it (`Feed.for_loader`): each batch a
+        `Batch` (the data with the worker's place in the plan and its counters), which the
+        Loader unwraps; a worker sends tensors of at most ``by_value_bytes`` bytes inside the
+        pickle, not through shared memory (0: torch's way for all)."""
+        view = super().for_loader(resume)
+        view._by_value_bytes, view._wrapped = by_value_bytes, True
+        return view
 
     def __len__(self) -> int:
         """Batches this rank delivers in a whole epoch (what a plain ``DataLoader(ds,
@@ -175,9 +159,9 @@ class Dataset(Feed, IterableDataset[Batch]):
         else:
             freeze_inherited()
             batches = self.iterate(info.id, info.num_workers, in_worker=True)
-            if self.by_value_bytes:
-                batches = _shipped(batches, self.by_value_bytes)
-        return batches if self.wrapped else (batch.data for batch in batches)
+            if self._by_value_bytes:
+                batches = _shipped(batches, self._by_value_bytes)
+        return batches if self._wrapped else (batch.data for batch in batches)
 
 
 _frozen_in: int | None = None  # the process that froze what it inherited
@@ -208,11 +192,51 @@ def _shipped(batches: Iterator[Batch], limit: int) -> Iterator[Batch]:
         yield batch
 
 
-class _NoPlan:
-    """Stands for the plan until it is made (it needs the opened index)."""
+def _tiers(tiers: TierConfig | None, cache_dir: str | os.PathLike[str] | None) -> TierConfig | None:
+    """The tiers given, or a disk tier in ``cache_dir`` (one of them at most)."""
+    if cache_dir is None:
+        return tiers
+    if tiers is not None:
+        raise ConfigError(
+            "cache_dir= is TierConfig(disk_dir=...) in short: give one of cache_dir "
+            "and tiers (TierConfig(disk_dir=cache_dir, ...) for more)"
+        )
+    return TierConfig(disk_dir=os.fspath(cache_dir))
 
-    def order(self, epoch: int, rank: int, world_size: int) -> Any:
-        raise AssertionError("the plan is set in Dataset.__init__")
+
+def _default_collate(decode: Callable[[Sample], Any]) -> Callable[[list[Any]], Any]:
+    """`collate_fields` for the default decode or one by name (dicts), else torch's."""
+    by_name = isinstance(decode, functools.partial) and decode.func is decoded_fields
+    return collate_fields if decode is sample_fields or by_name else default_collate
+
+
+def _opened(
+    opener: Callable[[], Store], tiers: TierConfig | None
+) -> tuple[ProcessStore, Index | None]:
+    """The store each process opens; by path with tiers, sized to the store, and the index
+    read to size them (so that planning does not read it again)."""
+    if not (isinstance(opener, StoreOpener) and tiers is not None):
+        return ProcessStore(opener), None
+    index = opener.index()
+    # Decided here, in the main process, so that every worker has the same quota; the disk
+    # tier's directory was checked as the index was found (`index_cache`).
+    store_bytes = int(index.chunks().mean_size() * index.num_chunks)
+    return ProcessStore(dataclasses.replace(opener, tiers=tiers.sized(store_bytes))), index
+
+
+def _planned(
+    plan: OrderPlan | PlanSpec | str,
+    samples: npt.ArrayLike | None,
+    process: ProcessStore,
+    index: Index | None,
+) -> tuple[OrderPlan, npt.NDArray[np.int64] | None]:
+    """The plan, made from the store's index when given as a spec, and the samples it
+    selects (sorted ids; None: all of them)."""
+    if not isinstance(plan, (str, PlanSpec)):
+        return plan, None
+    index = process.plan_index() if index is None else index
+    selected = None if samples is None else select_samples(index, samples)
+    return plan_for(index, plan, selected), selected
 
 
 def _world() -> World:

@@ -13,12 +13,19 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
 from tierfeed.loader import StreamState
-from tierfeed.loader.resume import check_plan, check_store, done_after, rank_state, resume_from
+from tierfeed.loader.resume import (
+    Resume,
+    check_plan,
+    check_store,
+    done_after,
+    rank_state,
+    resume_from,
+)
 from tierfeed.plan import EpochProgress
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
-from tierfeed.torch.handover import BY_VALUE_BYTES, accelerator_available, pin, restore
+from tierfeed.torch.handover import accelerator_available, pin, restore
 
 __all__ = ["Loader"]
 
@@ -102,6 +109,8 @@ class Loader:
         self._iter: Iterator[Batch] | None = None  # its running iteration, across epochs
         self._iter_epoch = -1  # the epoch that iteration delivers next
         self._ahead: list[Batch] = []  # batches of the next epoch that came before its turn
+        self._resume: Resume | None = None  # where the next iteration starts (load_state_dict)
+        self._view: Dataset | None = None  # the dataset as its DataLoader reads it
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
 
     @property
@@ -114,12 +123,12 @@ class Loader:
 
         An iteration resumed mid-epoch by `load_state_dict` delivers only the rest of them.
         """
-        return self.dataset.num_batches()
+        return self.dataset.num_batches(None, self._resume)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (as DistributedSampler.set_epoch); clears any resume position."""
         if epoch != self.dataset.epoch:
-            self.dataset.resume = None
+            self._resume = None
             self._states = {}
         self.dataset.set_epoch(epoch)
 
@@ -131,9 +140,9 @@ class Loader:
         in a job of another world size, give `load_state_dict` every rank's state (gather them
         with `gather_state_dict`)."""
         epoch = self.dataset.epoch
-        resume = self.dataset.resume if self._resumes(epoch) else None
+        resume = self._resume if self._resumes(epoch) else None
         done = done_after(
-            len(self.dataset.rank_order(epoch)),
+            len(self.dataset.rank_order(epoch, resume)),
             self.dataset.batch_size,
             self.dataset.drop_last,
             None if resume is None else resume.done,
@@ -190,21 +199,16 @@ class Loader:
                 f"({type(exc).__name__}: {exc}); resume from another checkpoint or call "
                 "set_epoch() to start an epoch afresh"
             ) from None
-        previous, self.dataset.resume = self.dataset.resume, resume
-        try:
-            n = len(self.dataset.rank_order(resume.epoch))  # this rank's order once resumed
-        except BaseException:
-            self.dataset.resume = previous
-            raise
+        n = len(self.dataset.rank_order(resume.epoch, resume))  # this rank's order once resumed
         done = resume.done
         if done.prefix > n or any(p >= n for p in done.extra):
-            self.dataset.resume = previous
             raise ConfigError(
                 f"the loader state marks positions up to {max(done.prefix, *done.extra, 0)} "
                 f"delivered, but this rank's order of epoch {resume.epoch} has {n}: it was saved "
                 "for another dataset or plan; resume from its own checkpoint"
             )
-        self.dataset.set_epoch(self.dataset.resume.epoch)
+        self._resume = resume
+        self.dataset.set_epoch(resume.epoch)
         self._states = {}
 
     def _upgraded(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -245,19 +249,17 @@ class Loader:
         return {**state, "done": done.to_list()}
 
     def _resumes(self, epoch: int) -> bool:
-        resume = self.dataset.resume
+        resume = self._resume
         return resume is not None and resume.epoch == epoch
 
     def _dataloader(self) -> DataLoader[Batch]:
         """The DataLoader for the next epoch: the running one, unless workers must start anew
         from a resume position (it is given to them when they start)."""
-        if self._loader is None or self.dataset.resume is not None:
+        if self._loader is None or self._resume is not None:
             self._stop_workers()
-            self.dataset.read_across_epochs = True
-            self.dataset.by_value_bytes = BY_VALUE_BYTES  # restored below
-            self.dataset.wrapped = True
+            self._view = self.dataset.for_loader(self._resume)
             self._loader = DataLoader(
-                self.dataset,
+                self._view,
                 batch_size=None,
                 num_workers=self.num_workers,
                 persistent_workers=self.num_workers > 0,
@@ -337,9 +339,9 @@ class Loader:
         worker has sent its last batch of it, and batches of the next epoch that arrive before
         that (a worker that finished first) are kept for it.
         """
-        assert self._iter is not None
+        assert self._iter is not None and self._view is not None
         running = self._iter
-        if not self.dataset.continuous:
+        if not self._view.continuous:
             yield from running  # the workers' iterators end with the epoch
             self._iter = None
             return
@@ -375,9 +377,8 @@ class Loader:
 
         The resumed run reads the positions not done in order, so after it delivers ``d`` of
         them every position below ``prefix + d`` is done."""
-        epoch = self.dataset.epoch
-        resume = self.dataset.resume
-        return resume.done.prefix if resume is not None and resume.epoch == epoch else 0
+        resume = self._resume
+        return resume.done.prefix if resume is not None and self._resumes(self.epoch) else 0
 
     def _read_ahead(self) -> int:
         """How far the readers may run ahead of the batches delivered here (positions)."""
@@ -415,7 +416,7 @@ class Loader:
         if self.recorder is not None:
             self.recorder.write(self.last_epoch)
         # The epoch is complete: a state_dict taken now resumes at the next epoch.
-        self.dataset.resume, self._states, self._counters, self._tiers = None, {}, {}, {}
+        self._resume, self._states, self._counters, self._tiers = None, {}, {}, {}
         self.dataset.set_epoch(self.dataset.epoch + 1)
 
     def _progress(self, meter: EpochMeter) -> dict[str, Any]:
@@ -439,8 +440,7 @@ class Loader:
     def close(self) -> None:
         """Stop the workers and this process's reads; close the run file and metrics server."""
         self._stop_workers()
-        self.dataset.wrapped = False  # the Dataset alone yields its batches' data again
-        self.dataset.close()
+        self.dataset.close()  # its views' store and threads too: they share them
         if self.recorder is not None:
             self.recorder.close()
         if self.metrics is not None:

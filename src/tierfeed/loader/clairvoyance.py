@@ -1,0 +1,51 @@
+"""What clairvoyant tiers are told of a worker's reads: their chunks, this epoch's and the
+next ones', and the bytes of its chunk each of the rank's reads needs."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from tierfeed.format.index import Index
+from tierfeed.storage.store import Store
+
+__all__ = ["EPOCHS_AHEAD", "byte_spans", "tell_future"]
+
+IntArray = npt.NDArray[np.int64]
+
+EPOCHS_AHEAD = 2  # epochs of future reads given to clairvoyant tiers
+
+
+def tell_future(store: Store, rank: IntArray, ahead: list[IntArray]) -> None:
+    """Clairvoyant tiers learn this worker's reads (``ahead``: its order of this epoch, then
+    of the `EPOCHS_AHEAD` next ones): a copy made now also serves later epochs; and the rank's
+    (``rank``) for this epoch, the order a copy fetches its pieces in. The rows of ``rank``
+    and ``ahead[0]`` are checked already."""
+    source, index = store.source, store.index
+    chunk_of = np.asarray(index.sample_chunk)
+    index.check_samples(np.concatenate([np.zeros(0, dtype=np.int64), *ahead[1:]]))
+    reads = np.concatenate([chunk_of[o] for o in ahead])
+    # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
+    # reads of it.
+    footprint = float(index.chunk_size.sum()) / max(1, len(index))
+    # The whole rank's order (every worker's batches, as the Loader hands them out): a
+    # copy this worker makes serves the other workers' reads of the chunk too. Told
+    # before the future, whose prefetch starts the first copies.
+    source.set_reads(chunk_of[rank], *byte_spans(index, rank))
+    source.set_future(reads, read_bytes=footprint)
+
+
+def byte_spans(index: Index, samples: IntArray) -> tuple[IntArray, IntArray]:
+    """Where each sample's bytes lie in its chunk: from its first member's start to its last
+    member's end (the members of a sample lie together; a hint either way), so that a copy
+    fetches every piece a read of the sample needs, not only the piece it starts in."""
+    start = index.sample_member_start
+    first = np.asarray(start[samples], dtype=np.int64)
+    last = np.asarray(start[samples + 1], dtype=np.int64) - 1
+
+    def span(members: IntArray) -> tuple[IntArray, ...]:
+        begin = np.asarray(index.member_offset[members], dtype=np.int64)
+        return begin, begin + np.asarray(index.member_length[members], dtype=np.int64)
+
+    (begin0, end0), (begin1, end1) = span(first), span(last)
+    return np.minimum(begin0, begin1), np.maximum(end0, end1)

@@ -1,0 +1,75 @@
+"""A feed's store and reader threads, opened once in each process that reads (workers too)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from tierfeed.format.index import Index
+from tierfeed.loader.compose import StoreOpener
+from tierfeed.loader.location import StoreLocation
+from tierfeed.loader.readers import Readers
+from tierfeed.loader.resume import StoreId
+from tierfeed.storage.store import Sample, Store
+
+__all__ = ["ProcessStore"]
+
+
+class ProcessStore:
+    """Opens a store with ``opener`` lazily, once per process (a DataLoader worker opens its
+    own), with the process's reader threads; shared by a feed and the views a Loader makes of
+    it (`Feed.for_loader`), so that they open one store and start one set of threads."""
+
+    def __init__(self, opener: Callable[[], Store]) -> None:
+        self.opener = opener
+        self._store: Store | None = None
+        self._pid = -1
+        self._readers: Readers | None = None
+        self._store_id: StoreId | None = None
+
+    def store(self) -> Store:
+        """This process's store."""
+        if self._store is None or self._pid != os.getpid():
+            self._store = self.opener()
+            self._pid = os.getpid()
+        return self._store
+
+    def readers(self, threads: int, decode: Callable[[Sample], Any]) -> Readers:
+        """This process's reader threads, kept across epochs: a read that storage holds for
+        seconds finishes on its own thread instead of holding up the end of an epoch."""
+        if self._readers is None or self._readers.pid != os.getpid():
+            self._readers = Readers(threads, decode)
+        return self._readers
+
+    def plan_index(self) -> Index:
+        """The index to plan from: by path, the index alone (no tier stack, no copy threads
+        in a process that forks workers next); otherwise this process's store's."""
+        if isinstance(self.opener, StoreOpener):
+            return self.opener.index()
+        return self.store().index
+
+    def store_id(self) -> StoreId:
+        """What a loader state records of the store it reads (`StoreId`), so that a state is
+        never resumed on another store: taken from the index's header once, O(1)."""
+        if self._store_id is None:
+            where = (
+                StoreLocation.of(self.opener.path).text
+                if isinstance(self.opener, StoreOpener)
+                else None
+            )
+            self._store_id = StoreId.of(self.plan_index(), where)
+        return self._store_id
+
+    def close(self) -> None:
+        """Stop this process's reads and close its store."""
+        if self._readers is not None and self._readers.pid == os.getpid():
+            self._readers.close()
+        self._readers = None
+        if self._store is not None and self._pid == os.getpid():
+            self._store.close()
+        self._store = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads and open stores belong to the process that made them.
+        return {**self.__dict__, "_readers": None, "_store": None, "_pid": -1}
