@@ -17,77 +17,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.errors import ConfigError, StuckReadError
+from tierfeed.errors import StuckReadError
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
-from tierfeed.telemetry.counters import Counters
+from tierfeed.loader.streamstate import PrefetchOptions, StreamCounters, StreamState
 
 __all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
 
 T = TypeVar("T")
 _POLL_S = 0.005  # how often a blocked wait re-checks hedges and the hard timeout
 HEDGE_THREADS = 4  # hedges get threads of their own: queued behind the window they land late
-
-
-@dataclass(frozen=True)
-class PrefetchOptions:
-    """How far reads run ahead of the consumer.
-
-    Attributes:
-        window: samples in flight or ready ahead of the consumer.
-        window_bytes: bytes in flight or ready ahead of the consumer.
-        threads: reader threads (reads release the GIL while they wait on storage).
-        inline_local: read a sample whose chunk this host holds (a RAM or disk tier) on the
-            consumer's own thread, as a DataLoader worker reads a file: no thread hand-off,
-            no future. Only what is not local goes to the reader threads and the guard.
-            Turn it off to decode on the reader threads in parallel (a decoder that releases
-            the GIL, with few workers), or for a disk tier on a device that stalls.
-    """
-
-    window: int = 64
-    window_bytes: int = 256 * 2**20
-    threads: int = 16
-    inline_local: bool = True
-
-    def __post_init__(self) -> None:
-        if self.window < 1 or self.window_bytes < 1 or self.threads < 1:
-            raise ConfigError(f"prefetch window, bytes and threads must be >= 1: {self}")
-
-
-@dataclass
-class StreamCounters(Counters[int]):
-    """What the guard did; read them live or after the epoch (``waits`` is not a counter:
-    `snapshot` leaves it out)."""
-
-    delivered: int = 0
-    late: int = 0  # times the sample due next missed its deadline
-    deferred: int = 0  # samples delivered after a younger one took their place
-    hedges: int = 0  # second reads issued
-    hedge_wins: int = 0  # second reads that landed first
-    inline: int = 0  # local samples read on the consumer's thread (`inline_local`)
-    waits: list[float] = field(default_factory=list)  # per-sample wait of the consumer (s)
-
-
-@dataclass(frozen=True)
-class StreamState:
-    """Resumable position in an order: every position < cursor and those in ahead are done."""
-
-    cursor: int = 0
-    ahead: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values for a state_dict."""
-        return {"cursor": self.cursor, "ahead": list(self.ahead)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StreamState:
-        """Inverse of `to_dict`."""
-        return cls(int(d["cursor"]), tuple(int(p) for p in d["ahead"]))
 
 
 _READ_INLINE: Future[Any] = Future()  # the primary of an entry read inline: already done
