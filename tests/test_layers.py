@@ -110,7 +110,6 @@ OVER_400 = {
     "mount/view.py": 411,
     "storage/fsspec_driver.py": 430,
     "plan/plan.py": 446,
-    "torch/loader.py": 468,
     "format/indexcheck.py": 524,
     "format/index.py": 555,
 }

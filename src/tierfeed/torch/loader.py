@@ -12,24 +12,14 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
-from tierfeed.loader import StreamState
-from tierfeed.loader.resume import (
-    Resume,
-    check_plan,
-    check_store,
-    done_after,
-    rank_state,
-    resume_from,
-)
-from tierfeed.plan import EpochProgress
+from tierfeed.loader.loaderstate import resume_of, state_of
+from tierfeed.loader.resume import Resume
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 from tierfeed.torch.handover import accelerator_available, pin, restore
 
 __all__ = ["Loader"]
-
-_STATE_VERSION = 2  # 1: per-worker cursors only (same number of workers to resume)
 
 
 class Loader:
@@ -139,33 +129,8 @@ class Loader:
         Independent of the number of workers: `load_state_dict` resumes it with any. To resume
         in a job of another world size, give `load_state_dict` every rank's state (gather them
         with `gather_state_dict`)."""
-        epoch = self.dataset.epoch
-        resume = self._resume if self._resumes(epoch) else None
-        done = done_after(
-            len(self.dataset.rank_order(epoch, resume)),
-            self.dataset.batch_size,
-            self.dataset.drop_last,
-            None if resume is None else resume.done,
-            max(1, self.num_workers),
-            {w: StreamState.from_dict(s) for w, s in self._states.items()},
-        )
-        progress = resume.progress if resume else EpochProgress()
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "num_workers": self.num_workers,
-            "batch_size": self.dataset.batch_size,
-            "drop_last": self.dataset.drop_last,
-            **rank_state(
-                self.dataset.plan,
-                epoch,
-                progress,
-                done,
-                self.dataset.world,
-                self.dataset.selection,
-                self.dataset.store_id(),
-            ),
-        }
+        resume = self._resume if self._resumes(self.dataset.epoch) else None
+        return state_of(self.dataset, resume, self.num_workers, self._states)
 
     def gather_state_dict(self) -> list[dict[str, Any]]:
         """Every rank's `state_dict`, gathered over torch.distributed's default group (call it
@@ -185,68 +150,10 @@ class Loader:
         `gather_state_dict`): then a job of another world size resumes the epoch, each new
         rank taking an equal share of what the old ranks had left (padded as
         DistributedSampler pads), so every sample is still delivered once."""
-        states = [state] if isinstance(state, dict) else list(state)
-        if not states:
-            raise ConfigError("load_state_dict got no state")
-        try:
-            states = [self._upgraded(s) for s in states]
-            resume = resume_from(states, self.dataset.world, self.dataset.exchange)
-        except ConfigError:
-            raise  # already one line that says what is wrong (it is a ValueError too)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(
-                f"the loader state is damaged or not a tierfeed Loader.state_dict() "
-                f"({type(exc).__name__}: {exc}); resume from another checkpoint or call "
-                "set_epoch() to start an epoch afresh"
-            ) from None
-        n = len(self.dataset.rank_order(resume.epoch, resume))  # this rank's order once resumed
-        done = resume.done
-        if done.prefix > n or any(p >= n for p in done.extra):
-            raise ConfigError(
-                f"the loader state marks positions up to {max(done.prefix, *done.extra, 0)} "
-                f"delivered, but this rank's order of epoch {resume.epoch} has {n}: it was saved "
-                "for another dataset or plan; resume from its own checkpoint"
-            )
+        resume = resume_of(self.dataset, state)
         self._resume = resume
         self.dataset.set_epoch(resume.epoch)
         self._states = {}
-
-    def _upgraded(self, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` checked against this loader, in the current layout (a state of the
-        previous layout lists each worker's cursor in its slice of the whole epoch)."""
-        # A worker's slice is whole batches of the rank's order: its positions depend on the
-        # batch size and drop_last. A state without them (an older tierfeed's workers read
-        # every num_workers-th sample) would skip the wrong samples.
-        if "batch_size" not in state:
-            raise ConfigError(
-                "the state was saved by an older tierfeed whose workers read other slices of "
-                "the plan, so it cannot resume exactly; call set_epoch() to read that epoch "
-                "from its start"
-            )
-        for key in ("batch_size", "drop_last"):
-            if key in state and state[key] != getattr(self.dataset, key):
-                raise ConfigError(
-                    f"the state was saved with {key}={state[key]}, this loader's dataset has "
-                    f"{getattr(self.dataset, key)}; resume with the same {key}"
-                )
-        check_store(state, self.dataset.store_id())
-        check_plan(state, self.dataset.plan, self.dataset.selection)
-        if "done" in state:
-            return state
-        workers = {int(w): StreamState.from_dict(c) for w, c in state["workers"].items()}
-        epoch = int(state["epoch"])
-        n = len(
-            self.dataset.plan.order(epoch, self.dataset.world.rank, self.dataset.world.world_size)
-        )
-        done = done_after(
-            n,
-            self.dataset.batch_size,
-            self.dataset.drop_last,
-            None,
-            max(1, int(state["num_workers"])),
-            workers,
-        )
-        return {**state, "done": done.to_list()}
 
     def _resumes(self, epoch: int) -> bool:
         resume = self._resume
@@ -457,7 +364,7 @@ def _start(loader: DataLoader[Batch]) -> Iterator[Batch]:
     """``iter(loader)``, which forks its workers, with this process's objects frozen for the
     fork (`gc.freeze`, then unfrozen here at once): each worker then starts with everything it
     inherited out of its garbage collector's reach. Otherwise a full collection in a new worker
-    walks all of it (with torch loaded ~90 ms, holding the GIL) as the first epoch starts.
+    walks all of it, holding the GIL, as the first epoch starts (docs/BENCHMARKS.md).
     Left as it is where this process froze objects itself (an unfreeze would undo that)."""
     if loader.num_workers == 0 or gc.get_freeze_count():
         return iter(loader)
