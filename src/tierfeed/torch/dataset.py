@@ -120,15 +120,15 @@ class Dataset(Feed, IterableDataset[Batch]):
         )
         decode = decoder(decode) if isinstance(decode, str) else decode
         config = FeedConfig(
-            batch_size,
-            decode,
-            collate or _default_collate(decode),
-            world or _world(),
-            drop_last,
-            prefetch or PrefetchOptions(),
-            deadline or DeadlineOptions(),
-            hedge_source,
-            exchange,
+            batch_size=batch_size,
+            decode=decode,
+            collate=collate or _default_collate(decode),
+            world=world or _world(),
+            drop_last=drop_last,
+            prefetch=prefetch or PrefetchOptions(),
+            deadline=deadline or DeadlineOptions(),
+            hedge_source=hedge_source,
+            exchange=exchange,
         )
         process, index = _opened(opener, tiers)
         order, selected = _planned(plan, samples, process, index)

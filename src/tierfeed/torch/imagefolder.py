@@ -117,19 +117,32 @@ def make_dataset(
         )
     )
     mask = np.asarray(keep, dtype=bool)
-    found = set(np.unique(targets[mask]).tolist())
-    empty = sorted(c for c, i in class_to_idx.items() if i not in found)
-    if empty and not allow_empty:
-        rule = "is_valid_file accepted none"
-        if extensions is not None:
-            listed = extensions if isinstance(extensions, str) else ", ".join(extensions)
-            rule = f"supported extensions are {listed}"
-        named = ", ".join(empty[:20]) + (f" and {len(empty) - 20} more" if len(empty) > 20 else "")
-        raise NotFoundError(
-            f"{store.location}: found no valid file for the classes {named} ({rule}); "
-            "pass allow_empty=True to keep empty classes"
-        )
+    if not allow_empty:
+        _refuse_empty_classes(store, class_to_idx, targets[mask], extensions)
     return samples, members[mask]
+
+
+def _refuse_empty_classes(
+    store: Store,
+    class_to_idx: dict[str, int],
+    kept: npt.NDArray[np.int64],
+    extensions: str | Sequence[str] | None,
+) -> None:
+    """Raise NotFoundError naming the classes none of whose files was kept (``kept``: the
+    class index of each sample kept), as torchvision refuses them."""
+    found = set(np.unique(kept).tolist())
+    empty = sorted(c for c, i in class_to_idx.items() if i not in found)
+    if not empty:
+        return
+    rule = "is_valid_file accepted none"
+    if extensions is not None:
+        listed = extensions if isinstance(extensions, str) else ", ".join(extensions)
+        rule = f"supported extensions are {listed}"
+    named = ", ".join(empty[:20]) + (f" and {len(empty) - 20} more" if len(empty) > 20 else "")
+    raise NotFoundError(
+        f"{store.location}: found no valid file for the classes {named} ({rule}); "
+        "pass allow_empty=True to keep empty classes"
+    )
 
 
 def _suffix_mask(
