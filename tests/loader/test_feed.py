@@ -1,0 +1,63 @@
+"""The feed without torch: built from one FeedConfig, a Loader's view made by for_loader."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tests.format.conftest import write_tree
+from tierfeed.config import world_for
+from tierfeed.errors import ConfigError
+from tierfeed.format.pack import PackOptions, pack
+from tierfeed.loader.compose import StoreOpener, plan_for
+from tierfeed.loader.feed import Feed, FeedConfig
+from tierfeed.loader.resume import Resume
+from tierfeed.plan.progress import Done
+from tierfeed.storage.store import Sample
+
+N = 40
+
+
+def key(sample: Sample) -> str:
+    return sample.key
+
+
+@pytest.fixture
+def feed(tmp_path: Path) -> Feed:
+    write_tree(tmp_path / "src", {f"d/s{i:03d}.txt".encode(): b"x" * (50 + i) for i in range(N)})
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(chunk_size=4096, progress=False))
+    opener = StoreOpener(tmp_path / "store")
+    config = FeedConfig(batch_size=8, decode=key, collate=list, world=world_for(0, 1))
+    return Feed(opener, plan_for(opener.index(), "global"), config)
+
+
+def keys(batches: object) -> list[str]:
+    return [k for batch in batches for k in batch.data]  # type: ignore[attr-defined]
+
+
+def test_a_batch_size_below_one_is_refused() -> None:
+    with pytest.raises(ConfigError, match="batch_size"):
+        FeedConfig(batch_size=0, decode=key, collate=list, world=world_for(0, 1))
+
+
+@pytest.mark.timeout(60)
+def test_a_loaders_view_runs_on_resumes_once_and_leaves_the_feed_as_it_was(feed: Feed) -> None:
+    try:
+        first = keys(feed.iterate(0, 1, in_worker=False))
+        assert sorted(first) == sorted(set(first)) and len(first) == N
+        view = feed.for_loader(Resume(0, done=Done(prefix=16)))
+        assert view.continuous and not feed.continuous
+        assert view.config.read_across_epochs and not feed.config.read_across_epochs
+        feed.set_epoch(0)
+        assert view.epoch == 0  # one epoch, shared
+        # The resumed epoch reads the positions not done, then runs on into the next epoch.
+        rest = keys(itertools.islice(view.iterate(0, 1, in_worker=False), (N - 16) // 8))
+        assert rest == first[16:]
+        # Applied once: the view's next iteration reads its epoch whole.
+        assert len(keys(itertools.islice(view.iterate(0, 1, in_worker=False), N // 8))) == N
+        assert feed.num_batches() == N // 8
+        assert feed.num_batches(0, Resume(0, done=Done(prefix=16))) == N // 8
+    finally:
+        feed.close()
