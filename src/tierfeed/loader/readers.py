@@ -7,21 +7,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tierfeed.hedging import Hedges
 from tierfeed.loader.decode import decode_sample
-from tierfeed.loader.stream import HEDGE_THREADS
 from tierfeed.storage.store import Sample, Store
 
 __all__ = ["Readers"]
 
 
 class Readers:
-    """A process's reader and hedge threads, and its second way to the samples (for hedges);
+    """A process's reader threads and hedges, and its second way to the samples (for hedges);
     made in the process that uses them (threads do not cross fork)."""
 
     def __init__(self, threads: int, decode: Callable[[Sample], Any]) -> None:
         self.pid = os.getpid()
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tierfeed-read")
-        self.hedges = ThreadPoolExecutor(HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
+        self.hedges = Hedges()  # on the process's hedge threads, which the tier stack shares
         self._decode = decode
         self._second: Store | None = None
         self._made_second = False
@@ -39,6 +39,6 @@ class Readers:
     def close(self) -> None:
         """Cancel queued reads and join the threads (a stalled read is waited for here)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.hedges.shutdown(wait=True, cancel_futures=True)
+        self.hedges.close()
         if self._second is not None:
             self._second.source.close()  # the index is the main store's: it stays open

@@ -16,13 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import StuckReadError
+from tierfeed.hedging import Hedges
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
 from tierfeed.loader.streamstate import PrefetchOptions, StreamCounters, StreamState
 
@@ -30,7 +31,6 @@ __all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
 
 T = TypeVar("T")
 _POLL_S = 0.005  # how often a blocked wait re-checks hedges and the hard timeout
-HEDGE_THREADS = 4  # hedges get threads of their own: queued behind the window they land late
 
 
 _READ_INLINE: Future[Any] = Future()  # the primary of an entry read inline: already done
@@ -86,7 +86,8 @@ class GuardedStream(Generic[T]):
         pool: a shared reader pool; by default the stream owns one. With a shared pool,
             `close` does not wait for reads already running (a stalled read finishes on its
             own); an owned pool is joined.
-        hedge_pool: a shared pool for hedges (by default the stream owns a small one).
+        hedge_pool: where hedges run (by default the stream's own `Hedges`, on the process's
+            hedge threads).
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class GuardedStream(Generic[T]):
         deadline: DeadlineOptions | None = None,
         state: StreamState | None = None,
         pool: ThreadPoolExecutor | None = None,
-        hedge_pool: ThreadPoolExecutor | None = None,
+        hedge_pool: Executor | None = None,
     ) -> None:
         self.order = order
         self._read, self._hedge = read, hedge
@@ -130,12 +131,7 @@ class GuardedStream(Generic[T]):
         # Hedges get threads of their own: queued behind the window they would land late.
         hedging = hedge is not None and self.deadline.hedge_after_ms is not None
         self._own_hedge_pool = hedging and hedge_pool is None
-        self._hedge_pool = (
-            None
-            if not hedging
-            else hedge_pool
-            or ThreadPoolExecutor(HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
-        )
+        self._hedge_pool = None if not hedging else hedge_pool or Hedges()
         self._closed = threading.Event()
 
     # --- bookkeeping ------------------------------------------------------------------
@@ -150,7 +146,7 @@ class GuardedStream(Generic[T]):
         return StreamState(self._cursor, tuple(sorted(self._done)))
 
     def _submit(
-        self, entry: _Entry[T], pos: int, fn: Callable[[int], T], pool: ThreadPoolExecutor
+        self, entry: _Entry[T], pos: int, fn: Callable[[int], T], pool: Executor
     ) -> Future[T]:
         sample = int(self.order[pos])
 

@@ -3,7 +3,7 @@
 Every request is timed for the `FetchTuner`, which learns the origin's latency and bandwidth
 and chooses the piece size and the requests in flight. A copy's pieces run on the fetch
 threads within that budget (`Gate`), in the order the epoch's reads need them; a piece that
-runs late is hedged (`tierfeed.storage.hedging`) through a way to the origin of its own,
+runs late is hedged (`tierfeed.hedging`) through a way to the origin of its own,
 within a budget of bytes.
 """
 
@@ -21,11 +21,11 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.hedging import Hedges
 from tierfeed.storage.copier import Gate
 from tierfeed.storage.disktier import TierCounters
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import damaged_chunk, short_chunk
-from tierfeed.storage.hedging import Hedges
 from tierfeed.storage.landing import Arrival, FetchCounters
 from tierfeed.storage.piecefetch import PieceFetch, piece_order
 from tierfeed.storage.tuning import FetchTuner
