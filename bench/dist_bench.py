@@ -61,7 +61,7 @@ def rank_main(
     import torch.distributed as dist
 
     from tierfeed.distributed import Comm, Namespace, stage
-    from tierfeed.torch import Dataset, Loader
+    from tierfeed.torch import Dataset, Loader, job_dataset
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
                       RANK=str(rank), WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE="2",
@@ -84,7 +84,7 @@ def rank_main(
         report = stage(store, os.path.join(work, cond, "node{node}"), cond, comm=comm,
                        progress=False)  # fmt: skip
         ns = Namespace(comm, report.local_dir, cond)
-        ds = ns.dataset(batch_size=32, decode=decode)
+        ds = job_dataset(ns, batch_size=32, decode=decode)
     row["stage_s"] = time.perf_counter() - t0
     comm.barrier("staged")
     before = origin_bytes(Path(slow))

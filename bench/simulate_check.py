@@ -66,7 +66,7 @@ def rank_main(
 
     from tierfeed.distributed import Comm, ExchangeOptions, Namespace, stage
     from tierfeed.loader.compose import TierConfig
-    from tierfeed.torch import Loader
+    from tierfeed.torch import Loader, job_dataset
 
     node = per_node(world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
@@ -82,7 +82,7 @@ def rank_main(
     options = ExchangeOptions(window=WINDOW, timeout_s=300)
     rows: list[dict[str, Any]] = []
     with Namespace(comm, report.local_dir, plan, options=options, tiers=tiers) as ns:
-        loader = Loader(ns.dataset(batch_size=32, decode=lambda s: 0), num_workers=1)
+        loader = Loader(job_dataset(ns, batch_size=32, decode=lambda s: 0), num_workers=1)
         sent = received = 0
         for epoch in range(epochs):
             comm.barrier(f"epoch {epoch}")

@@ -152,3 +152,11 @@ def test_a_tier_copies_only_whole_chunks(index: Index, tmp_path: Path) -> None:
         whole = file_bytes(index, 0)
         assert stack.read_range(0, 10, 100) == whole[10:110]
         assert stack.stats()["ram"]["hits"] == 1
+
+
+def test_the_moved_dataset_method_names_its_new_place() -> None:
+    from tierfeed.distributed.job import Namespace
+    from tierfeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tierfeed\.torch\.job_dataset\(ns"):
+        Namespace.dataset(object.__new__(Namespace), batch_size=4)

@@ -33,7 +33,7 @@ def train(
     rank: int, world: int, store: str, to: str, plan: str, epochs: int, workers: int, hide: str
 ) -> dict[str, Any]:
     """Stage, hide the origin, then read ``epochs`` epochs over the namespace."""
-    from tierfeed.torch import Loader
+    from tierfeed.torch import Loader, job_dataset
 
     comm = Comm(timeout_s=30)
     report = stage(store, to, plan, comm=comm, progress=False)
@@ -44,7 +44,9 @@ def train(
     options = ExchangeOptions(window=16, ahead=2, timeout_s=30)
     seen, held = [], []
     with Namespace(comm, report.local_dir, plan, options=options) as ns:
-        ds = ns.dataset(batch_size=4, decode=decode, prefetch=PrefetchOptions(window=8, threads=4))
+        ds = job_dataset(
+            ns, batch_size=4, decode=decode, prefetch=PrefetchOptions(window=8, threads=4)
+        )
         loader = Loader(ds, num_workers=workers)
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -60,13 +62,13 @@ def die_midway(rank: int, world: int, store: str, to: str, plan: str) -> dict[st
     """Rank 1 dies after its first batch; the others must fail fast with a clear error."""
     import time
 
-    from tierfeed.torch import Loader
+    from tierfeed.torch import Loader, job_dataset
 
     comm = Comm(timeout_s=20)
     report = stage(store, to, plan, comm=comm, progress=False)
     options = ExchangeOptions(window=8, ahead=1, timeout_s=20)
     ns = Namespace(comm, report.local_dir, plan, options=options)
-    ds = ns.dataset(batch_size=4, decode=decode, prefetch=PrefetchOptions(window=4, threads=2))
+    ds = job_dataset(ns, batch_size=4, decode=decode, prefetch=PrefetchOptions(window=4, threads=2))
     started = time.monotonic()
     try:
         for i, _ in enumerate(Loader(ds, num_workers=0)):
@@ -106,12 +108,12 @@ def pls_loop(rank: int, world: int, store: str, to: str, q: float) -> dict[str, 
 def crash_mid_epoch(rank: int, world: int, store: str, to: str, plan: str) -> dict[str, Any]:
     """Read epochs 0 and 1, then half of epoch 2; return the state as a crashing job would
     have checkpointed it (nothing is closed)."""
-    from tierfeed.torch import Loader
+    from tierfeed.torch import Loader, job_dataset
 
     comm = Comm(timeout_s=30)
     report = stage(store, to, plan, comm=comm, progress=False)
     ns = Namespace(comm, report.local_dir, plan, options=ExchangeOptions(window=8, timeout_s=30))
-    loader = Loader(ns.dataset(batch_size=4, decode=decode), num_workers=0)
+    loader = Loader(job_dataset(ns, batch_size=4, decode=decode), num_workers=0)
     for _ in range(2):
         for _ in loader:
             pass
@@ -127,14 +129,14 @@ def resume_after_crash(
     rank: int, world: int, store: str, to: str, plan: str, states: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """A restarted job: stage again, restore the epoch's partitions, resume the loader."""
-    from tierfeed.torch import Loader
+    from tierfeed.torch import Loader, job_dataset
 
     comm = Comm(timeout_s=30)
     report = stage(store, to, plan, comm=comm, progress=False)
     ns = Namespace(comm, report.local_dir, plan, options=ExchangeOptions(window=8, timeout_s=30))
     state = states[rank]
     ns.exchanger.restore(int(state["epoch"]))
-    loader = Loader(ns.dataset(batch_size=4, decode=decode), num_workers=0)
+    loader = Loader(job_dataset(ns, batch_size=4, decode=decode), num_workers=0)
     loader.load_state_dict(state)
     rest = [int(v) for batch in loader for v in batch]
     after = [int(v) for batch in loader for v in batch]
@@ -148,7 +150,7 @@ def train_with_ram(
 ) -> dict[str, Any]:
     """Stage, then read ``epochs`` epochs over the namespace through a RAM tier."""
     from tierfeed.loader import TierConfig
-    from tierfeed.torch import Loader
+    from tierfeed.torch import Loader, job_dataset
 
     comm = Comm(timeout_s=30)
     report = stage(store, to, plan, comm=comm, progress=False)
@@ -156,7 +158,7 @@ def train_with_ram(
     tiers = TierConfig(ram_bytes=2**24, policy="fill-top", threads=2)
     seen, stats = [], []
     with Namespace(comm, report.local_dir, plan, options=options, tiers=tiers) as ns:
-        loader = Loader(ns.dataset(batch_size=4, decode=decode), num_workers=workers)
+        loader = Loader(job_dataset(ns, batch_size=4, decode=decode), num_workers=workers)
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             seen.append([int(v) for batch in loader for v in batch])

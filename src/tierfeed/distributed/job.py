@@ -3,9 +3,10 @@
     comm = tierfeed.distributed.Comm()
     report = tierfeed.distributed.stage(origin, "/local/ssd/ds", plan="partial:0.3", comm=comm)
     ns = tierfeed.distributed.Namespace(comm, report.local_dir, plan="partial:0.3")
-    loader = tierfeed.torch.Loader(ns.dataset(batch_size=64, decode=...), num_workers=4)
+    loader = tierfeed.torch.Loader(tierfeed.torch.job_dataset(ns, batch_size=64), num_workers=4)
 
-Every process of the rank (the DataLoader workers too) reads through a `TierStack` whose origin
+The torch face composes the job (`tierfeed.torch.job_dataset`); this package never imports
+it. Every process of the rank (the DataLoader workers too) reads through a `TierStack` whose origin
 is a `NamespaceDriver`, so a job has RAM and disk tiers like any other; the rank's `Exchanger`
 (in the training process) moves what a rank lacks, paced by the Loader.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -24,14 +25,12 @@ from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.exchanger import ExchangeOptions, Exchanger
 from tierfeed.distributed.holders import Holdings
 from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir, parts_dir, punched_dir
+from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader.compose import TierConfig, plan_for, tier_stack
 from tierfeed.plan import Plan, PlanSpec
 from tierfeed.storage.store import Store
 from tierfeed.world import World
-
-if TYPE_CHECKING:
-    from tierfeed.torch.dataset import Dataset
 
 __all__ = ["Namespace"]
 
@@ -106,23 +105,16 @@ class Namespace:
             tiers=tiers or TierConfig(),
         )
 
-    def dataset(self, batch_size: int = 32, **kwargs: Any) -> Dataset:
-        """A `tierfeed.torch.Dataset` over this namespace, paced with the exchanger.
+    def dataset(self, *args: object, **kwargs: object) -> NoReturn:
+        """Moved: ``tierfeed.torch.job_dataset(ns, batch_size=..., ...)`` (same arguments).
 
-        ``kwargs`` are Dataset's (decode, collate, prefetch, deadline, ...). Read it with
-        `tierfeed.torch.Loader`, which paces the exchange (or call the exchanger's
-        begin_epoch / consumed / end_epoch around a loop of your own).
+        Raises:
+            ConfigError: always, naming the call to use instead (the PyTorch face composes
+                the job; this package does not import it).
         """
-        from tierfeed.torch.dataset import Dataset  # the PyTorch face, beside this package
-
-        self.exchanger.batch_size = batch_size
-        return Dataset(
-            self.opener,
-            self.plan,
-            batch_size=batch_size,
-            world=self.world,
-            exchange=self.exchanger,
-            **kwargs,
+        raise ConfigError(
+            "Namespace.dataset() moved to tierfeed.torch: call "
+            "tierfeed.torch.job_dataset(ns, batch_size=..., decode=...) with the same arguments"
         )
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ except ImportError as _missing:
 from tierfeed.torch.dataset import Batch, Dataset, OrderPlan, TierConfig
 from tierfeed.torch.fields import collate_fields, decoded_fields, sample_fields
 from tierfeed.torch.imagefolder import IMG_EXTENSIONS, ImageFolder, pil_loader
+from tierfeed.torch.job import job_dataset
 from tierfeed.torch.loader import Loader
 from tierfeed.torch.mapdataset import MapDataset
 
@@ -24,6 +25,7 @@ __all__ = [
     "TierConfig",
     "collate_fields",
     "decoded_fields",
+    "job_dataset",
     "pil_loader",
     "sample_fields",
 ]
