@@ -118,6 +118,13 @@ def register(sub: Any) -> None:
         "exchange schedules the job runs), every rank. Without: a synthetic dataset of "
         "lognormal sample sizes (--samples), a sample of ranks. Only the index is read.",
     )
+    _add_dataset_arguments(p)
+    _add_job_arguments(p)
+    p.set_defaults(func=_run)
+
+
+def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:
+    """What is read: a STORE, or the synthetic dataset's shape."""
     p.add_argument(
         "store", nargs="?", default=None, metavar="STORE", help="a store (directory or URL)"
     )
@@ -134,6 +141,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
     )
+
+
+def _add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The job: ranks, plan, epochs, exchange window, and what is printed."""
     p.add_argument("--ranks", type=int, required=True, help="number of ranks in the job")
     p.add_argument(
         "--plan",
@@ -161,4 +172,3 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the plan and the sizes (default 0)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.set_defaults(func=_run)

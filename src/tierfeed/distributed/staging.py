@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from tierfeed.cachedir import private_dir
 from tierfeed.distributed.comm import Comm
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import Holdings, Part
 from tierfeed.distributed.inbox import parts_dir, punched_dir
 from tierfeed.distributed.parts import StagedParts
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
@@ -206,48 +206,85 @@ def stage(
     started = time.monotonic()
     location = StoreLocation.of(store, storage_options)
     index = Index(location.index_file())
-    world = world or (comm.world() if comm is not None else World())
-    if comm is not None and comm.world_size != world.world_size:
-        raise ConfigError(f"world of {world.world_size} ranks but the group has {comm.world_size}")
-    spec = PlanSpec.parse(plan) if isinstance(plan, str) else plan
-    shape = plan_for(index, spec).shape
-    holdings = Holdings.of(shape, np.asarray(index.chunk_size), spec, world)
+    world = _world_of(world, comm)
+    holdings = _holdings(index, plan, world)
     local = private_dir(local_dir_for(to, world))  # made 0700, or checked: not a link, ours
     check_stageable(index, local)
-    chunks = index.chunks()
-    mine = [chunks[int(c)] for c in holdings.staged_by(world.rank)]
-    parts = StagedParts(index, parts_dir(local, world.rank))
-    my_parts = holdings.parts_of(world.rank)
-    parts.keep_only(my_parts)
+    mine, parts, my_parts = _share_of(index, local, holdings, world.rank)
     report = StageReport(local_dir=os.fspath(local))
     origin = location.origin()
     if world.local_rank == 0:
         _copy_index(index.path, local)
-    with tqdm(
-        total=sum(c.size for c in mine) + sum(parts.nbytes(p) for p in my_parts),
+    total = sum(c.size for c in mine) + sum(parts.nbytes(p) for p in my_parts)
+    with _progress_bar(total, world, progress) as bar:
+        _stage_chunks(origin, location.root, local, mine, bar, report)
+        _stage_parts(origin, location.root, parts, my_parts, bar, report)
+    parts.close()
+    # Every chunk this rank stages is whole and verified again: no mark of a punch stands.
+    shutil.rmtree(punched_dir(local, world.rank), ignore_errors=True)
+    _close_origin(origin, report)
+    index.close()
+    report.rank_bytes_copied, report.seconds = report.bytes_copied, time.monotonic() - started
+    return _job_total(report, comm)
+
+
+def _world_of(world: World | None, comm: Comm | None) -> World:
+    """The world given, else the group's, else one process; it must match the group's size."""
+    world = world or (comm.world() if comm is not None else World())
+    if comm is not None and comm.world_size != world.world_size:
+        raise ConfigError(f"world of {world.world_size} ranks but the group has {comm.world_size}")
+    return world
+
+
+def _holdings(index: Index, plan: PlanSpec | str, world: World) -> Holdings:
+    """Who stages what under ``plan``: partition plans stage each rank's partition."""
+    spec = PlanSpec.parse(plan) if isinstance(plan, str) else plan
+    return Holdings.of(plan_for(index, spec).shape, np.asarray(index.chunk_size), spec, world)
+
+
+def _share_of(
+    index: Index, local: Path, holdings: Holdings, rank: int
+) -> tuple[list[ChunkInfo], StagedParts, list[Part]]:
+    """The chunks ``rank`` stages whole, its parts directory (parts it no longer stages
+    removed) and the parts of split chunks it stages."""
+    chunks = index.chunks()
+    mine = [chunks[int(c)] for c in holdings.staged_by(rank)]
+    parts = StagedParts(index, parts_dir(local, rank))
+    my_parts = holdings.parts_of(rank)
+    parts.keep_only(my_parts)
+    return mine, parts, my_parts
+
+
+def _progress_bar(total: int, world: World, progress: bool) -> tqdm[Any]:
+    """A bar of this rank's bytes, shown on the node's local rank 0 only."""
+    return tqdm(
+        total=total,
         unit="B",
         unit_scale=True,
         desc=f"stage rank {world.rank}",
         disable=not progress or world.local_rank != 0,
-    ) as bar:
-        _stage_chunks(origin, location.root, local, mine, bar, report)
-        for part in my_parts:
-            size, copied = parts.stage(origin, location.root, part, bar)
-            report.parts_copied += copied
-            report.parts_present += not copied
-            report.bytes_copied += size if copied else 0
-            report.bytes_present += 0 if copied else size
-    parts.close()
-    # Every chunk this rank stages is whole and verified again: no mark of a punch stands.
-    shutil.rmtree(punched_dir(local, world.rank), ignore_errors=True)
+    )
+
+
+def _stage_parts(
+    origin: Driver, root: str, parts: StagedParts, my_parts: list[Part], bar: tqdm[Any],
+    report: StageReport,
+) -> None:  # fmt: skip
+    """Copy the parts not already here and verified, one after another."""
+    for part in my_parts:
+        size, copied = parts.stage(origin, root, part, bar)
+        report.parts_copied += copied
+        report.parts_present += not copied
+        report.bytes_copied += size if copied else 0
+        report.bytes_present += 0 if copied else size
+
+
+def _close_origin(origin: Driver, report: StageReport) -> None:
+    """Count what the origin served into ``report``, then close it."""
     ops = origin.counters.snapshot()
     origin.close()
-    index.close()
     report.origin_opens, report.origin_reads = ops["opens"], ops["reads"]
     report.origin_retries = ops["retries"]
-    report.rank_bytes_copied = report.bytes_copied
-    report.seconds = time.monotonic() - started
-    return _job_total(report, comm)
 
 
 def _job_total(report: StageReport, comm: Comm | None) -> StageReport:

@@ -95,33 +95,15 @@ def job_traffic(
     chunk_bytes = np.asarray(index.chunk_size, dtype=np.int64)
     holdings = Holdings.of(p.shape, chunk_bytes, p.spec, World(0, m, 0, local_world_size))
     sizes = index.sample_bytes()
-    chunk_of = p.shape.sample_chunk
-    everything = np.arange(len(sizes), dtype=np.int64)
-    held = np.array(
-        [int(sizes[holdings.local_samples(r, everything)].sum()) for r in range(m)], np.int64
-    )
-    staged = [
-        int(chunk_bytes[holdings.staged_by(r)].sum())
-        + sum(part_bytes(index, q) for q in holdings.parts_of(r))
-        for r in range(m)
-    ]
+    held = _held_after_stage(holdings, sizes, m)
+    staged = _staged_bytes(index, holdings, chunk_bytes, m)
     whole = [holdings.local_to(r) for r in range(m)]
     read = [np.zeros(len(chunk_bytes), dtype=bool) for _ in range(m)]
     rows = []
     for epoch in range(epochs):
-        sent = np.zeros(m, dtype=np.int64)
-        received = np.zeros(m, dtype=np.int64)
-        peak = held.copy()
-        for t in _windows(p, holdings, epoch, m, window):
-            out = np.bincount(t.src, weights=sizes[t.sample], minlength=m).astype(np.int64)
-            into = np.bincount(t.dst, weights=sizes[t.sample], minlength=m).astype(np.int64)
-            sent += out
-            received += into
-            if p.spec.policy == "partial":  # moves: what arrives lands before what leaves
-                peak = np.maximum(peak, held + into)
-                held += into - out
+        sent, received, peak = _exchange(p, holdings, epoch, m, window, sizes, held)
         for r in range(m):
-            read[r][np.unique(chunk_of[p.order(epoch, r, m)])] = True
+            read[r][np.unique(p.shape.sample_chunk[p.order(epoch, r, m)])] = True
             cache = int(chunk_bytes[read[r] & whole[r]].sum())
             rows.append(
                 RankEpoch(
@@ -130,3 +112,42 @@ def job_traffic(
                 )
             )  # fmt: skip
     return rows
+
+
+def _held_after_stage(holdings: Holdings, sizes: IntArray, m: int) -> IntArray:
+    """Sample bytes each rank can read locally once stage-in is done."""
+    everything = np.arange(len(sizes), dtype=np.int64)
+    return np.array(
+        [int(sizes[holdings.local_samples(r, everything)].sum()) for r in range(m)], np.int64
+    )
+
+
+def _staged_bytes(index: Index, holdings: Holdings, chunk_bytes: IntArray, m: int) -> list[int]:
+    """Bytes each rank reads from the origin in stage-in: its whole chunks and its parts."""
+    return [
+        int(chunk_bytes[holdings.staged_by(r)].sum())
+        + sum(part_bytes(index, q) for q in holdings.parts_of(r))
+        for r in range(m)
+    ]
+
+
+def _exchange(
+    p: Plan, holdings: Holdings, epoch: int, m: int, window: int, sizes: IntArray, held: IntArray
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Bytes each rank sends and receives in ``epoch``, and the most it holds at once.
+
+    Under partial plans samples move, so ``held`` (per rank) is updated in place for the next
+    epoch.
+    """
+    sent = np.zeros(m, dtype=np.int64)
+    received = np.zeros(m, dtype=np.int64)
+    peak = held.copy()
+    for t in _windows(p, holdings, epoch, m, window):
+        out = np.bincount(t.src, weights=sizes[t.sample], minlength=m).astype(np.int64)
+        into = np.bincount(t.dst, weights=sizes[t.sample], minlength=m).astype(np.int64)
+        sent += out
+        received += into
+        if p.spec.policy == "partial":  # moves: what arrives lands before what leaves
+            peak = np.maximum(peak, held + into)
+            held += into - out
+    return sent, received, peak
