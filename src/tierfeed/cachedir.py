@@ -25,6 +25,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import NoReturn
 
 from tierfeed.errors import ConfigError, StorageError
 
@@ -67,6 +68,20 @@ def open_cache_dir(
     """
     path = Path(path).absolute()
     mode = 0o755 if shared else 0o700
+    fd, created = _make_and_open(path, mode, shared, exact, create)
+    try:
+        _check_open(fd, path, mode, created, shared, exact)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _make_and_open(
+    path: Path, mode: int, shared: bool, exact: bool, create: bool
+) -> tuple[int, bool]:
+    """Make ``path`` (with ``mode``) unless it exists or not ``create``, and open it without
+    following a link; also whether it was made here."""
     created = False
     try:
         if create:
@@ -74,38 +89,43 @@ def open_cache_dir(
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, mode)
                 created = True
-        fd = os.open(path, DIR_FLAGS)
+        return os.open(path, DIR_FLAGS), created
     except OSError as exc:
-        if exc.errno == errno.ELOOP or os.path.islink(path):
-            raise _refuse(
-                path,
-                f"the cache directory is a symbolic link{_link_owner(path)}, which tierfeed "
-                "never follows; remove it, or give a directory you own itself, not a link",
-            ) from None
-        with contextlib.suppress(OSError):  # not ours to open: say whose it is
-            _check(path, os.lstat(path), shared, exact)
-        raise StorageError(
-            f"{path}: cannot be used as a cache directory ({exc.strerror or exc}); "
-            "give a writable directory path"
+        _refuse_open(path, exc, shared, exact)
+
+
+def _refuse_open(path: Path, exc: OSError, shared: bool, exact: bool) -> NoReturn:
+    """Raise why ``path`` could not be opened: a link, another user's, or else the OS's word."""
+    if exc.errno == errno.ELOOP or os.path.islink(path):
+        raise _refuse(
+            path,
+            f"the cache directory is a symbolic link{_link_owner(path)}, which tierfeed "
+            "never follows; remove it, or give a directory you own itself, not a link",
         ) from None
-    try:
+    with contextlib.suppress(OSError):  # not ours to open: say whose it is
+        _check(path, os.lstat(path), shared, exact)
+    raise StorageError(
+        f"{path}: cannot be used as a cache directory ({exc.strerror or exc}); "
+        "give a writable directory path"
+    ) from None
+
+
+def _check_open(fd: int, path: Path, mode: int, created: bool, shared: bool, exact: bool) -> None:
+    """Check the open directory ``fd``: its owner and mode (`_check`; one made here gets
+    ``mode`` back from the umask), and that this user can write it."""
+    st = os.fstat(fd)
+    if created and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+        os.fchmod(fd, mode)  # ours, just made: the umask took bits away
         st = os.fstat(fd)
-        if created and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
-            os.fchmod(fd, mode)  # ours, just made: the umask took bits away
-            st = os.fstat(fd)
-        _check(path, st, shared, exact)
-        effective = os.access in os.supports_effective_ids  # as geteuid above
-        # A shared one of root's not open to us, a read-only disk:
-        if not os.access(".", os.W_OK, dir_fd=fd, effective_ids=effective):
-            raise StorageError(
-                f"{path}: cannot be used as a cache directory (uid {st.st_uid}, mode "
-                f"{stat.S_IMODE(st.st_mode):04o}: not writable by uid {os.geteuid()}, or on a "
-                "read-only file system); give a directory you can write"
-            )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    _check(path, st, shared, exact)
+    effective = os.access in os.supports_effective_ids  # as geteuid above
+    # A shared one of root's not open to us, a read-only disk:
+    if not os.access(".", os.W_OK, dir_fd=fd, effective_ids=effective):
+        raise StorageError(
+            f"{path}: cannot be used as a cache directory (uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o}: not writable by uid {os.geteuid()}, or on a "
+            "read-only file system); give a directory you can write"
+        )
 
 
 def _check(path: Path, st: os.stat_result, shared: bool, exact: bool) -> None:
