@@ -112,7 +112,6 @@ def test_no_import_circle_inside_a_package() -> None:
 OVER_400 = {
     "mount/view.py": 411,
     "storage/fsspec_driver.py": 430,
-    "plan/plan.py": 446,
     "format/indexcheck.py": 524,
     "format/index.py": 555,
 }

@@ -11,7 +11,7 @@ import numpy as np
 
 from tierfeed.distributed.exchanger import ExchangeOptions
 from tierfeed.errors import ConfigError
-from tierfeed.plan.plan import Plan, PlanSpec
+from tierfeed.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.simulate import as_dict, simulate
 from tierfeed.units import human, parse_size

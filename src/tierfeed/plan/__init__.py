@@ -1,6 +1,6 @@
 """Sampling plans: global, local, partial-local (PLS) and chunk-wise; resumable and elastic."""
 
-from tierfeed.plan.plan import Exchange, Plan, PlanSpec
+from tierfeed.plan.plan import Exchange, Plan
 from tierfeed.plan.progress import (
     Done,
     EpochProgress,
@@ -9,6 +9,7 @@ from tierfeed.plan.progress import (
     remaining_shares,
 )
 from tierfeed.plan.shape import DatasetShape
+from tierfeed.plan.spec import PlanSpec
 
 __all__ = [
     "DatasetShape",

@@ -18,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
-from tierfeed.plan.plan import PLANS, Plan, PlanSpec, _fit
+from tierfeed.plan.plan import Plan, _fit
+from tierfeed.plan.spec import PLANS, PlanSpec
 
 __all__ = ["Done", "EpochProgress", "PlanState", "remaining_order", "remaining_shares"]
 
