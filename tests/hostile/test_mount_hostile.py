@@ -307,7 +307,7 @@ def test_umount_refuses_a_plain_directory(tmp_path: Path) -> None:
 def test_verified_members_single_flight_and_byte_budget() -> None:
     import threading
 
-    from tierfeed.mount.view import VerifiedMembers
+    from tierfeed.mount.members import VerifiedMembers
 
     calls: list[int] = []
     gate = threading.Event()
@@ -337,7 +337,7 @@ def test_verified_members_single_flight_and_byte_budget() -> None:
 
 def test_verified_members_never_keep_a_failed_read() -> None:
     from tierfeed.errors import ChunkCorruptError
-    from tierfeed.mount.view import VerifiedMembers
+    from tierfeed.mount.members import VerifiedMembers
 
     outcomes = [ChunkCorruptError("chunk c: member m fails its checksum"), b"good"]
 
