@@ -18,13 +18,14 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
 
 from tierfeed.errors import ConfigError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.relpath import relative_parts
 from tierfeed.storage.driver import Driver
+from tierfeed.storage.fsspec_connection import connection_closer, open_options, store_kind
 from tierfeed.storage.objectfaults import (
     CHANGED,
     DENIED,
@@ -85,14 +86,14 @@ class FsspecDriver(Driver):
             ) from None
         self.url = url.rstrip("/")
         self.name = f"fsspec:{self.url}"
-        self.scheme = _scheme(url)
+        self.scheme = store_kind(url)
         # gcsfs tries each request 6 times itself (its backoff is not configurable per
         # instance): retrying here too would multiply the tries (the deadline still holds).
         self.retry = retry or RetryPolicy()
         if self.scheme == "gs":
             self.retry = dataclasses.replace(self.retry, attempts=1)
         self._s3 = self.scheme == "s3"
-        storage_options = _defaults(self.scheme, storage_options)
+        storage_options = open_options(self.scheme, storage_options)
         if self.scheme == "http" and not read_only:
             raise ReadOnlyError(f"{url}: an http(s) store is read-only; write to a path or to "
                                 "s3://, gs:// or az:// and serve that over http(s)")  # fmt: skip
@@ -332,7 +333,7 @@ class FsspecDriver(Driver):
         if self._closed:
             return
         self._closed = True
-        closing = _closer(self.fs)
+        closing = connection_closer(self.fs)
         if closing is not None:
             from fsspec.asyn import sync
 
@@ -354,77 +355,3 @@ class _Pin(NamedTuple):
     size: int
     etag: str | None
     generation: str | None  # GCS's version of the object
-
-
-def _closer(fs: Any) -> Callable[[], Any] | None:
-    """The coroutine function that closes ``fs``'s connections (S3's client, an HTTP or GCS
-    session, Azure's service client), or None if it holds none."""
-    creator = getattr(fs, "_s3creator", None)
-    if creator is not None:
-        return lambda: creator.__aexit__(None, None, None)
-    session = getattr(fs, "_session", None)
-    if session is not None and hasattr(session, "close"):
-        return cast("Callable[[], Any]", session.close)
-    client = getattr(fs, "service_client", None)
-    if client is not None and hasattr(client, "close"):
-        return cast("Callable[[], Any]", client.close)
-    return None
-
-
-def _scheme(url: str) -> str:
-    """The store's kind: s3, gs, az, http, or the URL's own scheme."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
-    kinds = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "https": "http"}
-    return kinds.get(scheme, scheme)
-
-
-_sessions: dict[int, Any] = {}  # pid -> this process's aiobotocore session
-
-
-def _session() -> Any:
-    """One aiobotocore session per process: a client made from it again skips parsing the S3
-    service model (~0.2 s of CPU per client otherwise, at every DataLoader worker's start). Not
-    shared across a fork: a session's refreshable credentials hold a lock of its event loop."""
-    from aiobotocore.session import AioSession
-
-    pid = os.getpid()
-    if pid not in _sessions:
-        _sessions.clear()
-        _sessions[pid] = AioSession()
-    return _sessions[pid]
-
-
-def _defaults(scheme: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Options with this driver's defaults where the caller set none: a file system instance
-    of its own (fsspec's are shared by default; this driver closes its own at `close`), and
-    bounded connect and read timeouts."""
-    out = dict(options)
-    out.setdefault("skip_instance_cache", True)
-    if scheme == "s3":
-        return _s3_defaults(out)
-    if scheme == "http":
-        import aiohttp
-
-        client = dict(out.get("client_kwargs") or {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(sock_connect=10, sock_read=60))
-        out["client_kwargs"] = client
-    elif scheme == "gs":
-        out.setdefault("requests_timeout", 60)
-    elif scheme == "az":
-        out.setdefault("connection_timeout", 10)
-        out.setdefault("read_timeout", 60)
-    return out
-
-
-def _s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
-    """S3 options with this driver's defaults where the caller set none: the process's one
-    session, one try per request in botocore (retries are counted here), bounded timeouts."""
-    out = dict(options)
-    if "profile" not in out:  # a profile makes its own session
-        out.setdefault("session", _session())
-    config = dict(out.get("config_kwargs") or {})
-    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})  # one try
-    config.setdefault("connect_timeout", 10)
-    config.setdefault("read_timeout", 60)
-    out["config_kwargs"] = config
-    return out
