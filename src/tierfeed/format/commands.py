@@ -4,6 +4,7 @@ or URL, are `tierfeed.loader.commands`)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -63,8 +64,9 @@ def run_pack(args: argparse.Namespace, packer: Callable[..., PackReport] = pack)
     return 0
 
 
-def register_pack(sub: Any) -> None:
-    """Add `tierfeed pack`."""
+def register_pack(sub: Any, packer: Callable[..., PackReport] = pack) -> None:
+    """Add `tierfeed pack`, packing with ``packer`` (`tierfeed.loader.commands` gives one that
+    also packs to a URL)."""
     p = sub.add_parser("pack", help="pack a directory tree into tar chunks and an index")
     p.add_argument("src", help="source directory (ImageFolder layout gives labels)")
     p.add_argument("dst", help="store directory to create, or a URL (s3://bucket/ds)")
@@ -90,7 +92,7 @@ def register_pack(sub: Any) -> None:
     p.add_argument("--skip-unreadable", action="store_true", help="skip and list unreadable files")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DST")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_pack)
+    p.set_defaults(func=functools.partial(run_pack, packer=packer))
 
 
 def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] = index_shards) -> int:
@@ -113,8 +115,9 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] = in
     return 0
 
 
-def register_index(sub: Any) -> None:
-    """Add `tierfeed index`."""
+def register_index(sub: Any, indexer: Callable[..., IndexReport] = index_shards) -> None:
+    """Add `tierfeed index`, indexing with ``indexer`` (`tierfeed.loader.commands` gives one
+    that also indexes shards at a URL)."""
     p = sub.add_parser("index", help="index existing tar shards in place")
     p.add_argument(
         "shards", nargs="+",
@@ -138,4 +141,4 @@ def register_index(sub: Any) -> None:
     p.add_argument("--skip-bad-names", action="store_true", help="skip and count unsafe names")
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --out")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_index)
+    p.set_defaults(func=functools.partial(run_index, indexer=indexer))

@@ -20,7 +20,6 @@ from tierfeed.config import default_cache_dir
 from tierfeed.errors import ChunkCorruptError, StorageError, TierfeedError
 from tierfeed.format.commands import register_index as register_local_index
 from tierfeed.format.commands import register_pack as register_local_pack
-from tierfeed.format.commands import run_index, run_pack
 from tierfeed.format.verify import ChunkFetch, summarize, verify_store
 from tierfeed.loader import upload
 from tierfeed.loader.location import StoreLocation
@@ -39,14 +38,12 @@ __all__ = [
 def register_index(sub: Any) -> None:
     """Add `tierfeed index`, of shards in a directory or at a URL (only the index is
     uploaded)."""
-    register_local_index(sub)
-    sub.choices["index"].set_defaults(func=lambda args: run_index(args, upload.index_shards))
+    register_local_index(sub, upload.index_shards)
 
 
 def register_pack(sub: Any) -> None:
     """Add `tierfeed pack`, to a directory or a URL (built locally, then uploaded)."""
-    register_local_pack(sub)
-    sub.choices["pack"].set_defaults(func=lambda args: run_pack(args, upload.pack))
+    register_local_pack(sub, upload.pack)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
