@@ -30,14 +30,8 @@ from tierfeed.format.chunksink import ChunkRecord, ChunkSink
 from tierfeed.format.encode import encode_sample
 from tierfeed.format.labels import load_classes
 from tierfeed.format.pack import chunk_file_name
-from tierfeed.format.writer import (
-    Classes,
-    WriteReport,
-    check_options,
-    claim_destination,
-    finish_store,
-)
-from tierfeed.publish import is_temporary
+from tierfeed.format.storetarget import Destination, LocalDirectory, remove_chunks
+from tierfeed.format.writer import Classes, WriteReport, check_options, finish_store
 
 __all__ = ["optimize"]
 
@@ -254,17 +248,10 @@ def _number_chunks(root: Path, records: list[ChunkRecord]) -> None:
         record.name = final
 
 
-def _remove_chunks(root: Path) -> None:
-    """Remove every chunk of a failed run (claimed empty: every chunk there is ours)."""
-    for path in (root / "chunks").iterdir():
-        if path.name.endswith(".tar") or is_temporary(path.name):
-            path.unlink()
-
-
 def optimize(
     fn: Fn,
     inputs: Sequence[Any],
-    dst: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | Destination,
     workers: int = 2,
     chunk_size: int = 64 * 2**20,
     labels: str = "auto",
@@ -286,7 +273,7 @@ def optimize(
         fn: called in the worker processes; with ``spawn`` it must be importable (a
             module-level function), as for any multiprocessing target.
         inputs: a sequence (its length decides each worker's slice).
-        dst: the store directory.
+        dst: the store directory, or a `Destination` (``overwrite`` is then its own).
         workers: worker processes.
         chunk_size, labels, classes, overwrite, image_quality: as for `Writer`.
         start_method: ``spawn`` (default; safe beside threads), ``forkserver`` or ``fork``.
@@ -298,9 +285,9 @@ def optimize(
     """
     _check_arguments(fn, inputs, workers, chunk_size, labels, start_method, image_quality)
     names = None if classes is None else load_classes(classes)
-    root = Path(dst)
+    destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
     started = time.perf_counter()
-    lock = claim_destination(root, overwrite)
+    root, lock = destination.claim()
     ctx = mp.get_context(start_method)
     run = _Run(ctx, workers, inputs)
     try:
@@ -308,15 +295,9 @@ def optimize(
         _number_chunks(root, records)
         content = finish_store(root, records, labels, names, chunk_size, check_unique=True)
     except BaseException:
-        _remove_chunks(root)
+        remove_chunks(root / "chunks")
         raise
     finally:
         os.close(lock)
-    return WriteReport(
-        store=root,
-        samples=len(content.keys),
-        members=len(content.member_offset),
-        chunks=len(records),
-        data_bytes=int(content.member_length.sum()),
-        seconds=time.perf_counter() - started,
-    )
+    destination.publish(root)
+    return WriteReport.of(destination.store, content, len(records), started)
