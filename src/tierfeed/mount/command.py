@@ -7,16 +7,22 @@ import os
 import signal
 import stat
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierfeed.errors import ConfigError, StorageError, TierfeedError
 from tierfeed.slowfs.options import SLOWFS_SUBTYPE
 from tierfeed.units import parse_size
 
+if TYPE_CHECKING:  # imported where used: `tierfeed --help` must not load the loader
+    from tierfeed.loader.tierconfig import TierConfig
+    from tierfeed.mount.view import StoreView
+    from tierfeed.storage.store import Store
+
 __all__ = [
     "FUSE_SUBTYPE",
     "check_mountpoint",
     "is_tierfeed_mount",
+    "mount_tiers",
     "register_mount",
     "register_umount",
     "serve",
@@ -93,13 +99,12 @@ def check_mountpoint(mountpoint: str, nonempty: bool = False) -> str:
     return resolved
 
 
-def _tiered_store(
-    store_path: str, ram: int, disk: str | None, disk_bytes: int, policy: str, timeout: float
-) -> Any:
-    """The store read through RAM and local-disk tiers, or directly when none is asked; a
-    URL's reads under the retry policy bounded by ``timeout`` seconds (which then says why
-    a read failed: the tries and the last fault)."""
-    from tierfeed.loader.compose import TierConfig, open_store
+def _tiered_store(store_path: str, tiers: TierConfig | None, timeout: float) -> Store:
+    """The store read through ``tiers`` (RAM, local disk), or directly without; a URL's reads
+    under the retry policy bounded by ``timeout`` seconds (which then says why a read failed:
+    the tries and the last fault). A plain OSError escaping a driver still ends in one line
+    naming the file."""
+    from tierfeed.loader.compose import open_store
     from tierfeed.loader.location import is_url
     from tierfeed.storage.retry import RetryPolicy
 
@@ -107,18 +112,46 @@ def _tiered_store(
     # its error, naming the tries and the last fault, is then the one logged.
     retry = RetryPolicy(deadline_s=0.9 * timeout)
     options = {"retry": retry} if is_url(store_path) else None
-    tiers = None
-    if ram > 0 or disk is not None:
-        quota = disk_bytes if disk is not None else None
-        tiers = TierConfig(max(ram, 0), disk, quota, policy, threads=4)
-    return open_store(store_path, tiers, storage_options=options)
+    try:
+        return open_store(store_path, tiers, storage_options=options)
+    except TierfeedError:
+        raise
+    except OSError as exc:
+        name = exc.filename if exc.filename is not None else store_path
+        raise StorageError(f"{name}: cannot open the store ({exc.strerror or exc})") from None
+
+
+def mount_tiers(ram: int, disk: str | None, disk_bytes: int, policy: str) -> TierConfig | None:
+    """The tiers of `tierfeed mount`'s options: none unless a RAM size or a disk directory is
+    given (the disk size then applies), with four copy threads."""
+    from tierfeed.loader.tierconfig import TierConfig
+
+    if ram <= 0 and disk is None:
+        return None
+    return TierConfig(max(ram, 0), disk, disk_bytes if disk is not None else None, policy, 4)
+
+
+def _view(store: Store, timeout: float) -> StoreView:
+    """The FUSE view of ``store``, reading ahead the chunk after each one opened."""
+    from tierfeed.mount.view import StoreView
+
+    source = store.source
+    last = len(store.chunks) - 1
+
+    def readahead(chunk: int) -> None:
+        # A sequential reader walks the tree in path order, which is chunk order: its
+        # next chunk is this one's successor (a source without a cache queues nothing).
+        source.schedule(chunk)
+        source.schedule(min(chunk + 1, last))
+
+    return StoreView(store, extra_stats=source.stats, on_open=readahead, timeout_s=timeout)
 
 
 def serve(
     store_path: str,
     mountpoint: str,
     allow_other: bool = False,
-    tiers: tuple[int, str | None, int, str] = (0, None, 0, "fill-top"),
+    tiers: TierConfig | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Serve the store at ``mountpoint`` in this process until unmounted or signalled.
@@ -127,7 +160,7 @@ def serve(
         store_path: the store directory or URL.
         mountpoint: an existing empty directory.
         allow_other: let other users see the mount.
-        tiers: (RAM bytes, disk directory or None, disk bytes, placement policy).
+        tiers: the RAM and local-disk tiers to read it through (`mount_tiers`); none by default.
         timeout: seconds a read through the mount may take, the store's retries included
             (then EIO, and one log line naming the file).
     """
@@ -139,27 +172,10 @@ def serve(
     except OSError as exc:
         raise StorageError(f"mount needs libfuse3 ({exc}); install fuse3 (make sysdeps)") from None
 
-    from tierfeed.mount.view import StoreView
-
     logging.basicConfig(format="tierfeed mount: %(message)s", level=logging.WARNING)
+    store = _tiered_store(store_path, tiers, timeout)
     try:
-        store = _tiered_store(store_path, *tiers, timeout)
-    except TierfeedError:
-        raise
-    except OSError as exc:  # a plain OSError escaped a driver: still one line naming the file
-        name = exc.filename if exc.filename is not None else store_path
-        raise StorageError(f"{name}: cannot open the store ({exc.strerror or exc})") from None
-    try:
-        source = store.source
-        last = len(store.chunks) - 1
-
-        def readahead(chunk: int) -> None:
-            # A sequential reader walks the tree in path order, which is chunk order: its
-            # next chunk is this one's successor (a source without a cache queues nothing).
-            source.schedule(chunk)
-            source.schedule(min(chunk + 1, last))
-
-        view = StoreView(store, extra_stats=source.stats, on_open=readahead, timeout_s=timeout)
+        view = _view(store, timeout)
         # SIGTERM unmounts cleanly: libfuse leaves its loop when the mount goes away.
         signal.signal(signal.SIGTERM, lambda *_: _unmount_quietly(mountpoint))
         try:
@@ -205,7 +221,7 @@ def _unmount_quietly(mountpoint: str) -> None:
 
 
 def _run_mount(args: argparse.Namespace) -> int:
-    tiers = (parse_size(args.ram), args.disk, parse_size(args.disk_size), args.policy)
+    tiers = mount_tiers(parse_size(args.ram), args.disk, parse_size(args.disk_size), args.policy)
     if not 0 < args.timeout <= 3600:
         raise ConfigError(f"--timeout must be between 0 and 3600 seconds, got {args.timeout:g}")
     if args.foreground:  # serve() opens the store once, with the same message for a bad one
