@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
-import mmap
-import operator
 import os
 from bisect import bisect_left
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.errors import IndexFormatError
-from tierfeed.format.chunkref import ChunkInfo, new_hasher
+from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.chunktable import ChunkTable
 from tierfeed.format.indexcheck import (
-    check_chunk_rows,
-    check_header,
     check_invariants,
     check_member_rows,
     check_open,
@@ -30,20 +23,17 @@ from tierfeed.format.indexcheck import (
     damaged,
     distinct,
 )
-from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, one_checker, stamp
-from tierfeed.format.indexwrite import PREFIX as _PREFIX
-from tierfeed.format.indexwrite import IndexContent, write_index
-from tierfeed.format.layout import (
-    INDEX_NAME,
-    MAGIC,
-    READS,
-    ROW_CHECKS_SINCE,
-    VERSION,
-    expected_length,
-    present_sections,
+from tierfeed.format.indexfile import (
+    map_arrays,
+    open_index_file,
+    read_header,
+    sections_checksum,
 )
+from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, one_checker, stamp
+from tierfeed.format.indexwrite import IndexContent, write_index
+from tierfeed.format.layout import INDEX_NAME, ROW_CHECKS_SINCE
 from tierfeed.format.rowcheck import name_check
-from tierfeed.format.treecheck import check_tree, check_tree_members
+from tierfeed.format.treecheck import check_path_order, check_tree, check_tree_members
 
 __all__ = ["CHECKSUM_ON_OPEN_BYTES", "ChunkTable", "Index", "IndexContent", "write_index"]
 
@@ -55,104 +45,6 @@ __all__ = ["CHECKSUM_ON_OPEN_BYTES", "ChunkTable", "Index", "IndexContent", "wri
 CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 # `Index.check_samples` sorts more rows than this first (half the time for a rank's epoch).
 _SORT_ROWS_ABOVE = 4096
-
-
-def version_needs_row_checks(version: int) -> bool:
-    """Whether an index of format ``version`` must hold the row checks."""
-    return version >= ROW_CHECKS_SINCE
-
-
-class ChunkTable(Sequence[ChunkInfo]):
-    """An index's chunks as `ChunkInfo`, each made when first asked for (and, for an index
-    checked on use, its row checked then): O(1) to set up at any number of chunks, where a
-    list of them all cost ~1.6 us a chunk in every process (seconds at millions of chunks).
-
-    It holds views of the chunk table's sections, so it outlives `Index.close` as a list did.
-    """
-
-    def __init__(self, arrays: dict[str, Any], where: Path) -> None:
-        self._a = {name: arrays[name] for name in _CHUNK_SECTIONS if name in arrays}
-        self._where = where
-        self.checked = False  # every row checked (the index's checks ran, or a stamp)
-        self._made: dict[int, ChunkInfo] = {}
-        self._rows_done: npt.NDArray[np.bool_] | None = None
-
-    def rows_done(self) -> npt.NDArray[np.bool_]:
-        """A flag a chunk: its row checked here or by `check_samples` (made on first use)."""
-        if self._rows_done is None:
-            self._rows_done = np.zeros(len(self), dtype=bool)
-        return self._rows_done
-
-    def __len__(self) -> int:
-        return len(self._a["chunk_size"])
-
-    @overload
-    def __getitem__(self, i: int) -> ChunkInfo: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[ChunkInfo]: ...
-
-    def __getitem__(self, i: int | slice) -> ChunkInfo | list[ChunkInfo]:
-        if isinstance(i, slice):
-            return [self[c] for c in range(*i.indices(len(self)))]
-        c = operator.index(i)
-        info = self._made.get(c)
-        if info is not None:
-            return info
-        n = len(self)
-        if not -n <= c < n:
-            raise IndexError(f"chunk {c} out of range [0, {n})")
-        c %= n
-        if not self.checked and not self.rows_done()[c]:
-            check_chunk_rows(self._a, self._where, np.array([c], dtype=np.int64))
-            self.rows_done()[c] = True
-        a = self._a
-        lo, hi = int(a["chunk_name_offset"][c]), int(a["chunk_name_offset"][c + 1])
-        raw = a["chunk_names"][lo:hi].tobytes()
-        if (
-            not self.checked
-            and "chunk_check" in a
-            and name_check(raw) != int(a["chunk_check"][c]) >> 32
-        ):
-            raise damaged(self._where, f"the name of chunk {c} does not match its check")
-        name = os.fsdecode(raw)
-        info = ChunkInfo(c, name, int(a["chunk_size"][c]), int(a["chunk_checksum"][c]))
-        self._made[c] = info  # (two threads making one entry make equal ones)
-        return info
-
-    def mean_size(self) -> float:
-        """The chunks' mean size in bytes (vectorised; a tuning hint, so an index checked on
-        use need not have checked every row's size for it)."""
-        sizes = self._a["chunk_size"]
-        return float(sizes.sum(dtype=np.float64)) / len(sizes) if len(sizes) else 0.0
-
-
-# What `ChunkTable` keeps views of (the member sections for their dtype only; the row checks
-# where the index has them).
-_CHUNK_SECTIONS = (
-    "chunk_name_offset",
-    "chunk_names",
-    "chunk_size",
-    "chunk_checksum",
-    "member_offset",
-    "member_length",
-    "chunk_check",
-)
-
-
-def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
-    """Map the index; where the file system cannot map files (direct-I/O FUSE, some network
-    file systems), read it into memory instead."""
-    try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except OSError:
-        data = bytearray()
-        while len(data) < size:
-            block = os.pread(fd, min(size - len(data), 64 * 2**20), len(data))
-            if not block:
-                raise IndexFormatError(f"{path}: index shrank while being read") from None
-            data += block
-        return bytes(data)
 
 
 class Index:
@@ -187,52 +79,14 @@ class Index:
         self.path = Path(path).absolute()  # chunk paths must not depend on a later chdir
         if self.path.is_dir():
             self.path = self.path / INDEX_NAME
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise IndexFormatError(
-                f"{self.path}: no index here; pack a dataset with `tierfeed pack SRC DST` "
-                "(an interrupted pack leaves no index: re-run it to resume)"
-            ) from None
-        except OSError as exc:
-            raise IndexFormatError(f"{self.path}: cannot open index: {exc.strerror}") from None
-        try:
-            self._stat = os.fstat(fd)
-            self._size = self._stat.st_size
-            if self._size < _PREFIX.size:
-                raise IndexFormatError(f"{self.path}: not a tierfeed index (file too short)")
-            self._mm: mmap.mmap | bytes = _map_or_read(fd, self._size, self.path)
-        finally:
-            os.close(fd)
+        self._stat, self._mm = open_index_file(self.path)
+        self._size = self._stat.st_size
         self.checksum_verified = False
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)
         self._checked = False
         self._chunk_table: ChunkTable | None = None
-        self.header = self._read_header()
+        self.header, self.version, self._header_end = read_header(self._mm, self._size, self.path)
         self._map_sections(recheck, lazy)
-
-    def _read_header(self) -> dict[str, Any]:
-        magic, version, hlen = _PREFIX.unpack_from(self._mm, 0)
-        self.version: int = version
-        if magic != MAGIC:
-            raise IndexFormatError(f"{self.path}: not a tierfeed index (bad magic {magic!r})")
-        if version not in READS:
-            raise IndexFormatError(
-                f"{self.path}: index format version {version}, this tierfeed reads version "
-                f"{VERSION}; re-index the store with this version (`tierfeed pack` or "
-                "`tierfeed index`) or use a matching tierfeed"
-            )
-        self._header_end = _PREFIX.size + hlen
-        if self._header_end > self._size:
-            raise IndexFormatError(
-                f"{self.path}: index is truncated (header ends at byte {self._header_end}, "
-                f"file has {self._size}); re-create it (`tierfeed pack` or `tierfeed index`)"
-            )
-        try:
-            header = json.loads(self._mm[_PREFIX.size : self._header_end])
-        except (ValueError, RecursionError):
-            raise IndexFormatError(f"{self.path}: index header is corrupt") from None
-        return check_header(header, self.path, self._size)
 
     def _map_sections(self, recheck: bool, lazy: bool) -> None:
         h = self.header
@@ -246,38 +100,38 @@ class Index:
         self.has_tree = "dirs" in h
         # (mode, mtime ns) of the tree's root, when the index holds the tree.
         self.root: tuple[int, int] | None = (h["root"][0], h["root"][1]) if self.has_tree else None
-        arrays: dict[str, Any] = {}
-        for name, (_, kind) in present_sections(h["sections"]).items():
-            offset, count, dtype = table[name]
-            want = expected_length(
-                kind, self.num_samples, self.num_members, self.num_chunks, self.num_dirs
-            )
-            if want is not None and count != want:
-                raise damaged(self.path, f"section {name} has {count} entries, expected {want}")
-            arrays[name] = np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
-        self._arrays = arrays
+        rows = (self.num_samples, self.num_members, self.num_chunks, self.num_dirs)
+        arrays = self._arrays = map_arrays(self._mm, h, table, self.path, rows)
         # Format 3 checks each row a reader takes (`rowcheck`); an older index has nothing
         # to check rows against, so it is never read checked on use: it is checked in full.
         self.row_checks = "sample_check" in arrays
-        if version_needs_row_checks(self.version) and not self.row_checks:
+        if self.version >= ROW_CHECKS_SINCE and not self.row_checks:
             raise damaged(self.path, f"a format {self.version} index without its row checks")
-        lazy = lazy and self.row_checks
         self._chunk_table = ChunkTable(arrays, self.path)
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = []
-        total = sum(nbytes for _, nbytes in h["sections"].values())
-        self._total = total
-        stamped = total > STAMP_ABOVE_BYTES and "header_checksum" in h
+        self._total = sum(nbytes for _, nbytes in h["sections"].values())
+        self._check_on_open(recheck, lazy and self.row_checks)
+        self._bind(arrays)
+
+    def _check_on_open(self, recheck: bool, lazy: bool) -> None:
+        """The full checks, unless a stamp spares them or ``lazy`` leaves the rows to their
+        use (the O(1) checks then); the tree's directory table in any case."""
+        h = self.header
+        stamped = self._total > STAMP_ABOVE_BYTES and "header_checksum" in h
         if recheck or not stamped:
-            self._check(arrays, total, stamped)
+            self._check(self._arrays, self._total, stamped)
         elif has_stamp(self.path, self._stat, h["header_checksum"]):
             self.checked = True
         elif lazy:
-            check_open(arrays, self.path, self.num_chunks)
+            check_open(self._arrays, self.path, self.num_chunks)
         else:
             self.check_all()
         if self.has_tree and not self.checked_here:  # (the full checks check it first)
-            self.dir_paths = check_tree(arrays, self.path)
+            self.dir_paths = check_tree(self._arrays, self.path)
+
+    def _bind(self, arrays: dict[str, Any]) -> None:
+        """The sections as attributes (views of the mapping)."""
         self.member_mode: npt.NDArray[np.uint16] | None = arrays.get("member_mode")
         self.member_mtime: npt.NDArray[np.int64] | None = arrays.get("member_mtime")
         self.dir_mode: npt.NDArray[np.uint16] | None = arrays.get("dir_mode")
@@ -513,29 +367,11 @@ class Index:
     def check_path_order(self) -> None:
         """Raise IndexFormatError unless every member path is distinct and the path order
         sorts them bytewise (O(members) Python work: `tierfeed verify` runs it)."""
-        blob = self.key_blob()
-        offsets = self.sample_key_offset.tolist()
-        keys = [blob[a:b] for a, b in itertools.pairwise(offsets)]
-        counts = np.diff(self.sample_member_start).astype(np.int64)
-        owner = np.repeat(np.arange(self.num_samples), counts)
-        order = self.path_order.astype(np.int64)
-        exts = self.exts
-        previous = None
-        for o, e in zip(owner[order].tolist(), self.member_ext[order].tolist(), strict=True):
-            path = keys[o] + exts[e]
-            if previous is not None and path <= previous:
-                raise damaged(
-                    self.path, f"path order broken or duplicate path at {os.fsdecode(path)!r}"
-                )
-            previous = path
+        check_path_order(self._arrays, self.exts, self.path)
 
     def sections_checksum(self) -> int:
         """Checksum of every section as stored now (compare with the header's, to verify)."""
-        hasher = new_hasher()
-        for name in present_sections(self.header["sections"]):
-            offset, nbytes = self.header["sections"][name]
-            hasher.update(self._mm[offset : offset + nbytes])
-        return hasher.intdigest()
+        return sections_checksum(self._mm, self.header)
 
     def __len__(self) -> int:
         return self.num_samples

@@ -1,5 +1,5 @@
-"""Validation of an index's optional tree sections as it is opened: modes, mtimes and the
-directory table (see `tierfeed.format.layout.TREE_SECTIONS`).
+"""Validation of an index's paths: its optional tree sections as it is opened (modes, mtimes
+and the directory table, see `tierfeed.format.layout.TREE_SECTIONS`), and the path order.
 
 The directory table is small next to the members (a directory holds many files), so its
 paths are checked one by one (O(directory bytes)); the members' parents are checked
@@ -10,6 +10,7 @@ the file and what is wrong.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tierfeed.format.indexcheck import MAX_MODE, damaged
 
-__all__ = ["check_tree", "check_tree_members"]
+__all__ = ["check_path_order", "check_tree", "check_tree_members"]
 
 _SLASH = ord("/")
 _BLOCK_BYTES = 32 * 2**20  # padded path bytes built at a time for the members' parents
@@ -122,3 +123,20 @@ def _missing_parent(a: Mapping[str, npt.NDArray[Any]], sample: int, where: Path)
     key = a["keys"][int(ko[sample]) : int(ko[sample + 1])].tobytes()
     shown = key.decode(errors="replace")
     return damaged(where, f"the directory of sample {shown!r} is not in the directory table")
+
+
+def check_path_order(a: Mapping[str, npt.NDArray[Any]], exts: list[bytes], where: Path) -> None:
+    """Raise IndexFormatError unless every member path is distinct and the path order sorts
+    them bytewise (O(members) Python work: `tierfeed verify` runs it)."""
+    blob = a["keys"].tobytes()
+    offsets = a["sample_key_offset"].tolist()
+    keys = [blob[lo:hi] for lo, hi in itertools.pairwise(offsets)]
+    counts = np.diff(a["sample_member_start"]).astype(np.int64)
+    owner = np.repeat(np.arange(len(keys)), counts)
+    order = a["path_order"].astype(np.int64)
+    previous = None
+    for o, e in zip(owner[order].tolist(), a["member_ext"][order].tolist(), strict=True):
+        path = keys[o] + exts[e]
+        if previous is not None and path <= previous:
+            raise damaged(where, f"path order broken or duplicate path at {os.fsdecode(path)!r}")
+        previous = path
