@@ -13,7 +13,7 @@ import numpy as np
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import new_hasher
-from tierfeed.format.indexcheck import check_header, damaged
+from tierfeed.format.headercheck import check_header, damaged
 from tierfeed.format.indexwrite import PREFIX
 from tierfeed.format.layout import MAGIC, READS, VERSION, expected_length, present_sections
 
@@ -88,7 +88,7 @@ def map_arrays(
     rows: tuple[int, int, int, int],
 ) -> dict[str, Any]:
     """Each present section of ``header`` as an array viewing ``mm``, where ``table``
-    (`indexcheck.check_sections`) puts it; ``rows``: the samples, members, chunks and
+    (`headercheck.check_sections`) puts it; ``rows``: the samples, members, chunks and
     directories, that fix each section's length."""
     arrays: dict[str, Any] = {}
     for name, (_, kind) in present_sections(header["sections"]).items():

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
-from tierfeed.format.indexcheck import header_checksum
+from tierfeed.format.headercheck import header_checksum
 from tierfeed.format.layout import MAGIC, NARROW, VERSION, aligned, present_sections
 from tierfeed.format.rowcheck import write_checks
 from tierfeed.publish import publishing

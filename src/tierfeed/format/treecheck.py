@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tierfeed.format.indexcheck import MAX_MODE, damaged
+from tierfeed.format.headercheck import MAX_MODE, damaged
 
 __all__ = ["check_path_order", "check_tree", "check_tree_members"]
 
