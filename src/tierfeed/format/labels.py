@@ -128,7 +128,14 @@ def resolve_labels(
             f"{where}: labels 'cls' needs a cls member in every sample, but sample "
             f"{os.fsdecode(missing)!r} has none"
         )
-    labels = [-1 if c is None else c for c in cls]
+    return _cls_labels(keys, [-1 if c is None else c for c in cls], classes, where)
+
+
+def _cls_labels(
+    keys: list[bytes], labels: list[int], classes: list[str] | None, where: Path | str
+) -> tuple[list[int], list[str]]:
+    """The ``cls`` labels (-1: none) and the class names: ``classes``, which must name every
+    label, or ``"0"``, ``"1"``, ... up to the largest label."""
     top = max(labels, default=-1)
     if classes is None:
         if top >= MAX_UNNAMED_CLASSES:

@@ -28,6 +28,7 @@ from typing import Any
 from tierfeed.errors import ConfigError, DuplicateKeyError, PackError, TierfeedError
 from tierfeed.format.chunksink import ChunkRecord, ChunkSink
 from tierfeed.format.encode import encode_sample
+from tierfeed.format.indexwrite import IndexContent
 from tierfeed.format.labels import load_classes
 from tierfeed.format.pack import chunk_file_name
 from tierfeed.format.storetarget import Destination, LocalDirectory, remove_chunks
@@ -100,7 +101,7 @@ class _Run:
     """The parent's side: feeder threads, the worker processes, and their chunk records."""
 
     def __init__(self, ctx: BaseContext, workers: int, inputs: Sequence[Any]) -> None:
-        self.inputs = inputs
+        self.ctx, self.inputs = ctx, inputs
         self.stop = threading.Event()
         self.queues = [ctx.Queue(_QUEUE_ITEMS) for _ in range(workers)]
         self.results = ctx.Queue(_QUEUE_ITEMS * workers)
@@ -133,14 +134,14 @@ class _Run:
                 except queue.Full:
                     continue
 
-    def start(
-        self, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, want_cls: bool, quality: int
-    ) -> None:
+    def start(self, fn: Fn, root: Path, chunk_size: int, want_cls: bool, quality: int) -> None:
         for w in range(len(self.queues)):
             args = (
                 w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls, quality
             )  # fmt: skip
-            proc = ctx.Process(target=_work, args=args, name=f"tierfeed-optimize-{w}", daemon=True)  # type: ignore[attr-defined]
+            proc = self.ctx.Process(  # type: ignore[attr-defined]
+                target=_work, args=args, name=f"tierfeed-optimize-{w}", daemon=True
+            )
             proc.start()
             self.procs.append(proc)
             feeder = threading.Thread(
@@ -227,12 +228,12 @@ def _check_arguments(
 
 
 def _run_workers(
-    run: _Run, ctx: BaseContext, fn: Fn, root: Path, chunk_size: int, labels: str, quality: int
+    run: _Run, fn: Fn, root: Path, chunk_size: int, labels: str, quality: int
 ) -> list[ChunkRecord]:
     """Run the workers to the end; the records of their chunks, in worker order."""
     failed = True
     try:
-        run.start(ctx, fn, root, chunk_size, labels in ("auto", "cls"), quality)
+        run.start(fn, root, chunk_size, labels in ("auto", "cls"), quality)
         run.collect()
         failed = False
     finally:
@@ -246,6 +247,14 @@ def _number_chunks(root: Path, records: list[ChunkRecord]) -> None:
         final = chunk_file_name(number)
         os.replace(root / record.name, root / final)
         record.name = final
+
+
+def _finish(
+    root: Path, records: list[ChunkRecord], labels: str, names: list[str] | None, chunk_size: int
+) -> IndexContent:
+    """Name the workers' chunks in order and write the index (`finish_store`)."""
+    _number_chunks(root, records)
+    return finish_store(root, records, labels, names, chunk_size, check_unique=True)
 
 
 def optimize(
@@ -270,8 +279,7 @@ def optimize(
     several samples of one input. Labels, classes, chunk size and crash safety as `Writer`.
 
     Args:
-        fn: called in the worker processes; with ``spawn`` it must be importable (a
-            module-level function), as for any multiprocessing target.
+        fn: called in the worker processes (with ``spawn``, a module-level function).
         inputs: a sequence (its length decides each worker's slice).
         dst: the store directory, or a `Destination` (``overwrite`` is then its own).
         workers: worker processes.
@@ -288,12 +296,10 @@ def optimize(
     destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
     started = time.perf_counter()
     root, lock = destination.claim()
-    ctx = mp.get_context(start_method)
-    run = _Run(ctx, workers, inputs)
+    run = _Run(mp.get_context(start_method), workers, inputs)
     try:
-        records = _run_workers(run, ctx, fn, root, chunk_size, labels, image_quality)
-        _number_chunks(root, records)
-        content = finish_store(root, records, labels, names, chunk_size, check_unique=True)
+        records = _run_workers(run, fn, root, chunk_size, labels, image_quality)
+        content = _finish(root, records, labels, names, chunk_size)
     except BaseException:
         remove_chunks(root / "chunks")
         raise

@@ -294,6 +294,21 @@ def _write_store(
     return packer, content
 
 
+def _source_tree(src: Path, dst: Path, options: PackOptions, files: Path | None) -> SourceTree:
+    """The samples to pack: the files under ``src`` (``dst`` left out) or those ``files``
+    lists, grouped into samples and labelled as ``options`` say, with what was skipped."""
+    skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
+    dirs: list[SourceDir] = []
+    if files is not None:
+        listing = list_files(src, files, skipped, dirs)
+    else:
+        listing = walk_tree(src, skipped, exclude=dst, dirs=dirs)
+    tree = group_samples(listing, options.labels, src, options.group_by, dirs)
+    tree.skipped = skipped or []
+    tree.dirs = dirs
+    return tree
+
+
 def pack(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -322,15 +337,7 @@ def pack(
     started = time.perf_counter()
     # Everything is checked and the source listed before the first write.
     check_destination(src_path, dst_path, options.overwrite)
-    skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
-    dirs: list[SourceDir] = []
-    if files is not None:
-        listing = list_files(src_path, Path(files), skipped, dirs)
-    else:
-        listing = walk_tree(src_path, skipped, exclude=dst_path, dirs=dirs)
-    tree = group_samples(listing, options.labels, src_path, options.group_by, dirs)
-    tree.skipped = skipped or []
-    tree.dirs = dirs
+    tree = _source_tree(src_path, dst_path, options, None if files is None else Path(files))
     plan = plan_pack(tree, options.chunk_size)
     try:
         packer, content = _write_store(dst_path, plan, options, tree)

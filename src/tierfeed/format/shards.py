@@ -260,6 +260,22 @@ def _content(
     )
 
 
+def _check_inputs(
+    paths: list[Path], out: Path, index_path: Path, overwrite: bool
+) -> tuple[int, list[str]]:
+    """Every input checked before any work: the shards, then --out and where they lie.
+    Returns the shards' total size and their chunk names (paths relative to the store)."""
+    if not paths:
+        raise EmptySourceError("no shard given to index")
+    total = sum(_shard_size(p) for p in paths)
+    root = index_path.parent
+    if root.exists():
+        _check_out(out, index_path)  # a file given as --out
+        if not overwrite and index_path.exists():
+            raise already_holds_a_store(root, "--overwrite (overwrite=True from Python)")
+    return total, [_chunk_name(p, root) for p in paths]  # a missing --out holds no shard either
+
+
 def index_shards(
     shards: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -288,15 +304,7 @@ def index_shards(
     index_path = out_path if out_path.suffix == ".tfi" else out_path / INDEX_NAME
     root = index_path.parent
     paths = [Path(s) for s in shards]
-    if not paths:
-        raise EmptySourceError("no shard given to index")
-    # Every input is checked before any work: the shards, then --out and where they lie.
-    total = sum(_shard_size(p) for p in paths)
-    if root.exists():
-        _check_out(out_path, index_path)  # a file given as --out
-        if not overwrite and index_path.exists():
-            raise already_holds_a_store(root, "--overwrite (overwrite=True from Python)")
-    names = [_chunk_name(p, root) for p in paths]  # a missing --out holds no shard either
+    total, names = _check_inputs(paths, out_path, index_path, overwrite)
     names_of_cls = None if classes is None else load_classes(classes)
     got = _Collected(want_cls=labels in ("auto", "cls"))
     skipped: list[tuple[str, str]] = []

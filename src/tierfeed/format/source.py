@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,21 @@ def _list_dir(
     return st, entries
 
 
+def _entries(
+    rel_dir: bytes, entries: list[os.DirEntry[bytes]], skipped: list[tuple[str, str]] | None
+) -> Iterator[tuple[bytes, bool, SourceFile | None]]:
+    """(path, is a directory, the file) of each entry of directory ``rel_dir``, last first
+    (the walk's stack then pops them in order); every entry but a directory is stat'ed, so
+    that odd types are named, not ignored (None: skipped)."""
+    for entry in reversed(entries):
+        rel = rel_dir + b"/" + entry.name if rel_dir else entry.name
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        yield rel, is_dir, None if is_dir else _stat_file(rel, entry.path, skipped)
+
+
 def walk_tree(
     root: Path,
     skipped: list[tuple[str, str]] | None = None,
@@ -154,8 +169,7 @@ def walk_tree(
     base = os.fsencode(root)
     excluded = os.stat(exclude) if exclude is not None and exclude.exists() else None
     found: list[SourceFile] = []
-    # Depth-first with the (dev, inode) of every directory on the current path, so that a
-    # symlink pointing back up the tree is caught instead of walked forever.
+    # Depth-first with the (dev, inode) of each directory on the path: a link up is caught.
     stack: list[tuple[bytes, tuple[tuple[int, int], ...]]] = [(b"", ())]
     while stack:
         rel_dir, ancestors = stack.pop()
@@ -172,18 +186,11 @@ def walk_tree(
             continue
         if dirs is not None:
             dirs.append(SourceDir(rel_dir, stat.S_IMODE(st.st_mode), st.st_mtime_ns))
-        for entry in reversed(entries):
-            rel = rel_dir + b"/" + entry.name if rel_dir else entry.name
-            try:
-                is_dir = entry.is_dir()
-            except OSError:
-                is_dir = False
+        for rel, is_dir, info in _entries(rel_dir, entries, skipped):
             if is_dir:
                 stack.append((rel, (*ancestors, ident)))
-            else:  # every other entry is stat'ed, so that odd types are named, not ignored
-                info = _stat_file(rel, entry.path, skipped)
-                if info is not None:
-                    found.append(info)
+            elif info is not None:
+                found.append(info)
     found.sort(key=lambda f: f.rel)
     if dirs is not None:
         dirs.sort(key=lambda d: d.rel)
