@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 __all__ = ["HEDGE_THREADS", "Hedges"]
 
-HEDGE_THREADS = 8  # at most this many hedges run at once in a process, both levels together
+HEDGE_THREADS = 4  # at most this many hedges run at once in a process, both levels together
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ __all__ = ["ChunkTable"]
 class ChunkTable(Sequence[ChunkInfo]):
     """An index's chunks as `ChunkInfo`, each made when first asked for (and, for an index
     checked on use, its row checked then): O(1) to set up at any number of chunks, where a
-    list of them all cost ~1.6 us a chunk in every process (seconds at millions of chunks).
+    list of them all cost time in every process in proportion to the chunks.
 
     It holds views of the chunk table's sections, so it outlives `Index.close` as a list did.
     """
