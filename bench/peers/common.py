@@ -131,7 +131,8 @@ def measure(
     """Iterate ``epoch_batches(epoch)`` for every epoch and write one JSON line per epoch.
 
     Batch wait = time from asking for the next batch to having it (what a training step
-    waits for). Origin counters are slowfs's deltas over the epoch.
+    waits for); the first batch's (``first_batch_ms``) counts from asking for the epoch's
+    iterator, its start-up included. Origin counters are slowfs's deltas over the epoch.
     """
     rows = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +158,7 @@ def measure(
                 "wait_p99_ms": round(float(np.percentile(w, 99)), 2),
                 "wait_p9999_ms": round(float(np.percentile(w, 99.99)), 2),
                 "wait_max_ms": round(float(w.max()), 2),
+                "first_batch_ms": round(float(w[0]), 2),
                 **{f"origin_{k}": after[k] - before[k] for k in COUNTERS},
                 "peak_rss_mb": own, "peak_rss_children_mb": children,
                 "cache_bytes": tree_bytes(args.cache),
