@@ -61,3 +61,26 @@ def test_a_loaders_view_runs_on_resumes_once_and_leaves_the_feed_as_it_was(feed:
         assert feed.num_batches(0, Resume(0, done=Done(prefix=16))) == N // 8
     finally:
         feed.close()
+
+
+@pytest.mark.timeout(60)
+def test_each_epoch_tells_the_source_its_first_batch_and_a_resume_its_next(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[list[int]] = []
+
+    def read_first(self: object, chunks: list[int], *rest: object) -> int:
+        told.append(list(chunks))
+        return 0
+
+    monkeypatch.setattr(type(feed.store().source), "read_first", read_first)
+    try:
+        chunk_of = feed.store().index.sample_chunk
+        order = feed.worker_order(0, 1, 0)
+        list(feed.iterate(0, 1, in_worker=False))
+        assert told == [[int(chunk_of[i]) for i in order[:8]]]  # its first batch's samples
+        view = feed.for_loader(Resume(0, done=Done(prefix=16)))
+        next(iter(view.iterate(0, 1, in_worker=False)))
+        assert told[1] == [int(chunk_of[i]) for i in order[16:24]]  # where it resumes
+    finally:
+        feed.close()

@@ -1,5 +1,5 @@
-"""What clairvoyant tiers are told of a worker's reads: their chunks, this epoch's and the
-next ones', and the bytes of its chunk each of the rank's reads needs."""
+"""What a source is told of a worker's reads: their chunks, this epoch's and the next ones',
+the bytes of its chunk each of the rank's reads needs, and the samples it delivers first."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy.typing as npt
 from tierfeed.format.index import Index
 from tierfeed.storage.store import Store
 
-__all__ = ["EPOCHS_AHEAD", "byte_spans", "tell_future"]
+__all__ = ["EPOCHS_AHEAD", "byte_spans", "tell_future", "tell_head"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -33,6 +33,21 @@ def tell_future(store: Store, rank: IntArray, ahead: list[IntArray]) -> None:
     # before the future, whose prefetch starts the first copies.
     source.set_reads(chunk_of[rank], *byte_spans(index, rank))
     source.set_future(reads, read_bytes=footprint)
+
+
+def tell_head(store: Store, samples: IntArray) -> int:
+    """The source learns the samples this worker delivers first (``samples``, rows checked),
+    to read them at once (`ChunkSource.read_first`); returns how many reads began."""
+    index = store.index
+    if not len(samples):
+        return 0
+    starts, ends = byte_spans(index, samples)
+    start = index.sample_member_start
+    members = np.asarray(start[samples + 1], dtype=np.int64) - np.asarray(start[samples])
+    chunks = np.asarray(index.sample_chunk)[samples]
+    return store.source.read_first(
+        chunks.tolist(), starts.tolist(), ends.tolist(), members.tolist()
+    )
 
 
 def byte_spans(index: Index, samples: IntArray) -> tuple[IntArray, IntArray]:

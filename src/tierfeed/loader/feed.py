@@ -28,7 +28,7 @@ import numpy.typing as npt
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.index import Index
 from tierfeed.loader.batching import batch_count, worker_slice
-from tierfeed.loader.clairvoyance import EPOCHS_AHEAD, tell_future
+from tierfeed.loader.clairvoyance import EPOCHS_AHEAD, tell_future, tell_head
 from tierfeed.loader.compose import selection_id
 from tierfeed.loader.decode import decode_read, decode_sample, describe_sample
 from tierfeed.loader.feedconfig import EpochExchange, FeedConfig, OrderPlan
@@ -61,6 +61,7 @@ class Batch:
 
 
 _DRAIN_S = 30.0  # how long an exiting worker waits for its queued copies
+HEAD_BATCHES = 1  # batches of each worker read at once as exact ranges (`tell_head`)
 
 
 class Feed:
@@ -253,6 +254,7 @@ class Feed:
             ahead = range(epoch + 1, epoch + 1 + EPOCHS_AHEAD)
             later = [self.worker_order(worker, num_workers, e) for e in ahead]
             tell_future(store, rank, [order, *later])
+        tell_head(store, order[: HEAD_BATCHES * self.batch_size])
         return self._guarded(store, order)
 
     def _guarded(self, store: Store, order: IntArray) -> GuardedStream[Any]:

@@ -85,6 +85,11 @@ class Filler:
             return False  # e.g. a namespace holding only some members of the chunk
         return self.copier.schedule(chunk)
 
+    @property
+    def copies_at_once(self) -> int:
+        """How many copies start together: the copy threads and the urgent ones beside them."""
+        return self._options.threads + _URGENT_COPIES if self._h.tiers else 0
+
     def seen(self, reads: int) -> None:
         """``reads`` reads were made: a clairvoyant stack prefetches when it is due."""
         if self._looks_ahead:

@@ -79,6 +79,18 @@ class ChunkSource(ABC):
         what is read first. The default ignores it."""
         return None
 
+    def read_first(
+        self,
+        chunks: Sequence[int],
+        starts: Sequence[int],
+        ends: Sequence[int],
+        members: Sequence[int],
+    ) -> int:
+        """Hint: the samples read first (each: its chunk, the byte range of its members, how
+        many members), to be read at once where that is faster than waiting for their chunks'
+        copies; returns how many reads began. The default reads nothing ahead."""
+        return 0
+
     def prefetch(self) -> int:
         """Queue copies of the chunks the known future needs next; returns how many were
         queued. The default caches nothing and queues none."""

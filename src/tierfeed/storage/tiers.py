@@ -32,6 +32,7 @@ from tierfeed.storage.disktier import Tier, TierCounters, cache_key, disk_tier
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.filelanding import landing_for
 from tierfeed.storage.filler import Filler
+from tierfeed.storage.headreads import HeadReads
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.originfetch import OriginFetch
 from tierfeed.storage.source import ChunkSource
@@ -74,6 +75,7 @@ class TierStack(ChunkSource):
         landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
         landing.sweep()
         self.filler = Filler(self.holdings, self.fetch, landing, self.options)
+        self.head = HeadReads(self.fetch)
         self._closed = False
 
     @property
@@ -139,9 +141,13 @@ class TierStack(ChunkSource):
         return None
 
     def _miss(self, info: ChunkInfo, offset: int, length: int) -> bytes:
-        """A range no tier served: from a tier that another process filled since the last
-        look, else from the chunk's copy in flight, else from the origin (a chunk no tier
-        takes: from the origin at once)."""
+        """A range no tier served: from a head read (`read_first`), else from a tier that
+        another process filled since the last look, else from the chunk's copy in flight,
+        else from the origin (a chunk no tier takes: from the origin at once)."""
+        data = self.head.take(info.id, offset, length)
+        if data is not None:
+            self.filler.schedule(info.id)
+            return data
         if info.id not in self.holdings.refused:
             data = self._placed_meanwhile(info, offset, length)
             if data is None:
@@ -161,6 +167,33 @@ class TierStack(ChunkSource):
         holding = [info.id in t.held for t in self.tiers]
         held = self.holdings.read_held(info, holding, (offset,), (length,))
         return None if held is None else held[0][0]
+
+    def read_first(
+        self,
+        chunks: Sequence[int],
+        starts: Sequence[int],
+        ends: Sequence[int],
+        members: Sequence[int],
+    ) -> int:
+        """Read at once, each as one exact range (`HeadReads`), the samples a worker delivers
+        first, when their chunks not held here outnumber the copies that start together
+        (`Filler.copies_at_once`): the first batch's reads would otherwise wait for copy
+        threads, then for pieces behind the other copies'. Where they do not, the copies'
+        first pieces serve them as soon, and no byte is read twice. Not from an origin that
+        bills requests (an object store): there a cold epoch makes one GET a piece, and a head
+        read's GET competes with the copies' for the endpoint's connections
+        (docs/BENCHMARKS.md). Returns how many reads began."""
+        if not self.tiers or self.origin.costly_requests:
+            return 0  # no copies: every read is the origin's already, in parallel
+        cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
+        if len({int(chunks[i]) for i in cold}) <= self.filler.copies_at_once:
+            return 0
+        return self.head.start(
+            [self.chunks[int(chunks[i])] for i in cold],
+            [int(starts[i]) for i in cold],
+            [int(ends[i]) for i in cold],
+            [int(members[i]) for i in cold],
+        )
 
     def discard(self, chunk: int) -> str | None:
         """Drop the highest cached copy of ``chunk``: the bytes it served failed their check."""
@@ -260,6 +293,7 @@ class TierStack(ChunkSource):
             return
         self._closed = True
         self.filler.close()  # queued copies are dropped, running ones finish
+        self.head.close()
         self.fetch.close()
         for tier in self.tiers:
             tier.driver.close()

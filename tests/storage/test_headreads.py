@@ -1,0 +1,141 @@
+"""Head reads: the samples a worker delivers first whose chunks' copies cannot begin at once,
+read at once as exact ranges, and served once each."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tierfeed.errors import StorageError
+from tierfeed.format.index import Index
+from tierfeed.loader.clairvoyance import byte_spans, tell_head
+from tierfeed.loader.compose import open_store
+from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
+from tierfeed.storage.tiers import TierOptions
+
+PIECE = 8 * 1024
+
+
+class SlowPieces(PosixDriver):
+    """An origin whose copies' pieces take ``piece_s`` each, while a plain ranged read is
+    fast; it can fail its next ``fail`` ranged reads."""
+
+    piece_s = 0.0
+    fail = 0
+
+    def read_block(self, name: str, offset: int, length: int) -> bytes:
+        time.sleep(self.piece_s)
+        return super().read_block(name, offset, length)
+
+    def read_range(self, name: str, offset: int, length: int) -> bytes:
+        if self.fail:
+            self.fail -= 1
+            raise StorageError(f"{name}: injected failure")
+        return super().read_range(name, offset, length)
+
+
+def _stack(store_dir: Path, origin: PosixDriver) -> TierStack:
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    options = TierOptions(threads=1, piece_bytes=PIECE, landing_wait_s=5)
+    return TierStack(Index(store_dir).chunks(), origin, [ram], options=options)
+
+
+def _late(store_dir: Path, stack: TierStack) -> np.ndarray:
+    """The samples, in store order, of the chunks past those whose copies start together."""
+    chunk_of = np.asarray(Index(store_dir).sample_chunk)
+    assert chunk_of.max() >= stack.filler.copies_at_once  # the store has late chunks
+    return np.flatnonzero(chunk_of >= stack.filler.copies_at_once)
+
+
+def _every(store_dir: Path) -> np.ndarray:
+    return np.arange(Index(store_dir).num_samples, dtype=np.int64)
+
+
+def test_the_head_is_served_from_its_own_reads_not_from_the_slow_copies(
+    store_dir: Path,
+) -> None:
+    origin = SlowPieces(store_dir, read_only=True)
+    origin.piece_s = 1.0  # a copy's piece: a second; a sample alone: at once
+    with _stack(store_dir, origin) as stack, open_store(store_dir, source=stack) as store:
+        late = _late(store_dir, stack)
+        # More chunks than copies that start together: the whole head is read at once.
+        assert tell_head(store, _every(store_dir)) == len(_every(store_dir))
+        started = time.monotonic()
+        samples = [store.read_sample(int(i)) for i in late]
+        took = time.monotonic() - started
+        expected = {int(i): open_store(store_dir).read_sample(int(i)) for i in late}
+        assert all(s.fields == expected[int(i)].fields for i, s in zip(late, samples, strict=True))
+        assert took < 0.5  # not a piece's second
+        assert stack.origin_counters.hits == len(_every(store_dir))  # a request a sample
+
+
+def test_a_head_whose_chunks_copies_all_start_at_once_reads_nothing_ahead(
+    store_dir: Path,
+) -> None:
+    origin = PosixDriver(store_dir, read_only=True)
+    with _stack(store_dir, origin) as stack, open_store(store_dir, source=stack) as store:
+        chunk_of = np.asarray(store.index.sample_chunk)
+        early = np.flatnonzero(chunk_of < stack.filler.copies_at_once)  # as many chunks
+        assert tell_head(store, early) == 0
+        assert stack.head.pending == 0
+
+
+def test_a_held_chunk_is_not_read_ahead(store_dir: Path) -> None:
+    origin = SlowPieces(store_dir, read_only=True)
+    with _stack(store_dir, origin) as stack, open_store(store_dir, source=stack) as store:
+        stack.read_range(0, 0, 10)
+        stack.drain(timeout=30)  # chunk 0 copied into RAM: its samples are not read ahead
+        chunk_of = np.asarray(store.index.sample_chunk)
+        assert tell_head(store, _every(store_dir)) == int((chunk_of != 0).sum())
+
+
+def test_a_failed_head_read_is_read_again_the_ordinary_way(store_dir: Path) -> None:
+    origin = SlowPieces(store_dir, read_only=True)
+    origin.fail = 1  # the first head read fails; the sample's read goes on and succeeds
+    with _stack(store_dir, origin) as stack, open_store(store_dir, source=stack) as store:
+        assert tell_head(store, _every(store_dir)) == len(_every(store_dir))
+        mine = open_store(store_dir)
+        for i in _every(store_dir):  # whichever head read failed, its sample is read again
+            assert store.read_sample(int(i)).fields == mine.read_sample(int(i)).fields
+        assert origin.fail == 0
+
+
+def test_an_origin_that_bills_requests_reads_no_head(store_dir: Path) -> None:
+    class Billed(PosixDriver):
+        costly_requests = True  # as an object store's: one GET a piece, none beside
+
+    billed = Billed(store_dir, read_only=True)
+    with _stack(store_dir, billed) as stack, open_store(store_dir, source=stack) as store:
+        assert tell_head(store, np.arange(store.index.num_samples, dtype=np.int64)) == 0
+
+
+def test_head_spans_cover_each_sample_and_count_its_members(store_dir: Path) -> None:
+    seen: list[tuple[list[int], list[int], list[int], list[int]]] = []
+
+    with _stack(store_dir, PosixDriver(store_dir, read_only=True)) as stack:
+        stack.read_first = lambda *args: seen.append(args) or 0  # type: ignore[method-assign]
+        with open_store(store_dir, source=stack) as store:
+            ids = np.array([5, 2, 9], dtype=np.int64)
+            tell_head(store, ids)
+            index = store.index
+            chunks, starts, ends, members = seen[0]
+            assert chunks == np.asarray(index.sample_chunk)[ids].tolist()
+            assert (starts, ends) == tuple(a.tolist() for a in byte_spans(index, ids))
+            for i, sample in enumerate(ids):
+                ms = list(index.members(int(sample)))
+                assert members[i] == len(ms)
+                for m in ms:  # every member's bytes inside its sample's span
+                    lo = int(index.member_offset[m])
+                    assert starts[i] <= lo and lo + int(index.member_length[m]) <= ends[i]
+
+
+def test_close_joins_the_head_reads(store_dir: Path) -> None:
+    origin = SlowPieces(store_dir, read_only=True)
+    stack = _stack(store_dir, origin)
+    with open_store(store_dir, source=stack) as store:
+        tell_head(store, np.arange(store.index.num_samples, dtype=np.int64))
+    stack.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("tierfeed-head")]
