@@ -34,9 +34,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SYSTEMS = ("tierfeed-writer", "tierfeed-optimize", "mds-writer", "wds-shardwriter", "litdata")
+# With --tree: the same systems over the files of a tree, plus `tierfeed pack` and `tar -cf`.
+TREE_SYSTEMS = ("tierfeed-pack", *SYSTEMS, "tar-cf")
 # Not run by default: the Writer with tarfile's header building, what it used before the fast
-# path of `tarchunk.member_header` (`--systems tierfeed-writer tierfeed-writer-tarfile`).
-EXTRA = ("tierfeed-writer-tarfile",)
+# path of `tarchunk.member_header` (`--systems tierfeed-writer tierfeed-writer-tarfile`), and
+# tierfeed without any fsync (`-nosync`: `os.fsync` made a no-op in the child, as the peers
+# leave their data in the page cache).
+EXTRA = (
+    "tierfeed-writer-tarfile",
+    "tierfeed-writer-nosync",
+    "tierfeed-optimize-nosync",
+    "tierfeed-pack-nosync",
+    "tar-cf-sync",
+)
 _PEER_MODULE = {"mds-writer": "streaming", "wds-shardwriter": "webdataset", "litdata": "litdata"}
 _BLOB = b""  # filled by `_blob`: one random block all samples are cut from
 _CHUNK_BYTES = 64_000_000
@@ -70,9 +80,67 @@ def _litdata_sample(args: tuple[int, int]) -> dict[str, Any]:
     return {"key": s["__key__"], "jpg": s["jpg"], "cls": s["cls"]}
 
 
-def _write(system: str, n: int, size: int, out: Path, workers: int) -> None:
-    """Write the ``n`` samples with ``system`` into ``out`` (the timed part)."""
-    inputs = [(i, size) for i in range(n)]
+def _tree_files(tree: Path) -> list[Path]:
+    """The files under ``tree``, sorted (listed inside the timed part, as pack lists them)."""
+    found = []
+    for top, dirs, names in os.walk(tree):
+        dirs.sort()
+        found.extend(Path(top) / name for name in sorted(names))
+    return found
+
+
+def _file_sample(path: Path, tree: Path) -> dict[str, Any]:
+    """A file of an ImageFolder tree as a sample: its relative path, its bytes, its class."""
+    rel = path.relative_to(tree)
+    return {"__key__": str(rel.with_suffix("")), "jpg": path.read_bytes(), "cls": _class_of(rel)}
+
+
+def _class_of(rel: Path) -> int:
+    digits = "".join(c for c in rel.parts[0] if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def _file_sample_of(args: tuple[str, str]) -> dict[str, Any]:
+    """An optimize fn: the sample of (file, tree)."""
+    return _file_sample(Path(args[0]), Path(args[1]))
+
+
+def _litdata_file_sample(args: tuple[str, str]) -> dict[str, Any]:
+    s = _file_sample_of(args)
+    return {"key": s["__key__"], "jpg": s["jpg"], "cls": s["cls"]}
+
+
+def _tree_inputs(tree: Path) -> tuple[list[tuple[str, str]], Any, Any, Any]:
+    """The optimize inputs, optimize fns and a sample iterator of the files under ``tree``."""
+    inputs = [(str(f), str(tree)) for f in _tree_files(tree)]
+    samples = (_file_sample_of(i) for i in inputs)
+    return inputs, _file_sample_of, _litdata_file_sample, samples
+
+
+def _write(system: str, n: int, size: int, out: Path, workers: int, tree: Path | None) -> None:
+    """Write the ``n`` samples (or ``tree``'s files) with ``system`` into ``out`` (timed)."""
+    if system.endswith("-nosync"):
+        os.fsync = lambda fd: None  # what the peers do: leave the data in the page cache
+        system = system.removesuffix("-nosync")
+    if system.startswith("tar-cf"):
+        assert tree is not None, "tar-cf needs --tree"
+        out.mkdir(parents=True)
+        subprocess.run(["tar", "-cf", str(out / "all.tar"), "-C", str(tree.parent), tree.name],
+                       check=True)  # fmt: skip
+        if system == "tar-cf-sync":
+            subprocess.run(["sync", str(out / "all.tar")], check=True)
+        return
+    if system == "tierfeed-pack":
+        from tierfeed.format.pack import PackOptions, pack
+
+        assert tree is not None, "tierfeed-pack needs --tree"
+        pack(tree, out, PackOptions(chunk_size=_CHUNK_BYTES, progress=False))
+        return
+    if tree is None:
+        inputs: list[Any] = [(i, size) for i in range(n)]
+        fn, lit_fn, samples = _sample_of, _litdata_sample, (make_sample(i, size) for i in range(n))
+    else:
+        inputs, fn, lit_fn, samples = _tree_inputs(tree)
     if system.startswith("tierfeed-writer"):
         import tierfeed
         import tierfeed.format.chunksink as chunksink
@@ -83,32 +151,31 @@ def _write(system: str, n: int, size: int, out: Path, workers: int) -> None:
             chunksink.member_header = lambda path, size: _tarfile_header(path, size, 0, 0o644)  # type: ignore[assignment]
 
         with tierfeed.Writer(out, chunk_size=_CHUNK_BYTES) as w:
-            for i in range(n):
-                w.write(make_sample(i, size))
+            for sample in samples:
+                w.write(sample)
     elif system == "tierfeed-optimize":
         import tierfeed
 
-        tierfeed.optimize(_sample_of, inputs, out, workers=workers, chunk_size=_CHUNK_BYTES)
+        tierfeed.optimize(fn, inputs, out, workers=workers, chunk_size=_CHUNK_BYTES)
     elif system == "mds-writer":
         from streaming import MDSWriter
 
         columns = {"key": "str", "jpg": "bytes", "cls": "int"}
         with MDSWriter(out=str(out), columns=columns, size_limit=_CHUNK_BYTES) as mds:
-            for i in range(n):
-                s = make_sample(i, size)
+            for s in samples:
                 mds.write({"key": s["__key__"], "jpg": s["jpg"], "cls": s["cls"]})
     elif system == "wds-shardwriter":
         import webdataset as wds
 
         out.mkdir(parents=True)
         with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=_CHUNK_BYTES, verbose=0) as sink:
-            for i in range(n):
-                sink.write(make_sample(i, size))
+            for s in samples:
+                sink.write(s)
     elif system == "litdata":
         import litdata
 
         litdata.optimize(
-            fn=_litdata_sample,
+            fn=lit_fn,
             inputs=inputs,
             output_dir=str(out),
             chunk_bytes=_CHUNK_BYTES,
@@ -119,12 +186,14 @@ def _write(system: str, n: int, size: int, out: Path, workers: int) -> None:
         raise SystemExit(f"unknown system {system!r}; one of {', '.join(SYSTEMS + EXTRA)}")
 
 
-def child(system: str, n: int, size: int, out: Path, workers: int) -> None:
+def child(system: str, n: int, size: int, out: Path, workers: int, tree: Path | None) -> None:
     """One timed write in this process; prints a JSON line."""
     _blob()  # built before the clock starts, as every system's input
     importlib.import_module(_PEER_MODULE.get(system, "tierfeed"))  # imports are not timed
+    if system.startswith("tierfeed"):
+        import tierfeed.format.pack  # noqa: F401  (pack's modules too: not timed)
     started = time.perf_counter()
-    _write(system, n, size, out, workers)
+    _write(system, n, size, out, workers, tree)
     seconds = time.perf_counter() - started
     written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(json.dumps({"system": system, "seconds": seconds, "bytes": written}))
@@ -144,21 +213,86 @@ def available(system: str) -> str | None:
     return None
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
+    choices = TREE_SYSTEMS + EXTRA
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--samples", type=int, default=20000)
     p.add_argument("--bytes", type=int, default=10240, help="mean data bytes per sample")
+    p.add_argument("--tree", type=Path, default=None,
+                   help="write the files of this ImageFolder tree instead")  # fmt: skip
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="processes of the optimize calls")
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + EXTRA)
+    p.add_argument("--systems", nargs="+", default=None, choices=choices)
     p.add_argument(
         "--workdir", type=Path, default=None, help="where to write (default: a temp dir)"
     )
-    p.add_argument("--child", choices=SYSTEMS + EXTRA, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=choices, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.systems is None:
+        a.systems = list(TREE_SYSTEMS if a.tree else SYSTEMS)
+    return a
+
+
+def _run_all(
+    a: argparse.Namespace, systems: list[str]
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Every system once per run, alternating; the seconds of each and its bytes written."""
+    work = Path(tempfile.mkdtemp(prefix="tierfeed-writer-bench-", dir=a.workdir))
+    times: dict[str, list[float]] = {s: [] for s in systems}
+    sizes: dict[str, int] = {}
+    tree = ["--tree", str(a.tree.resolve())] if a.tree else []
+    try:
+        for run in range(a.runs):
+            for system in systems:
+                out = work / f"{system}-{run}"
+                cmd = [sys.executable, __file__, "--child", system, "--out", str(out),
+                       "--samples", str(a.samples), "--bytes", str(a.bytes),
+                       "--workers", str(a.workers), *tree]  # fmt: skip
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if done.returncode:
+                    raise SystemExit(f"{system} failed:\n{done.stderr[-4000:]}")
+                result = json.loads(done.stdout.strip().splitlines()[-1])
+                times[system].append(result["seconds"])
+                sizes[system] = result["bytes"]
+                print(f"run {run} {system}: {result['seconds']:.3f} s", file=sys.stderr)
+                shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return times, sizes
+
+
+def _report(a: argparse.Namespace, times: dict[str, list[float]], sizes: dict[str, int]) -> None:
+    if a.tree:
+        files = _tree_files(a.tree)
+        n, data = len(files), sum(f.stat().st_size for f in files)
+        what = f"{n} files, {data:,} B under {a.tree}"
+    else:
+        n, data = a.samples, a.samples * a.bytes
+        what = f"{n} samples x ~{a.bytes} B"
+    print(f"{what}, {a.runs} runs, optimize workers {a.workers}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
+    print("| system | processes | samples/s (median) | MB/s | runs (s) | bytes written |")
+    print("|---|---|---|---|---|---|")
+    for system, seconds in times.items():
+        median = statistics.median(seconds)
+        procs = a.workers if "optimize" in system or system == "litdata" else 1
+        runs = ", ".join(f"{t:.2f}" for t in seconds)
+        print(f"| {system} | {procs} | {n / median:,.0f} | {data / median / 1e6:.0f} | {runs} | "
+              f"{sizes[system]:,} |")  # fmt: skip
+    peers = [s for s in times if not s.startswith("tierfeed")]
+    print("\nspeed ratios, same run (peer's seconds / tierfeed's), per run and median:")
+    for mine in (s for s in times if s.startswith("tierfeed")):
+        for peer in peers:
+            ratios = [p / t for p, t in zip(times[peer], times[mine], strict=True)]
+            listed = ", ".join(f"{r:.2f}" for r in ratios)
+            print(f"- {mine} / {peer}: {listed}; median {statistics.median(ratios):.2f}x")
+
+
+def main() -> None:
+    a = _args()
     if a.child:
-        child(a.child, a.samples, a.bytes, a.out, a.workers)
+        child(a.child, a.samples, a.bytes, a.out, a.workers, a.tree)
         return
     systems = []
     for system in a.systems:
@@ -167,38 +301,8 @@ def main() -> None:
             print(f"skipping {system}: {why}", file=sys.stderr)
         else:
             systems.append(system)
-    work = Path(tempfile.mkdtemp(prefix="tierfeed-writer-bench-", dir=a.workdir))
-    times: dict[str, list[float]] = {s: [] for s in systems}
-    sizes: dict[str, int] = {}
-    try:
-        for run in range(a.runs):
-            for system in systems:
-                out = work / f"{system}-{run}"
-                cmd = [sys.executable, __file__, "--child", system, "--out", str(out),
-                       "--samples", str(a.samples), "--bytes", str(a.bytes),
-                       "--workers", str(a.workers)]  # fmt: skip
-                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if done.returncode:
-                    raise SystemExit(f"{system} failed:\n{done.stderr[-4000:]}")
-                result = json.loads(done.stdout.strip().splitlines()[-1])
-                times[system].append(result["seconds"])
-                sizes[system] = result["bytes"]
-                print(f"run {run} {system}: {a.samples / result['seconds']:.0f} samples/s",
-                      file=sys.stderr)  # fmt: skip
-                shutil.rmtree(out, ignore_errors=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"{a.samples} samples x ~{a.bytes} B, {a.runs} runs, optimize workers {a.workers}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
-    print("| system | processes | samples/s (median) | MB/s | runs (s) | bytes written |")
-    print("|---|---|---|---|---|---|")
-    for system in systems:
-        median = statistics.median(times[system])
-        procs = a.workers if system in ("tierfeed-optimize", "litdata") else 1
-        mbps = a.samples * a.bytes / median / 1e6
-        runs = ", ".join(f"{t:.2f}" for t in times[system])
-        print(f"| {system} | {procs} | {a.samples / median:,.0f} | {mbps:.0f} | {runs} | "
-              f"{sizes[system]:,} |")  # fmt: skip
+    times, sizes = _run_all(a, systems)
+    _report(a, times, sizes)
 
 
 if __name__ == "__main__":

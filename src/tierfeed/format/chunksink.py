@@ -8,6 +8,7 @@ have mtime 0, mode 0644 and uid/gid 0, so the same samples always give the same 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.format.chunkref import checksum_bytes
+from tierfeed.format.chunksync import ChunkSyncer
 from tierfeed.format.encode import EncodedSample
 from tierfeed.format.packplan import END_BYTES
-from tierfeed.format.tarchunk import ChunkWriter, member_header, padding
+from tierfeed.format.tarchunk import BLOCK, ChunkWriter, cannot_write, member_header
 
 __all__ = ["ChunkRecord", "ChunkSink"]
 
@@ -64,6 +66,7 @@ class ChunkSink:
         self.chunks = 0
         self.samples = 0
         self.data_bytes = 0
+        self._syncer = ChunkSyncer()  # each committed chunk is synced while the next fills
         self._reset()
 
     def _reset(self) -> None:
@@ -78,26 +81,28 @@ class ChunkSink:
 
     def add(self, sample: EncodedSample) -> None:
         """Append ``sample`` to the open chunk, or to a new one when it would not fit."""
-        sizes = [memoryview(data).nbytes for _, data in sample.members]
-        headers = [
-            member_header(sample.key + ext, n)
-            for (ext, _), n in zip(sample.members, sizes, strict=True)
-        ]
-        footprint = sum(len(h) + n + padding(n) for h, n in zip(headers, sizes, strict=True))
+        key = sample.key
+        # bytes as they are; any other buffer copied once, since the chunk's thread writes it
+        # later and the caller may reuse it (a member's checksum must match what is written)
+        members = [(e, d if type(d) is bytes else bytes(d)) for e, d in sample.members]
+        headers = [member_header(key + ext, len(data)) for ext, data in members]
+        sizes = [len(data) for _, data in members]
+        footprint = sum(map(len, headers)) + sum(n + (-n % BLOCK) for n in sizes)
         if self._used and self._used + footprint + END_BYTES > self.chunk_size:
             self.flush()
-        if self._writer is None:
+        writer = self._writer
+        if writer is None:
             self._name = self._name_of(self.chunks)
-            self._writer = ChunkWriter(self.root / self._name)
-        for header, (ext, data) in zip(headers, sample.members, strict=True):
-            self._offset.append(self._writer.add(header, data))
+            writer = self._writer = ChunkWriter(self.root / self._name)
+        for header, (ext, data) in zip(headers, members, strict=True):
+            self._offset.append(writer.add(header, data))
             self._sums.append(checksum_bytes(data))
             self._ext.append(ext)
         self._length.extend(sizes)
         self.data_bytes += sum(sizes)
-        self._keys.append(sample.key)
+        self._keys.append(key)
         self._cls.append(sample.cls)
-        self._counts.append(len(sample.members))
+        self._counts.append(len(members))
         self._used += footprint
         self.samples += 1
 
@@ -121,11 +126,25 @@ class ChunkSink:
         )
         self.chunks += 1
         self._reset()
+        self._syncer.add(self.root / record.name)
         self._on_commit(record)
+
+    def finish(self) -> None:
+        """Commit the open chunk and wait until every chunk of this sink is on disk.
+
+        Raises:
+            PackError: a chunk could not be written or synced (naming it).
+        """
+        self.flush()
+        try:
+            self._syncer.wait()
+        except OSError as exc:
+            raise cannot_write(Path(os.fsdecode(exc.filename or self.root)), exc) from None
 
     def abort(self) -> None:
         """Drop the open chunk's partial file (idempotent); committed chunks stay."""
         if self._writer is not None:
             self._writer.abort()
             self._writer = None
+        self._syncer.close()
         self._reset()

@@ -84,7 +84,7 @@ def _work(
                     )
                 keys.add(encoded.key)
                 sink.add(encoded)
-        sink.flush()
+        sink.finish()
         results.put(("done", worker, sink.samples))
     except BaseException as exc:
         sink.abort()

@@ -10,9 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,13 @@ from tierfeed.errors import (
     UnreadableFileError,
 )
 from tierfeed.format.chunkref import checksum_bytes
+from tierfeed.format.chunksync import ChunkSyncer
 from tierfeed.format.destination import check_destination
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import GROUPINGS
 from tierfeed.format.packplan import PackPlan, plan_pack
+from tierfeed.format.packreads import read_ahead
 from tierfeed.format.packstate import (
     JOURNAL,
     append_journal,
@@ -54,8 +55,6 @@ from tierfeed.format.source import (
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
 
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
-
-_READ_AHEAD_BYTES = 256 * 2**20
 
 
 def check_chunk_size(chunk_size: int) -> None:
@@ -135,6 +134,7 @@ class _Packer:
         self.journal = read_journal(dst)
         self.resumed = 0
         self.files_done = 0
+        self.syncer = ChunkSyncer()  # each written chunk is synced while the next fills
 
     def _reuse(self, chunk: int) -> bool:
         """Keep a chunk finished by an earlier run if its source is unchanged and it verifies."""
@@ -165,26 +165,6 @@ class _Packer:
         self.resumed += 1
         return True
 
-    def _reads(self, pool: ThreadPoolExecutor, todo: list[int]) -> Iterator[tuple[int, Any]]:
-        """Yield (member, bytes or the read error) in order, reading ahead on the pool."""
-        queue: deque[tuple[int, Future[bytes]]] = deque()
-        inflight = 0
-        pending = iter(todo)
-        while True:
-            for m in pending:
-                queue.append((m, pool.submit(read_source_file, self.plan.files[m])))
-                inflight += self.plan.files[m].size
-                if inflight >= _READ_AHEAD_BYTES or len(queue) >= 64 * self.options.workers:
-                    break
-            if not queue:
-                return
-            m, fut = queue.popleft()
-            inflight -= self.plan.files[m].size
-            try:
-                yield m, fut.result()
-            except UnreadableFileError as exc:
-                yield m, exc
-
     def run(self, bar: tqdm[Any]) -> None:
         """Write every chunk that could not be kept from an earlier run."""
         todo_chunks = [c for c in range(self.plan.num_chunks) if not self._reuse(c)]
@@ -193,11 +173,13 @@ class _Packer:
             sum(f.size for f in self.plan.files) - sum(self.plan.files[m].size for m in todo)
         )
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="tierfeed-pack") as pool:
-            reads = self._reads(pool, todo)
+            reads = read_ahead(pool, todo, self.plan.files, self.options.workers, read_source_file)
             try:
                 for chunk in todo_chunks:
                     self._write_chunk(chunk, reads, bar)
+                self.syncer.wait()
             finally:
+                self.syncer.close()
                 for _ in reads:  # let queued reads finish before the pool shuts down
                     pass
 
@@ -213,11 +195,12 @@ class _Packer:
                     skipped.append(m)
                     self.tree.skipped.append((os.fsdecode(self.plan.files[m].rel), str(data)))
                     continue
+                data, self.member_sum[m] = data
                 self.offset[m] = writer.add(self.plan.header(m), data)
-                self.member_sum[m] = checksum_bytes(data)
                 self.files_done += 1
-                bar.set_postfix(files=self.files_done, refresh=False)
-                bar.update(len(data))
+                if not bar.disable:
+                    bar.set_postfix(files=self.files_done, refresh=False)
+                    bar.update(len(data))
             size, checksum = writer.commit()
         except BaseException:
             writer.abort()
@@ -230,7 +213,8 @@ class _Packer:
             "checksum": checksum,
             "skipped": skipped,
         }
-        append_journal(self.dst, entry)
+        # journalled once the chunk is on disk, while the next chunk is written
+        self.syncer.add(writer.path, lambda: append_journal(self.dst, entry))
 
     def content(self) -> IndexContent:
         """The index of what was written (skipped members and emptied samples left out)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import os
 import tarfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tierfeed.errors import PackError
@@ -30,6 +32,10 @@ __all__ = [
 ]
 
 _END = b"\0" * (2 * BLOCK)  # end-of-archive marker: two zero blocks
+_ZEROS = memoryview(bytes(BLOCK))  # padding, sliced
+_BATCH_BYTES = 4 * 2**20  # member bytes gathered before one write
+_BATCH_PARTS = 1000  # buffers in one writev: under IOV_MAX (1024 on Linux)
+_IN_FLIGHT = 4  # batches queued for the chunk's thread: memory stays bounded
 
 
 def padding(size: int) -> int:
@@ -113,51 +119,102 @@ def cannot_write(path: Path, exc: OSError) -> PackError:
 class ChunkWriter:
     """Writes one chunk under a temporary name, hashing as it goes; `commit` publishes it.
 
-    A failed write (disk full, quota, read-only, permissions) removes the partial chunk and
-    raises `PackError` naming the chunk; nothing half-written stays behind.
+    Members are gathered into batches of a few MiB (at most ``_BATCH_PARTS`` buffers, under
+    the system's ``IOV_MAX``) and each batch is hashed and written with one ``writev`` on a
+    thread of the chunk's own, so the caller encodes or reads the next members meanwhile. The
+    buffers are not copied: the bytes given to `add` must not change until `commit` returns
+    (``bytes`` cannot). A failed write (disk full, quota, read-only, permissions) removes the
+    partial chunk and raises `PackError` naming the chunk, at the `add` or `commit` that
+    finds it; nothing half-written stays behind.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            # No fsync at commit: the pack syncs every chunk once before it publishes the
-            # index (see `sync_files`), which lets the kernel write back while the next
-            # chunk is filled.
+            # No fsync at commit: the writer syncs every chunk before it publishes the index
+            # (`tierfeed.format.chunksync`), which lets the next chunk fill meanwhile.
             self._file = publishing(path, mode=0o644, fsync=False)
         except OSError as exc:
             raise cannot_write(path, exc) from None
         self._hasher = new_hasher()
         self.size = 0
+        self._batch: list[bytes | memoryview] = []
+        self._batch_bytes = 0
+        self._pool: ThreadPoolExecutor | None = None  # started by the first full batch
+        self._sent: deque[Future[None]] = deque()
 
-    def _write_all(self, parts: list[bytes | memoryview]) -> None:
+    def add(self, header: bytes, data: bytes | memoryview) -> int:
+        """Append one member; returns the offset of its data in the chunk."""
+        if type(data) is not bytes:
+            data = memoryview(data).cast("B")  # len() is then its byte count
+        length = len(data)
+        offset = self.size + len(header)
+        pad = -length % BLOCK
+        batch = self._batch
+        batch.append(header)
+        batch.append(data)
+        if pad:
+            batch.append(_ZEROS[:pad])
+        self.size = offset + length + pad
+        self._batch_bytes += len(header) + length
+        if self._batch_bytes >= _BATCH_BYTES or len(batch) >= _BATCH_PARTS:
+            self._send()
+        return offset
+
+    def _send(self) -> None:
+        """Hand the gathered batch to the chunk's thread (at most ``_IN_FLIGHT`` queued)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierfeed-chunk-write")
+        while len(self._sent) >= _IN_FLIGHT:
+            self._wait_one()
+        self._sent.append(self._pool.submit(self._write_batch, self._batch))
+        self._batch, self._batch_bytes = [], 0
+
+    def _write_batch(self, parts: list[bytes | memoryview]) -> None:
+        """On the chunk's thread: hash ``parts`` in order, then write them in one go."""
+        update = self._hasher.update
+        total = 0
+        for part in parts:
+            update(part)
+            total += len(part)
+        done = os.writev(self._file.fd, parts)
+        if done != total:  # a short write (a signal): the rest, copied once, in a loop
+            self._file.write(memoryview(b"".join(parts))[done:])
+
+    def _wait_one(self) -> None:
+        """Wait for the oldest batch sent; on its error drop the chunk and say so.
+
+        The wait is as long as that batch's write: local, as the write was before it moved to
+        a thread."""
         try:
-            self._file.write(*parts)
+            self._sent.popleft().result()
         except OSError as exc:
             self.abort()
             raise cannot_write(self.path, exc) from None
 
-    def add(self, header: bytes, data: bytes | memoryview) -> int:
-        """Append one member; returns the offset of its data in the chunk."""
-        length = memoryview(data).nbytes
-        offset = self.size + len(header)
-        pad = b"\0" * padding(length)
-        for part in (header, data, pad):
-            self._hasher.update(part)
-        self._write_all([header, data, pad])
-        self.size = offset + length + len(pad)
-        return offset
-
     def commit(self) -> tuple[int, int]:
         """Finish the archive and rename it to the final name; returns (size, checksum)."""
-        self._hasher.update(_END)
-        self._write_all([_END])
+        self._batch.append(_END)
         self.size += len(_END)
+        self._send()
+        while self._sent:
+            self._wait_one()
+        self._stop()
         try:
             self._file.commit()  # removes the temporary file when it fails
         except OSError as exc:
             raise cannot_write(self.path, exc) from None
         return self.size, self._hasher.intdigest()
 
+    def _stop(self) -> None:
+        """Join the chunk's thread, dropping batches not yet begun."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._sent.clear()
+
     def abort(self) -> None:
-        """Drop the partial chunk (idempotent)."""
+        """Drop the partial chunk (idempotent): no batch writes after this returns."""
+        self._stop()
+        self._batch, self._batch_bytes = [], 0
         self._file.abort()

@@ -132,7 +132,7 @@ class Writer:
         if self._closed:
             raise PackError(f"{self.dst}: this Writer was aborted; no index was written")
         try:
-            self._sink.flush()
+            self._sink.finish()
             content = finish_store(
                 self.dst, self._records, self.labels, self.classes, self.chunk_size, False
             )
