@@ -82,24 +82,27 @@ class ChunkSink:
     def add(self, sample: EncodedSample) -> None:
         """Append ``sample`` to the open chunk, or to a new one when it would not fit."""
         key = sample.key
-        # bytes as they are; any other buffer copied once, since the chunk's thread writes it
-        # later and the caller may reuse it (a member's checksum must match what is written)
-        members = [(e, d if type(d) is bytes else bytes(d)) for e, d in sample.members]
-        headers = [member_header(key + ext, len(data)) for ext, data in members]
-        sizes = [len(data) for _, data in members]
-        footprint = sum(map(len, headers)) + sum(n + (-n % BLOCK) for n in sizes)
+        members: list[tuple[bytes, bytes, bytes]] = []  # (ext, header, data)
+        footprint = 0
+        for ext, data in sample.members:
+            # bytes as they are; any other buffer copied once, since the chunk's thread writes
+            # it later and the caller may reuse it (a checksum must match what is written)
+            data = data if type(data) is bytes else bytes(data)
+            header = member_header(key + ext, len(data))
+            footprint += len(header) + len(data) + (-len(data) % BLOCK)
+            members.append((ext, header, data))
         if self._used and self._used + footprint + END_BYTES > self.chunk_size:
             self.flush()
         writer = self._writer
         if writer is None:
             self._name = self._name_of(self.chunks)
             writer = self._writer = ChunkWriter(self.root / self._name)
-        for header, (ext, data) in zip(headers, members, strict=True):
+        for ext, header, data in members:
             self._offset.append(writer.add(header, data))
             self._sums.append(checksum_bytes(data))
             self._ext.append(ext)
-        self._length.extend(sizes)
-        self.data_bytes += sum(sizes)
+            self._length.append(len(data))
+            self.data_bytes += len(data)
         self._keys.append(key)
         self._cls.append(sample.cls)
         self._counts.append(len(members))

@@ -74,16 +74,14 @@ def _tarfile_header(path: bytes, size: int, mtime: int, mode: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-# tarfile's plain ustar header of a regular file; `member_header` patches name, mode, size,
-# mtime and checksum into a copy, ~8x faster than tarfile (half of a Writer's time per sample).
+# tarfile's plain ustar header of a regular file; `member_header` puts name, mode, size, mtime
+# and checksum between its unchanging parts, ~8x faster than tarfile (half of a Writer's time
+# per sample before): the checksum is the sum of the unchanging bytes (the checksum field
+# counted as spaces), kept, plus the sum of the fields put in.
 _TEMPLATE = _tarfile_header(b"a", 0, 0, 0)
-_NAME, _MODE, _SIZE, _MTIME, _CHKSUM = (
-    slice(0, 100),
-    slice(100, 108),
-    slice(124, 136),
-    slice(136, 148),
-    slice(148, 156),
-)
+_IDS = _TEMPLATE[108:124]  # uid and gid
+_TAIL = _TEMPLATE[156:]  # type, link name, magic, owner names, device numbers, prefix
+_FIXED_SUM = sum(_IDS) + sum(_TAIL) + 8 * ord(" ")
 
 
 def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> bytes:
@@ -91,14 +89,21 @@ def member_header(path: bytes, size: int, mtime: int = 0, mode: int = 0o644) -> 
     byte for byte what tarfile writes."""
     if not _plain_ustar(path, size, mtime):
         return _tarfile_header(path, size, mtime, mode)
-    buf = bytearray(_TEMPLATE)
-    buf[_NAME] = path.ljust(100, b"\0")
-    buf[_MODE] = b"%07o\0" % (mode & 0o7777)
-    buf[_SIZE] = b"%011o\0" % size
-    buf[_MTIME] = b"%011o\0" % mtime
-    buf[_CHKSUM] = b" " * 8  # the checksum counts its own field as spaces
-    buf[_CHKSUM] = b"%06o\0 " % sum(buf)
-    return bytes(buf)
+    mode_field = b"%07o\0" % (mode & 0o7777)
+    size_field = b"%011o\0" % size
+    mtime_field = b"%011o\0" % mtime
+    checksum = _FIXED_SUM + sum(path) + sum(mode_field) + sum(size_field) + sum(mtime_field)
+    return b"".join(
+        (
+            path.ljust(100, b"\0"),
+            mode_field,
+            _IDS,
+            size_field,
+            mtime_field,
+            b"%06o\0 " % checksum,
+            _TAIL,
+        )
+    )
 
 
 _WRITE_ADVICE = {
