@@ -11,8 +11,16 @@ process writing into an empty directory on the same disk; systems alternate with
 the median of the runs is reported as samples/s (N over the wall time of the write, its index
 included, imports excluded). The single-process writers run in one process; `tierfeed.optimize`
 and `litdata.optimize` run ``--workers`` processes. tierfeed also fsyncs every chunk and its
-index before it returns; the peers leave their data in the page cache. A peer that cannot be
-imported is skipped with a message saying why.
+index before it returns; the peers leave their data in the page cache (the ``-nosync`` variants
+measure tierfeed without its fsyncs). A peer that cannot be imported is skipped with a message
+saying why.
+
+With ``--tree DIR`` every system writes the files of an ImageFolder tree instead (each file a
+sample: its path without the extension as key, its bytes as ``jpg``, its class directory's
+number as ``cls``), listing and reading them inside the timed part; ``tierfeed-pack`` packs the
+tree and ``tar-cf`` runs ``tar -cf`` over it (``tar-cf-sync`` then syncs the archive). Ratios
+are of seconds within one run (the peer's over tierfeed's), so both saw the same load:
+    .venv-bench/bin/python bench/writer_bench.py --tree /tmp/jpegs --runs 3
 """
 
 from __future__ import annotations
@@ -117,7 +125,9 @@ def _tree_inputs(tree: Path) -> tuple[list[tuple[str, str]], Any, Any, Any]:
     return inputs, _file_sample_of, _litdata_file_sample, samples
 
 
-def _write(system: str, n: int, size: int, out: Path, workers: int, tree: Path | None) -> None:
+def _write(
+    system: str, n: int, size: int, out: Path, workers: int, tree: Path | None, readers: int = 0
+) -> None:
     """Write the ``n`` samples (or ``tree``'s files) with ``system`` into ``out`` (timed)."""
     if system.endswith("-nosync"):
         os.fsync = lambda fd: None  # what the peers do: leave the data in the page cache
@@ -134,7 +144,8 @@ def _write(system: str, n: int, size: int, out: Path, workers: int, tree: Path |
         from tierfeed.format.pack import PackOptions, pack
 
         assert tree is not None, "tierfeed-pack needs --tree"
-        pack(tree, out, PackOptions(chunk_size=_CHUNK_BYTES, progress=False))
+        readers = readers or PackOptions.workers
+        pack(tree, out, PackOptions(chunk_size=_CHUNK_BYTES, workers=readers, progress=False))
         return
     if tree is None:
         inputs: list[Any] = [(i, size) for i in range(n)]
@@ -186,14 +197,16 @@ def _write(system: str, n: int, size: int, out: Path, workers: int, tree: Path |
         raise SystemExit(f"unknown system {system!r}; one of {', '.join(SYSTEMS + EXTRA)}")
 
 
-def child(system: str, n: int, size: int, out: Path, workers: int, tree: Path | None) -> None:
+def child(
+    system: str, n: int, size: int, out: Path, workers: int, tree: Path | None, readers: int
+) -> None:
     """One timed write in this process; prints a JSON line."""
     _blob()  # built before the clock starts, as every system's input
     importlib.import_module(_PEER_MODULE.get(system, "tierfeed"))  # imports are not timed
     if system.startswith("tierfeed"):
         import tierfeed.format.pack  # noqa: F401  (pack's modules too: not timed)
     started = time.perf_counter()
-    _write(system, n, size, out, workers, tree)
+    _write(system, n, size, out, workers, tree, readers)
     seconds = time.perf_counter() - started
     written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(json.dumps({"system": system, "seconds": seconds, "bytes": written}))
@@ -222,6 +235,8 @@ def _args() -> argparse.Namespace:
                    help="write the files of this ImageFolder tree instead")  # fmt: skip
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="processes of the optimize calls")
+    p.add_argument("--pack-readers", type=int, default=0,
+                   help="tierfeed-pack's reader threads (default: PackOptions')")  # fmt: skip
     p.add_argument("--systems", nargs="+", default=None, choices=choices)
     p.add_argument(
         "--workdir", type=Path, default=None, help="where to write (default: a temp dir)"
@@ -248,7 +263,8 @@ def _run_all(
                 out = work / f"{system}-{run}"
                 cmd = [sys.executable, __file__, "--child", system, "--out", str(out),
                        "--samples", str(a.samples), "--bytes", str(a.bytes),
-                       "--workers", str(a.workers), *tree]  # fmt: skip
+                       "--workers", str(a.workers),
+                       "--pack-readers", str(a.pack_readers), *tree]  # fmt: skip
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if done.returncode:
                     raise SystemExit(f"{system} failed:\n{done.stderr[-4000:]}")
@@ -292,7 +308,7 @@ def _report(a: argparse.Namespace, times: dict[str, list[float]], sizes: dict[st
 def main() -> None:
     a = _args()
     if a.child:
-        child(a.child, a.samples, a.bytes, a.out, a.workers, a.tree)
+        child(a.child, a.samples, a.bytes, a.out, a.workers, a.tree, a.pack_readers)
         return
     systems = []
     for system in a.systems:

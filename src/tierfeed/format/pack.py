@@ -3,6 +3,14 @@
 Publishing is atomic: each chunk is written under a temporary name and renamed when whole, a
 journal records finished chunks, and the index is written last. An interrupted pack leaves no
 store that opens; running it again keeps the finished chunks whose source is unchanged.
+
+``PackOptions.workers`` threads read the source files ahead of the writer, in runs of
+consecutive files (`tierfeed.format.packreads`); the writer takes them in store order, so the
+store is the same bytes whatever the readers' timing. Durable by default, and not a switch, as
+`tierfeed.Writer` is: every chunk is synced on a background thread while the next one is
+written, the journal records it once it is on disk, and the index is published only after all
+of them, so that no index ever names bytes a power cut lost. The peers leave their data in the
+page cache; docs/BENCHMARKS.md measures tierfeed both ways.
 """
 
 from __future__ import annotations
@@ -299,7 +307,8 @@ def pack(
     options: PackOptions | None = None,
     files: str | os.PathLike[str] | None = None,
 ) -> PackReport:
-    """Pack the files under ``src`` (or those listed in ``files``) into a store at ``dst``.
+    """Pack the files under ``src`` (or those listed in ``files``) into a store at ``dst``:
+    the same bytes for the same tree, on disk (synced) before it returns (see the module).
 
     Args:
         src: the source directory; paths in the store are relative to it.

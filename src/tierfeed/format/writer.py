@@ -3,9 +3,11 @@ checked, its keys and member paths checked, its index written last.
 
 The same crash safety as `tierfeed pack`: each chunk is written under a temporary name
 (``.tmp.<pid>.NNNNNN.tar``, see `tierfeed.publish`) and renamed when whole, and the index is
-written last (fsynced, atomic rename), so an interrupted write leaves no store that opens. A
-Writer cannot resume (it does not own its input): a destination holding chunks but no index is
-refused unless ``overwrite=True`` (`tierfeed.format.storetarget`).
+written last (after every chunk is synced: each in the background as soon as it is whole,
+`tierfeed.format.chunksync`; then the index itself, fsynced, atomic rename), so an interrupted
+write leaves no store that opens. A Writer cannot resume (it does not own its input): a
+destination holding chunks but no index is refused unless ``overwrite=True``
+(`tierfeed.format.storetarget`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,14 @@ class Writer:
     Writer's chunks are removed and the exception says so. A Writer cannot resume: a destination
     holding a store, or chunks from an interrupted write, is refused unless ``overwrite=True``.
 
+    Durability (fsync), the default and not a switch: `close` returns once every chunk and the
+    index are on disk. Each chunk is synced on a background thread as soon as it is whole,
+    while the next one fills, so only the last chunk's sync and the index's are left for
+    `close`. The index is the promise that the store opens: published before its chunks
+    reached the disk, a power cut could leave an index naming lost bytes, a store that opens
+    and then fails its reads. MosaicML Streaming, WebDataset and LitData leave their data in
+    the page cache; docs/BENCHMARKS.md measures tierfeed both ways.
+
     Where the bytes go is the destination's (`tierfeed.format.storetarget.Destination`): a
     directory is written in place; a URL (``s3://``, ``gs://``, ``az://``, ``memory://``) is
     built in a local staging directory and uploaded by `close`, the index last
