@@ -248,6 +248,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver listens with a backlog of 5: a burst of new connections (one per request
+    # without keep-alive) past it had its SYNs dropped, and the client's kernel sent them again
+    # only after 1 s. A real S3 endpoint accepts the burst.
+    request_queue_size = 128
     proxy: S3Proxy
 
 

@@ -150,3 +150,25 @@ def test_an_answer_longer_than_the_range_is_refused_not_read_on(
         d.read_range("obj.bin", 0, 100)
     assert d.counters.retries == 0
     assert d.read_range("obj.bin", 0, 100) == DATA[:100]  # the next, plain answer reads
+
+
+def test_requests_in_flight_are_not_capped_by_the_connection_pool(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    """botocore's pool holds 10 connections by default and queues a request past them
+    silently; the driver's pool has room for what the fetch keeps in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = driver(proxy, bucket)
+    d.size("obj.bin")
+    width = 2 * FsspecDriver.parallel_requests
+    proxy.inject(Fault(method="GET", key_contains="obj.bin", delay_s=2.0, times=-1))
+    with ThreadPoolExecutor(width) as pool:
+        reads = [pool.submit(d.read_range, "obj.bin", i, 10) for i in range(width)]
+        arrived, deadline = 0, time.monotonic() + 1.5  # before the first answer comes
+        while arrived < width and time.monotonic() < deadline:
+            arrived = proxy.count("GET", "obj.bin")  # logged as each request arrives
+            time.sleep(0.01)
+        assert arrived == width  # every request reached the store while the first waited
+        assert [r.result() for r in reads] == [DATA[i : i + 10] for i in range(width)]
+    d.close()

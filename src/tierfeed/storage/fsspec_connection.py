@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-__all__ = ["connection_closer", "open_options", "store_kind"]
+__all__ = ["POOL_CONNECTIONS", "connection_closer", "open_options", "store_kind"]
 
 
 def connection_closer(fs: Any) -> Callable[[], Any] | None:
@@ -30,6 +30,13 @@ def store_kind(url: str) -> str:
     kinds = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "https": "http"}
     return kinds.get(scheme, scheme)
 
+
+# Connections one client may hold open at once. botocore's default is 10, and it queues a
+# request past that silently: a copy's ranged GETs then never had more than 10 in flight,
+# whatever the fetch tuner chose (bench/s3_trace.py). Room for the most requests in flight the
+# tuner may choose (`FsspecDriver.parallel_requests`, or the fetch threads if more), the sample
+# reads beside them; hedges go through a client of their own. An idle pool holds nothing.
+POOL_CONNECTIONS = 128
 
 _sessions: dict[int, Any] = {}  # pid -> this process's aiobotocore session
 
@@ -71,7 +78,8 @@ def open_options(scheme: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """S3 options with this driver's defaults where the caller set none: the process's one
-    session, one try per request in botocore (retries are counted here), bounded timeouts."""
+    session, one try per request in botocore (retries are counted here), bounded timeouts, and
+    a connection pool with room for the requests the fetch keeps in flight."""
     out = dict(options)
     if "profile" not in out:  # a profile makes its own session
         out.setdefault("session", _session())
@@ -79,5 +87,6 @@ def _s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
     config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})  # one try
     config.setdefault("connect_timeout", 10)
     config.setdefault("read_timeout", 60)
+    config.setdefault("max_pool_connections", POOL_CONNECTIONS)
     out["config_kwargs"] = config
     return out

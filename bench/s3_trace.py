@@ -1,0 +1,183 @@
+"""The cold epoch from a slowed S3 endpoint, request by request: when the GETs go out, how
+many are in flight, the bytes/s the proxy sends, when batches come.
+
+Generates `bench/s3_compare.py`'s data (``--images`` JPEGs, tierfeed `pack`, 64 MiB chunks),
+starts moto's server (its own process) and the slowing proxy (`tests/s3proxy.py`) in this
+process, with every GET's start, end and bytes recorded; then runs one cold epoch of tierfeed
+(2 DataLoader workers, batch 64, the global plan, an empty disk tier with room for all) in a
+child process that writes the wall-clock time of its start, its first iteration and every
+batch. Times are from the child's start (its imports, the Dataset, the workers' start
+included), in ms.
+
+Usage (in the benchmark environment, or any with moto, s3fs and torch):
+    python bench/s3_trace.py [--images 2000] [--latency-ms 20] [--mbps 25] [--runs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+BUCKET = "bench"
+_BIN_S = 0.1
+
+
+def child(prefix: str, cache: str, marks: str, workers: int) -> None:
+    """One cold epoch with wall-clock marks (run as ``--child``; the store at ``prefix``)."""
+    started = time.time()
+    import torch
+
+    from bench.peers.run_tierfeed import length_and_label
+    from tierfeed.torch import Dataset, Loader, TierConfig
+
+    torch.set_num_threads(1)
+    out = {"start": started, "batches": []}
+    tiers = TierConfig(disk_dir=cache)
+    ds = Dataset(prefix, "global", batch_size=64, decode=length_and_label, tiers=tiers)
+    with Loader(ds, num_workers=workers) as loader:
+        out["iter"] = time.time()
+        for _ in loader:
+            out["batches"].append(time.time())
+        out["end"] = time.time()
+    Path(marks).write_text(json.dumps(out))
+
+
+def traced_proxy(upstream: str, latency_s: float, bps: float, root: Path) -> Any:
+    """The slowing proxy, started here, each GET's (start, end, bytes) in ``proxy.gets``."""
+    from tests import s3proxy
+
+    proxy = s3proxy.S3Proxy(upstream, latency_s, bps, {BUCKET: root}, keep_alive=False)
+    proxy.gets = []
+    proxy.log = []
+    lock = threading.Lock()
+    serve = s3proxy._Handler._serve
+
+    def timed(handler: Any) -> None:
+        begun = time.time()
+        serve(handler)
+        spec = handler.headers.get("Range", "")
+        if handler.command == "GET" and "/chunks/" in handler.path and spec.startswith("bytes="):
+            first, _, last = spec[6:].partition("-")
+            with lock:
+                proxy.gets.append((begun, time.time(), int(last) + 1 - int(first)))
+                proxy.log.append((begun, time.time(), handler.path.rsplit("/", 1)[-1], spec))
+
+    s3proxy._Handler._serve = timed
+    s3proxy._Handler.do_GET = timed
+    return proxy.start()
+
+
+def timeline(gets: list[tuple[float, float, int]], marks: dict[str, Any]) -> dict[str, Any]:
+    """Milestones (ms from the child's start), GETs in flight and MB/s per 100 ms."""
+    t0 = marks["start"]
+    ms = lambda t: round((t - t0) * 1e3)  # noqa: E731
+    batches = marks["batches"]
+    end = max([marks["end"], *(e for _, e, _ in gets)])
+    bins = int((end - t0) / _BIN_S) + 1
+    inflight = [0.0] * bins
+    sent = [0.0] * bins
+    for s, e, n in gets:
+        for b in range(int((s - t0) / _BIN_S), int((e - t0) / _BIN_S) + 1):
+            lo, hi = max(s, t0 + b * _BIN_S), min(e, t0 + (b + 1) * _BIN_S)
+            if hi > lo:
+                inflight[b] += (hi - lo) / _BIN_S
+                sent[b] += n * (hi - lo) / max(e - s, 1e-9) / _BIN_S / 1e6
+    count = [0] * bins
+    for x in batches:
+        count[min(bins - 1, int((x - t0) / _BIN_S))] += 1
+    return {
+        "iter_ms": ms(marks["iter"]),
+        "first_get_ms": ms(min(s for s, _, _ in gets)) if gets else None,
+        "last_get_end_ms": ms(max(e for _, e, _ in gets)) if gets else None,
+        "first_batch_ms": ms(batches[0]) if batches else None,
+        "end_ms": ms(marks["end"]),
+        "gets": len(gets),
+        "get_MB": round(sum(n for _, _, n in gets) / 1e6, 1),
+        "get_sizes_MiB": sorted({round(n / 2**20, 2) for _, _, n in gets}),
+        "max_inflight": max((sum(s <= t < e for s, e, _ in gets) for t, _, _ in gets), default=0),
+        "per_100ms": [
+            {
+                "t_ms": round(b * _BIN_S * 1e3),
+                "inflight": round(inflight[b], 1),
+                "MB_s": round(sent[b], 1),
+                "batches": count[b],
+            }
+            for b in range(bins)
+        ],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--mbps", type=float, default=25.0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--requests", action="store_true", help="list every chunk GET too")
+    p.add_argument("--child", nargs=3, metavar=("PREFIX", "CACHE", "MARKS"))
+    a = p.parse_args()
+    if a.child:
+        child(*a.child, a.workers)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in trace(Path(tmp), a):
+            print(json.dumps(line), flush=True)
+
+
+def trace(work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench.s3_compare import KEYS, free_port, s3_client, upload_tree, wait_up
+    from tierfeed.format.pack import PackOptions, pack
+    from tierfeed.synth import SynthSpec, make_imagefolder
+
+    spec = SynthSpec(classes=20, per_class=a.images // 20, median_bytes=64000, sigma=0.6,
+                     jpeg=True, seed=1)  # fmt: skip
+    make_imagefolder(work / "raw", spec)
+    pack(work / "raw", work / "origin" / "tierfeed", PackOptions(chunk_size=64 * 2**20,
+         progress=False))  # fmt: skip
+    port = free_port()
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = []
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        wait_up(endpoint)
+        s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        upload_tree(endpoint, work / "origin" / "tierfeed", "tierfeed")
+        proxy = traced_proxy(endpoint, a.latency_ms / 1e3, a.mbps * 1e6, work / "origin")
+        env = dict(os.environ, **KEYS, AWS_ENDPOINT_URL=proxy.url)
+        for run in range(a.runs):
+            proxy.gets.clear()
+            proxy.log.clear()
+            with tempfile.TemporaryDirectory(dir=work) as cache:
+                marks = work / "marks.json"
+                argv = [sys.executable, __file__, "--workers", str(a.workers), "--child",
+                        f"s3://{BUCKET}/tierfeed", cache, str(marks)]  # fmt: skip
+                subprocess.run(argv, check=True, timeout=600, env=env)
+                marked = json.loads(marks.read_text())
+                line = timeline(list(proxy.gets), marked)
+                if a.requests:
+                    t0 = marked["start"]
+                    line["requests"] = [(round((s - t0) * 1e3), round((e - t0) * 1e3), k, r)
+                                        for s, e, k, r in sorted(proxy.log)]  # fmt: skip
+                out.append(dict(run=run, **line))
+        proxy.stop()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    return out
+
+
+if __name__ == "__main__":
+    main()
