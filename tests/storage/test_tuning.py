@@ -159,4 +159,15 @@ def test_a_tuner_starts_where_its_origin_does_well() -> None:
     two = FetchTuner.starting(0, threads=2, piece=MiB).limits  # as set, the floor within it
     assert (two.min_inflight, two.max_inflight) == (2, 2)
     store = FetchTuner.starting(16, threads=8, piece=MiB)  # an object store: many at once
-    assert (store.inflight, store.limits.max_inflight) == (16, 16)
+    assert (store.inflight, store.limits.max_inflight) == (16, 32)  # and room to climb
+    assert store.limits.min_piece == FetchLimits.min_piece
+
+
+def test_a_store_that_bills_requests_never_gets_pieces_below_the_first() -> None:
+    """A fit that says requests are cheap (small latency) would make pieces small and GETs
+    many; where each is billed the first piece is the floor, so a chunk's GETs are bounded."""
+    tuner = FetchTuner.starting(32, threads=8, piece=4 * MiB, costly=True)
+    for i in range(64):  # latency 1 ms, 100 MB/s a request: the fit wants ~0.9 MB pieces
+        size = (i % 4 + 1) * MiB
+        tuner.observe(size, 0.001 + size / 100e6, now=i * 0.01, piece=True)
+    assert tuner.fitted is not None and tuner.piece == 4 * MiB

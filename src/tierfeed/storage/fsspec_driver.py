@@ -63,10 +63,11 @@ class FsspecDriver(Driver):
             says otherwise.
     """
 
-    # Each GET of an object store is slow; its aggregate grows with parallel ones: a cold epoch
-    # over bench/s3_compare.py's slowed endpoint was faster starting at 16 in flight than at 4
+    # Each GET of an object store is slow (a connection's bandwidth is the usual limit); its
+    # aggregate grows with parallel ones: bench/s3_compare.py's origin-limit row is best at 32
+    # parallel GETs, and the fetch tuner climbs from here to twice as many while that pays
     # (docs/BENCHMARKS.md).
-    parallel_requests = 16
+    parallel_requests = 32
     costly_requests = True
 
     def __init__(

@@ -59,11 +59,16 @@ class OriginFetch:
         self.origin = origin
         self.counters = FetchCounters()
         piece = piece_bytes or (_FIRST_PIECE_COSTLY if origin.costly_requests else _FIRST_PIECE)
-        self.tuner = FetchTuner.starting(origin.parallel_requests, fetch_threads, piece)
-        self.gate = Gate()
-        self._pool = ThreadPoolExecutor(
-            self.tuner.limits.max_inflight if copies else 1, thread_name_prefix="tierfeed-fetch"
+        self.tuner = FetchTuner.starting(
+            origin.parallel_requests, fetch_threads, piece, origin.costly_requests
         )
+        self.gate = Gate()
+        # The requests in flight are bounded by the gate; a thread holds its piece a while
+        # after its request ends (writing it where it lands). Where many requests are in
+        # flight (an object store), threads to spare let the next request start meanwhile.
+        most = self.tuner.limits.max_inflight
+        threads = most * (2 if origin.parallel_requests > 0 else 1) if copies else 1
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tierfeed-fetch")
         self._hedges = Hedges()
         self._hedge_origin = origin.for_hedges() if copies else origin
         self._mutex = threading.Lock()

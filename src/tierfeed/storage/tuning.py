@@ -94,16 +94,25 @@ class FetchTuner:
         self.fitted: tuple[float, float] | None = None  # the last fit, see `fit`
 
     @classmethod
-    def starting(cls, parallel: int, threads: int, piece: int) -> FetchTuner:
+    def starting(cls, parallel: int, threads: int, piece: int, costly: bool = False) -> FetchTuner:
         """A tuner whose requests in flight move within ``threads`` fetch threads, starting at
         a few; or, for an origin that does well with ``parallel`` > 0 at once (an object store,
-        whose every connection is slow), starting there, with as many threads if need be."""
+        whose every connection is slow), starting there, free to climb to twice as many (the
+        link, not one connection, is the limit it looks for). ``costly``: each request is
+        billed, so pieces are never smaller than ``piece``: a cold epoch then makes at most
+        ``ceil(chunk / piece)`` GETs per chunk, whatever the fit."""
         least = FetchLimits.min_inflight
         if parallel <= 0:
             limits = FetchLimits(min_inflight=min(least, threads), max_inflight=threads)
             return cls(limits, piece=piece, inflight=min(4, threads))
-        most = max(threads, parallel)
-        limits = FetchLimits(min_inflight=min(least, most), max_inflight=most)
+        most = max(threads, 2 * parallel)
+        floor = piece if costly else FetchLimits.min_piece
+        limits = FetchLimits(
+            min_piece=floor,
+            max_piece=max(floor, FetchLimits.max_piece),
+            min_inflight=min(least, most),
+            max_inflight=most,
+        )
         return cls(limits, piece=piece, inflight=parallel)
 
     @property
