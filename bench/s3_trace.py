@@ -66,6 +66,10 @@ def traced_proxy(upstream: str, latency_s: float, bps: float, root: Path) -> Any
     def timed(handler: Any) -> None:
         begun = time.time()
         serve(handler)
+        if handler.command != "GET" or "/chunks/" not in handler.path:
+            with lock:
+                proxy.log.append((begun, time.time(), handler.path.rsplit("/", 1)[-1],
+                                  handler.command))  # fmt: skip
         spec = handler.headers.get("Range", "")
         if handler.command == "GET" and "/chunks/" in handler.path and spec.startswith("bytes="):
             first, _, last = spec[6:].partition("-")
@@ -74,7 +78,7 @@ def traced_proxy(upstream: str, latency_s: float, bps: float, root: Path) -> Any
                 proxy.log.append((begun, time.time(), handler.path.rsplit("/", 1)[-1], spec))
 
     s3proxy._Handler._serve = timed
-    s3proxy._Handler.do_GET = timed
+    s3proxy._Handler.do_GET = s3proxy._Handler.do_HEAD = timed
     return proxy.start()
 
 

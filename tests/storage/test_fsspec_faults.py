@@ -172,3 +172,16 @@ def test_requests_in_flight_are_not_capped_by_the_connection_pool(
         assert arrived == width  # every request reached the store while the first waited
         assert [r.result() for r in reads] == [DATA[i : i + 10] for i in range(width)]
     d.close()
+
+
+def test_reads_that_start_together_make_one_head(proxy: S3Proxy, bucket: str) -> None:
+    """The pieces of a copy start at once; the object is looked at (pinned) once for all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = driver(proxy, bucket)
+    proxy.inject(Fault(method="HEAD", key_contains="obj.bin", delay_s=0.3, times=-1))
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda i: d.read_range("obj.bin", i, 10), range(16)))
+    assert got == [DATA[i : i + 10] for i in range(16)]
+    assert proxy.count("HEAD", "obj.bin") == 1 and d.counters.stats == 1
+    d.close()
