@@ -270,7 +270,7 @@ class Filler:
         if data is not None:
             self._placer.place_all(info, Landed(data), started)
             return
-        claims = next((t.files for t in h.tiers if t.shared), h.tiers[0].files)
+        claims = (h.shared or h.tiers[0]).files
         with claims.claim(cache_key(info)) as mine:
             if not mine:
                 self._elsewhere[chunk] = time.monotonic()  # another process copies it now
@@ -288,7 +288,7 @@ class Filler:
         """The chunk's arrival, decided again and begun under the tier's placement lock: a
         sibling deciding at the same moment sees this copy landing (its room taken)."""
         with claims.placing():
-            if any(t.shared for t in self._h.tiers) and not self._needed(info.id, fresh=True):
+            if self._h.shared is not None and not self._needed(info.id, fresh=True):
                 return None
             try:
                 return self.landing.begin(info, self._fetch.tuner.piece)
@@ -324,7 +324,7 @@ class Filler:
     def _landing_failed(self, info: ChunkInfo, exc: OSError) -> None:
         """The chunk could not land where copies land (the disk tier's directory: full, gone):
         counted as that tier's failure to keep it; reads go on from the origin."""
-        tier = next((t for t in self._h.tiers if t.shared), None)
+        tier = self._h.shared
         if tier is None:  # landing in memory: not a disk's failure
             raise exc
         self._placer.failed(tier, info, exc)

@@ -61,6 +61,9 @@ class Holdings:
         self.shunned: set[int] = set()
         self._warned: set[str] = set()
         self._checking: dict[int, threading.Lock] = {}  # chunk -> held while its copy is checked
+        # The first tier every process of the host fills (a disk directory): where copies
+        # are claimed and land. None: each process's own tiers (RAM) only.
+        self.shared: Tier | None = next((t for t in self.tiers if t.shared), None)
         for tier in self.tiers:
             tier.files.sweep()  # left by a process killed mid-copy
             self.scan(tier)
@@ -91,7 +94,11 @@ class Holdings:
             for policy in self.policies:
                 for _ in range(reads):
                     policy.accessed(chunk)
-            return [chunk in t.held for t in self.tiers]
+            return self.holding(chunk)
+
+    def holding(self, chunk: int) -> list[bool]:
+        """Which tiers hold ``chunk`` now (a membership test each: atomic, no lock needed)."""
+        return [chunk in t.held for t in self.tiers]
 
     def local(self, chunk: int) -> bool:
         """A tier holds a checked (or unchecked by choice) copy of ``chunk`` not known bad, or

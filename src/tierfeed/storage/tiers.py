@@ -72,7 +72,8 @@ class TierStack(ChunkSource):
         self.fetch = OriginFetch(origin, bool(self.tiers), o.fetch_threads, o.piece_bytes)
         # Chunks being copied land where every process of the host reads them: the directory
         # of the first disk tier, else this process's memory.
-        landing = landing_for(next((t.directory for t in self.tiers if t.shared), None))
+        shared = self.holdings.shared
+        landing = landing_for(None if shared is None else shared.directory)
         landing.sweep()
         self.filler = Filler(self.holdings, self.fetch, landing, self.options)
         self.head = HeadReads(self.fetch)
@@ -119,7 +120,7 @@ class TierStack(ChunkSource):
             return [self._miss(info, offsets[0], lengths[0])]
         out = []
         for offset, length in zip(offsets, lengths, strict=True):
-            holding = [chunk in t.held for t in self.tiers]  # a copy may land between two
+            holding = self.holdings.holding(chunk)  # a copy may land between two
             one = self._local(info, holding, (offset,), (length,))
             out.append(self._miss(info, offset, length) if one is None else one[0])
         return out
@@ -164,8 +165,7 @@ class TierStack(ChunkSource):
         """The range from a tier this process thought lacked the chunk, if one has it now."""
         if not self.holdings.appeared(info):
             return None
-        holding = [info.id in t.held for t in self.tiers]
-        held = self.holdings.read_held(info, holding, (offset,), (length,))
+        held = self.holdings.read_held(info, self.holdings.holding(info.id), (offset,), (length,))
         return None if held is None else held[0][0]
 
     def read_first(
