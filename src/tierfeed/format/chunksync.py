@@ -8,21 +8,18 @@ while the next one fills the page cache: the final `sync_files` then finds littl
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
+from tierfeed.format.tarchunk import fsync_path
+
 __all__ = ["ChunkSyncer"]
 
 
 def _fsync(path: Path, then: Callable[[], object] | None) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
     if then is not None:
         then()
 

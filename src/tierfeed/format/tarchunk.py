@@ -24,6 +24,7 @@ __all__ = [
     "ChunkWriter",
     "TarMember",
     "cannot_write",
+    "fsync_path",
     "header_length",
     "member_header",
     "padding",
@@ -56,11 +57,16 @@ def header_length(path: bytes, size: int, mtime: int) -> int:
 def sync_files(paths: list[Path]) -> None:
     """fsync ``paths`` and their directories, so what is published later is on disk first."""
     for path in [*paths, *{p.parent for p in paths}]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync the file or directory at ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _tarfile_header(path: bytes, size: int, mtime: int, mode: int) -> bytes:
