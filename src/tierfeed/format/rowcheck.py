@@ -17,8 +17,8 @@ refused, and any other damage with probability 1 - 2^-32. The key and the name a
 their xxh3 (32 bits), checked where they are read (`Index.key_bytes`, `ChunkTable`).
 
 Why a weighted sum and not xxh3 per row: a rank's epoch checks ~10^5 random rows at once, and
-xxhash has no vectorised form for many small inputs; a Python call per row cost ~60 ms there,
-this costs a few numpy passes over the columns the invariant checks gather anyway. It guards
+xxhash has no vectorised form for many small inputs, so a Python call per row would cost far
+more than this, a few numpy passes over the columns the invariant checks gather anyway. It guards
 against rot and stray writes; a crafted index (checks recomputed) is met by the invariants.
 """
 

@@ -43,8 +43,9 @@ _sessions: dict[int, Any] = {}  # pid -> this process's aiobotocore session
 
 def _session() -> Any:
     """One aiobotocore session per process: a client made from it again skips parsing the S3
-    service model (~0.2 s of CPU per client otherwise, at every DataLoader worker's start). Not
-    shared across a fork: a session's refreshable credentials hold a lock of its event loop."""
+    service model (a noticeable CPU cost per client otherwise, at every DataLoader worker's
+    start). Not shared across a fork: a session's refreshable credentials hold a lock of its
+    event loop."""
     from aiobotocore.session import AioSession
 
     pid = os.getpid()

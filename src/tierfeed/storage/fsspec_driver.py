@@ -64,9 +64,9 @@ class FsspecDriver(Driver):
     """
 
     # Each GET of an object store is slow (a connection's bandwidth is the usual limit); its
-    # aggregate grows with parallel ones: bench/s3_compare.py's origin-limit row is best at 32
-    # parallel GETs, and the fetch tuner climbs from here to twice as many while that pays
-    # (docs/BENCHMARKS.md).
+    # aggregate grows with parallel ones (bench/s3_compare.py's origin-limit row, in
+    # docs/BENCHMARKS.md, says how many pay), and the fetch tuner climbs from here to twice as
+    # many while that pays.
     parallel_requests = 32
     costly_requests = True
 
@@ -181,8 +181,8 @@ class FsspecDriver(Driver):
 
     def _pin(self, path: str) -> _Pin:
         """The object's size and version, as first seen by this process: one HEAD per object,
-        however many reads ask at once (the pieces of a copy all start together; each asked
-        for its own HEAD, 30 of them for 2 chunks in a trace of bench/s3_trace.py)."""
+        however many reads ask at once (the pieces of a copy all start together, and each
+        would otherwise send a HEAD of its own: bench/s3_trace.py counts them)."""
         pinned = self._pins.get(path)
         if pinned is not None:
             return pinned
