@@ -86,6 +86,12 @@ class HeadReads:
         begin = offset - span.start
         return data[begin : begin + length]
 
+    def drop(self, chunk: int) -> bool:
+        """Serve no more of ``chunk``'s head reads (bytes served from it failed their check);
+        True if there were any."""
+        with self._lock:
+            return self._spans.pop(chunk, None) is not None
+
     @property
     def pending(self) -> int:
         """Samples read ahead and not yet served."""

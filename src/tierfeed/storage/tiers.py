@@ -196,10 +196,13 @@ class TierStack(ChunkSource):
         )
 
     def discard(self, chunk: int) -> str | None:
-        """Drop the highest cached copy of ``chunk``: the bytes it served failed their check."""
+        """Drop the highest cached copy of ``chunk``: the bytes it served failed their check.
+        Reads served a chunk no tier holds from its head reads, else its copy in flight."""
         tier = self.holdings.highest(chunk)
         if tier is not None:
             return self.holdings.drop(tier, self.chunks[chunk])
+        if self.head.drop(chunk):
+            return f"head read of chunk {self.chunks[chunk].name}"
         self.holdings.complete.discard(chunk)
         shunned = chunk in self.holdings.shunned
         arrival = None if shunned else self.filler.landing.find(self.chunks[chunk])
