@@ -33,7 +33,13 @@ from tierfeed.storage.tuning import FetchTuner
 __all__ = ["OriginFetch"]
 
 _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at most
-_HEDGE_SHARE = 0.02  # second requests for late pieces read at most this share of the copies' bytes
+# Second requests for late pieces read at most _HEDGE_SHARE of the copies' bytes begun, and
+# only _HEDGE_FLOOR of them until hedges win: each hedge that landed its piece first earns
+# _HEDGE_EARNED more of its size. Where pieces run late from noise (queueing, a busy host)
+# rather than stalls, no hedge wins, and they would read the full share for nothing.
+_HEDGE_SHARE = 0.02
+_HEDGE_FLOOR = 0.005
+_HEDGE_EARNED = 4
 # The first pieces of copies, until the fetch tuner has measured the origin: small where a
 # request is cheap (a late one is hedged at little cost), larger where requests are billed.
 _FIRST_PIECE = 512 * 1024
@@ -72,7 +78,7 @@ class OriginFetch:
         self._hedges = Hedges()
         self._hedge_origin = origin.for_hedges() if copies else origin
         self._mutex = threading.Lock()
-        self._hedged_bytes = self._begun_bytes = 0
+        self._hedged_bytes = self._begun_bytes = self._hedges_granted = 0
         self._splits = 0  # pieces read as halves for the tuner's fit (a few)
         # ``hits``: reads served from the origin; ``bytes``: every byte it gave (reads, the
         # pieces of copies, hedges); ``copies``, ``copy_failures``: whole-chunk copies.
@@ -166,11 +172,17 @@ class OriginFetch:
 
     def _may_hedge(self, nbytes: int) -> bool:
         """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges
-        read at most `_HEDGE_SHARE` of the bytes of the copies begun."""
+        read at most `_HEDGE_FLOOR` of the bytes of the copies begun, more as they win (each
+        win earns `_HEDGE_EARNED` hedges of its size), never past `_HEDGE_SHARE`."""
         with self._mutex:
-            if self._hedged_bytes + nbytes > _HEDGE_SHARE * self._begun_bytes:
+            spent = self._hedged_bytes + nbytes
+            granted = self._hedges_granted
+            won = self.counters.hedge_wins * self._hedged_bytes / granted if granted else 0.0
+            earned = _HEDGE_FLOOR * self._begun_bytes + _HEDGE_EARNED * won
+            if spent > min(earned, _HEDGE_SHARE * self._begun_bytes):
                 return False
-            self._hedged_bytes += nbytes
+            self._hedged_bytes = spent
+            self._hedges_granted += 1
             return True
 
     def stats(self) -> dict[str, Any]:

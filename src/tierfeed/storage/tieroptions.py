@@ -26,7 +26,9 @@ class TierOptions:
         landing_wait_s: how long a read waits for its bytes to land from a copy in flight
             before it reads the origin itself. Longer: fewer origin bytes beside the copies
             (docs/BENCHMARKS.md, bench/origin_bytes.py); shorter: a shorter first-epoch tail
-            while whole chunks are still on their way. Where a piece takes longer to land (an
+            while whole chunks are still on their way. A piece late from a stall is hedged by
+            the copy itself, and a sample late for its batch is replaced by the deadline
+            guard, so waiting costs the batch little. Where a piece takes longer to land (an
             object store's GETs), a read waits up to twice a piece's fitted time (at most
             5 s); 0: no wait.
     """
@@ -36,7 +38,7 @@ class TierOptions:
     verify_cached: bool = True
     fetch_threads: int = 8
     piece_bytes: int | None = None
-    landing_wait_s: float = 0.5
+    landing_wait_s: float = 2.0
 
     def __post_init__(self) -> None:
         piece = 1 if self.piece_bytes is None else self.piece_bytes
