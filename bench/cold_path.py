@@ -8,9 +8,15 @@ store bytes (slowfs's counters). To compare two versions of the code in the same
 run it with ``--code DIR`` (a ``src`` directory put first on the path, e.g. an older commit's
 ``git archive`` output), interleaved with the current code.
 
+With ``--resume-at K``, each run is a restart: one process reads K batches of a cold epoch
+and keeps the Loader's ``state_dict()``; a fresh process with its own empty disk tier loads
+it (``load_state_dict``) and reads the rest of the epoch, and the row is that second one's
+(first batch after the resume, samples/s of the rest, origin bytes over the store).
+
 Usage:
     python bench/cold_path.py --latency nfs --runs 3
     python bench/cold_path.py --latency heavy-tail --runs 3 --code /tmp/old/src
+    python bench/cold_path.py --latency nfs --runs 3 --resume-at 30
 """
 
 from __future__ import annotations
@@ -44,8 +50,12 @@ def build(work: Path) -> Path:
     return origin
 
 
-def one_epoch(mnt: Path, cache: Path, workers: int) -> dict[str, float]:
-    """One cold epoch in this process (run as ``--child``)."""
+def one_epoch(
+    mnt: Path, cache: Path, workers: int, save: Path | None = None, stop_at: int = 0
+) -> dict[str, float]:
+    """One cold epoch in this process (run as ``--child``). With ``stop_at``, the first
+    ``stop_at`` batches only, and the Loader's state then saved to ``save``; with ``save`` an
+    existing file and no ``stop_at``, the epoch resumed from that state."""
     import torch
 
     from bench.peers.common import origin_counters
@@ -58,6 +68,8 @@ def one_epoch(mnt: Path, cache: Path, workers: int) -> dict[str, float]:
         str(mnt / "tierfeed"), "global", batch_size=64, decode=length_and_label, tiers=tiers
     )
     loader = Loader(ds, num_workers=workers)
+    if save is not None and not stop_at:
+        loader.load_state_dict(torch.load(save, weights_only=False))
     with loader:
         before = origin_counters(mnt)["bytes_read"]
         started = time.perf_counter()
@@ -66,6 +78,9 @@ def one_epoch(mnt: Path, cache: Path, workers: int) -> dict[str, float]:
         for batch in loader:
             first = first if first is not None else time.perf_counter() - started
             samples += len(batch[0])
+            if stop_at and samples >= stop_at * 64:
+                torch.save(loader.state_dict(), save)
+                break
         seconds = time.perf_counter() - started
         read = origin_counters(mnt)["bytes_read"] - before
     store = sum(f.stat().st_size for f in (mnt / "tierfeed").rglob("*") if f.is_file())
@@ -83,10 +98,14 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--code", type=Path, help="a src directory to run instead of this one's")
     p.add_argument("--work", type=Path, default=Path("bench-out/cold_path"))
+    p.add_argument("--resume-at", type=int, default=0, help="restart after this many batches")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(one_epoch(Path(args.child[0]), Path(args.child[1]), args.workers)))
+        mnt, cache = Path(args.child[0]), Path(args.child[1])
+        row = one_epoch(mnt, cache, args.workers, args.state, args.resume_at)
+        print(json.dumps(row))
         return
 
     from tierfeed.latency import LatencyModel
@@ -102,17 +121,28 @@ def main() -> None:
     rows = []
     with SlowFS(origin, mnt, LatencyModel.parse(args.latency)):
         for _ in range(args.runs):
-            with tempfile.TemporaryDirectory(dir=args.work) as cache:
+            with tempfile.TemporaryDirectory(dir=args.work) as scratch:
                 child = [sys.executable, __file__, "--workers", str(args.workers)]
-                out = subprocess.run(
-                    [*child, "--child", str(mnt), cache],
-                    env=env, capture_output=True, text=True, check=True, timeout=600,
-                )  # fmt: skip
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                rows.append(row)
+                if args.resume_at:  # the part before the restart, in a process of its own
+                    state = ["--state", str(Path(scratch) / "state.pt")]
+                    _child([*child, *state, "--resume-at", str(args.resume_at)], mnt, env)
+                    child += state
+                rows.append(_child(child, mnt, env))
+                row = rows[-1]
                 print(json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
     summary = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
     print(json.dumps({"latency": args.latency, "code": str(args.code or "."), "median": summary}))
+
+
+def _child(command: list[str], mnt: Path, env: dict[str, str]) -> dict[str, float]:
+    """Run one ``--child`` with a fresh, empty disk tier; its row."""
+    with tempfile.TemporaryDirectory(dir=mnt.parent) as cache:
+        out = subprocess.run(
+            [*command, "--child", str(mnt), cache],
+            env=env, capture_output=True, text=True, check=True, timeout=600,
+        )  # fmt: skip
+    row: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row
 
 
 if __name__ == "__main__":

@@ -84,3 +84,27 @@ def test_each_epoch_tells_the_source_its_first_batch_and_a_resume_its_next(
         assert told[1] == [int(chunk_of[i]) for i in order[16:24]]  # where it resumes
     finally:
         feed.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_tells_a_clairvoyant_source_only_the_reads_it_has_left(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy fetches its pieces in the order of the reads it is told: after a resume, the
+    samples delivered before it must not be among them, or the first batch waits for pieces
+    nobody reads."""
+    told: list[list[int]] = []
+    source = type(feed.store().source)
+    monkeypatch.setattr(source, "uses_future", True)
+    monkeypatch.setattr(source, "set_future", lambda self, *a, **k: None)
+    monkeypatch.setattr(source, "set_reads", lambda self, chunks, *a: told.append(list(chunks)))
+    try:
+        chunk_of = feed.store().index.sample_chunk
+        rank = feed.rank_order(0)
+        next(iter(feed.iterate(0, 1, in_worker=False)))
+        assert told == [[int(chunk_of[i]) for i in rank]]  # a fresh epoch: all of it
+        view = feed.for_loader(Resume(0, done=Done(prefix=16)))
+        next(iter(view.iterate(0, 1, in_worker=False)))
+        assert told[1] == [int(chunk_of[i]) for i in rank[16:]]  # what it has left
+    finally:
+        feed.close()

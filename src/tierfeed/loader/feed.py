@@ -253,9 +253,17 @@ class Feed:
         if store.source.uses_future:
             ahead = range(epoch + 1, epoch + 1 + EPOCHS_AHEAD)
             later = [self.worker_order(worker, num_workers, e) for e in ahead]
-            tell_future(store, rank, [order, *later])
+            tell_future(store, self._left(rank, epoch, resume), [order, *later])
         tell_head(store, order[: HEAD_BATCHES * self.batch_size])
         return self._guarded(store, order)
+
+    def _left(self, rank: IntArray, epoch: int, resume: Resume | None) -> IntArray:
+        """What the rank reads of ``rank`` (its order of ``epoch``): after a resume, not what
+        was delivered before it. A copy fetches its pieces in the order of these reads: those
+        of samples delivered already would come first, and the first batch wait for them."""
+        resume = _of_epoch(resume, epoch)
+        done = None if resume is None else resume.done
+        return rank[run_positions(len(rank), self.batch_size, self.drop_last, done)]
 
     def _guarded(self, store: Store, order: IntArray) -> GuardedStream[Any]:
         """The deadline guard over reads of ``order`` (rows checked) on this process's reader
