@@ -1,0 +1,43 @@
+"""bench/device_check.py --cpu --tiny: the device check's whole flow on the CPU (a tiny CNN, 500
+images), as CI runs it: every row ends in figures or in a stated reason, and the JSON is whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cpu_tiny_runs_the_whole_check(tmp_path: Path) -> None:
+    out = tmp_path / "check.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    args = ["--cpu", "--tiny", "--data", str(tmp_path / "d"), "--out", str(out)]
+    args += ["--epoch-s", "8", "--budget-s", "150"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "device_check.py"), *args],
+        capture_output=True, text=True, timeout=220, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "synthetic on device (ceiling)" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["ceiling"]["images_per_s"] > 0
+    names = [row["name"] for row in result["rows"]]
+    assert any(n.startswith("tierfeed cpu-decode") for n in names)
+    for row in result["rows"]:
+        if "error" in row:
+            assert row["error"].startswith("skipped:")  # a missing torchvision, said
+        else:
+            assert [e["epoch"] for e in row["epochs"]] == [1, 2]
+            assert all(e["images"] > 0 and e["wait_p99_ms"] >= 0 for e in row["epochs"])
+    cpu = next(r for r in result["rows"] if r["name"].startswith("tierfeed cpu-decode"))
+    assert 0 < cpu["epochs"][0]["images"] <= 480  # 500 images, batches of 32, the last dropped
+    assert {r["system"] for r in result["scaling"]} >= {"tierfeed", "per-file", "over-store"}
+    assert all("error" not in r for r in result["scaling"])
