@@ -20,7 +20,7 @@ from tierfeed.errors import DecodeError
 from tierfeed.loader.decode import describe_sample
 from tierfeed.storage.store import Store
 from tierfeed.torch.decoders import JpegBatch, torchvision_io
-from tierfeed.torch.handover import _each
+from tierfeed.torch.handover import map_leaves
 from tierfeed.torch.imagetransform import ImageTransform, transform_images
 
 __all__ = ["DeviceJpegDecoder"]
@@ -66,7 +66,7 @@ class DeviceJpegDecoder:
     def __call__(self, batch: Any) -> Any:
         """``batch`` with each `JpegBatch` replaced by its images, ``N x 3 x size x size`` on
         the device (uint8, or float32 when the transform normalizes)."""
-        return _each(batch, lambda x: self.decode(x) if isinstance(x, JpegBatch) else x)
+        return map_leaves(batch, lambda x: self.decode(x) if isinstance(x, JpegBatch) else x)
 
     def decode(self, jpegs: JpegBatch) -> torch.Tensor:
         """One batch of JPEGs decoded and transformed on the device.

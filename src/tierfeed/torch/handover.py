@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["BY_VALUE_BYTES", "accelerator_available", "pin", "restore", "ship"]
+__all__ = ["BY_VALUE_BYTES", "accelerator_available", "map_leaves", "pin", "restore", "ship"]
 
 BY_VALUE_BYTES = 64 * 1024  # tensors up to this size travel inside the pickle
 
@@ -55,16 +55,16 @@ def _small(t: torch.Tensor, limit: int) -> bool:
     )
 
 
-def _each(data: Any, leaf: Callable[[Any], Any]) -> Any:
+def map_leaves(data: Any, leaf: Callable[[Any], Any]) -> Any:
     """``data`` with ``leaf`` applied to everything in it but the plain containers."""
     kind = type(data)
     if kind is tuple or (isinstance(data, tuple) and hasattr(data, "_fields")):
-        items = [_each(x, leaf) for x in data]
+        items = [map_leaves(x, leaf) for x in data]
         return tuple(items) if kind is tuple else kind(*items)
     if kind is list:
-        return [_each(x, leaf) for x in data]
+        return [map_leaves(x, leaf) for x in data]
     if kind is dict:
-        return {k: _each(v, leaf) for k, v in data.items()}
+        return {k: map_leaves(v, leaf) for k, v in data.items()}
     return leaf(data)
 
 
@@ -75,12 +75,12 @@ def ship(data: Any, limit: int = BY_VALUE_BYTES) -> Any:
         small = isinstance(x, torch.Tensor) and _small(x, limit)
         return _ByValue(x.numpy()) if small else x
 
-    return _each(data, by_value)
+    return map_leaves(data, by_value)
 
 
 def restore(data: Any) -> Any:
     """What `ship` made of a batch, with its tensors again (sharing the arrays' memory)."""
-    return _each(data, lambda x: torch.from_numpy(x.array) if isinstance(x, _ByValue) else x)
+    return map_leaves(data, lambda x: torch.from_numpy(x.array) if isinstance(x, _ByValue) else x)
 
 
 def accelerator_available() -> bool:
@@ -100,4 +100,4 @@ def pin(data: Any) -> Any:
             return x.pin_memory()
         return x
 
-    return _each(data, pinned)
+    return map_leaves(data, pinned)

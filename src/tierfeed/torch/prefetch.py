@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from tierfeed.errors import ConfigError
-from tierfeed.torch.handover import _each, pin
+from tierfeed.torch.handover import map_leaves, pin
 
 __all__ = ["CudaStreams", "DevicePrefetcher", "StreamOps", "tensors_of"]
 
@@ -72,7 +72,7 @@ class CudaStreams:
 def tensors_of(data: Any) -> list[torch.Tensor]:
     """The tensors in ``data``'s plain containers (tuple, namedtuple, list, dict)."""
     found: list[torch.Tensor] = []
-    _each(data, lambda x: found.append(x) if isinstance(x, torch.Tensor) else None)
+    map_leaves(data, lambda x: found.append(x) if isinstance(x, torch.Tensor) else None)
     return found
 
 
@@ -175,7 +175,7 @@ class DevicePrefetcher:
         """CPU (or a device without streams): each batch moved (and decoded) in turn."""
         for data in source:
             self._state = self._snapshot()
-            moved = _each(data, lambda x: _moved(x, self.device, False))
+            moved = map_leaves(data, lambda x: _moved(x, self.device, False))
             yield self.on_device(moved) if self.on_device is not None else moved
 
     def _ahead(self, source: Iterator[Any], ops: StreamOps) -> Iterator[Any]:
@@ -192,7 +192,7 @@ class DevicePrefetcher:
                 state = self._snapshot()
                 host = ops.pin(data)
                 with ops.using(side):
-                    moved = _each(host, lambda x: _moved(x, self.device, True))
+                    moved = map_leaves(host, lambda x: _moved(x, self.device, True))
                     if self.on_device is not None:
                         moved = self.on_device(moved)
                     queued.append((moved, ops.record_event(side), state))
