@@ -73,7 +73,13 @@ def register_pack(sub: Any, packer: Callable[..., PackReport] = pack) -> None:
     p.add_argument(
         "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
     )
-    p.add_argument("--workers", type=int, default=8, help="parallel file readers (default 8)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=16,
+        help="the most parallel file readers: as many as the cores, more while reads wait "
+        "on storage (default 16)",
+    )
     p.add_argument("--files", help="pack the paths listed in this file (relative to SRC)")
     p.add_argument(
         "--labels",

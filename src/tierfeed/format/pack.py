@@ -4,8 +4,9 @@ Publishing is atomic: each chunk is written under a temporary name and renamed w
 journal records finished chunks, and the index is written last. An interrupted pack leaves no
 store that opens; running it again keeps the finished chunks whose source is unchanged.
 
-``PackOptions.workers`` threads read the source files ahead of the writer, in runs of
-consecutive files (`tierfeed.format.packreads`); the writer takes them in store order, so the
+Up to ``PackOptions.workers`` threads read the source files ahead of the writer, in runs of
+consecutive files (`tierfeed.format.packreads`): as many as the cores to begin with, more
+while the reads wait on storage; the writer takes them in store order, so the
 store is the same bytes whatever the readers' timing. Durable by default, and not a switch, as
 `tierfeed.Writer` is: every chunk is synced on a background thread while the next one is
 written, the journal records it once it is on disk, and the index is published only after all
@@ -77,7 +78,8 @@ class PackOptions:
 
     Attributes:
         chunk_size: target chunk size in bytes (a larger sample gets a chunk of its own).
-        workers: parallel file readers.
+        workers: the most parallel file readers: pack starts with as many as the cores and
+            adds readers while the reads wait on storage (a shared file system's latency).
         labels: ``auto`` (ImageFolder classes: the top-level directories; a file at the top
             level gets label -1 and is counted), ``folder`` (every file in a class directory)
             or ``none``.
@@ -90,7 +92,7 @@ class PackOptions:
     """
 
     chunk_size: int = 64 * 2**20
-    workers: int = 8
+    workers: int = 16
     labels: str = "auto"
     group_by: str = "file"
     skip_unreadable: bool = False
