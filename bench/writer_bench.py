@@ -47,13 +47,15 @@ TREE_SYSTEMS = ("tierfeed-pack", *SYSTEMS, "tar-cf")
 # Not run by default: the Writer with tarfile's header building, what it used before the fast
 # path of `tarchunk.member_header` (`--systems tierfeed-writer tierfeed-writer-tarfile`), and
 # tierfeed without any fsync (`-nosync`: `os.fsync` made a no-op in the child, as the peers
-# leave their data in the page cache).
+# leave their data in the page cache), and `tierfeed pack` as a whole command (`-cli`: a new
+# interpreter, its imports included, as `tar-cf` is a whole command).
 EXTRA = (
     "tierfeed-writer-tarfile",
     "tierfeed-writer-nosync",
     "tierfeed-optimize-nosync",
     "tierfeed-pack-nosync",
     "tar-cf-sync",
+    "tierfeed-pack-cli",
 )
 _PEER_MODULE = {"mds-writer": "streaming", "wds-shardwriter": "webdataset", "litdata": "litdata"}
 _BLOB = b""  # filled by `_blob`: one random block all samples are cut from
@@ -139,6 +141,15 @@ def _write(
                        check=True)  # fmt: skip
         if system == "tar-cf-sync":
             subprocess.run(["sync", str(out / "all.tar")], check=True)
+        return
+    if system == "tierfeed-pack-cli":
+        assert tree is not None, "tierfeed-pack-cli needs --tree"
+        cli = "import sys; from tierfeed.cli import main; sys.exit(main())"
+        cmd = [sys.executable, "-c", cli, "pack", str(tree), str(out), "--quiet",
+               "--chunk-size", str(_CHUNK_BYTES)]  # fmt: skip
+        if readers:
+            cmd += ["--workers", str(readers)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return
     if system == "tierfeed-pack":
         from tierfeed.format.pack import PackOptions, pack
