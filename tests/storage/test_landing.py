@@ -611,6 +611,24 @@ def test_a_copy_landing_for_a_sibling_takes_room_in_the_shared_tier(
         assert not second.filler._needed(1)  # placed now: held, still no room
 
 
+def test_the_future_told_starts_the_first_chunks_a_host_can_copy_at_once(
+    store_dir: Path,
+) -> None:
+    # One copy thread: the future's first look reaches the first two chunks read (twice the
+    # copy threads: a sibling process's threads take what this one's cannot start yet), even
+    # where the second is first read after many reads of the first, as the small last chunk
+    # of an object store's few large ones is; the third is left to the look-ahead.
+    assert len(Index(store_dir).chunks()) >= 3
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    options = TierOptions(threads=1, piece_bytes=PIECE)
+    origin = PosixDriver(store_dir, read_only=True)
+    chunks = Index(store_dir).chunks()
+    with TierStack(chunks, origin, [ram], policy="clairvoyant", options=options) as tiers:
+        tiers.set_future([0] * 100 + [1] * 10 + [0] * 100 + [2] * 10)
+        tiers.drain()
+        assert sorted(ram.held) == [0, 1]
+
+
 def _exited_pid() -> int:
     """The pid of a process that has exited."""
     child = subprocess.Popen(["true"])

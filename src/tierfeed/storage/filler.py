@@ -99,9 +99,12 @@ class Filler:
 
     def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell clairvoyant tiers every read's chunk to come (`Foresight.set_future`), and
-        prefetch its start."""
+        prefetch its start: at least the first chunks of twice as many as the copy threads,
+        so that the host's other processes, whose copy threads find this one's copies claimed,
+        start the next ones at once (a small chunk first read a little later is then not
+        left to the read that misses it, after the large ones have landed)."""
         self.foresight.set_future(sequence, read_bytes)
-        self.prefetch()
+        self.prefetch(self.foresight.opening(2 * self._options.threads))
 
     def prefetch(self, horizon: int = 64) -> int:
         """Queue the chunks of the next ``horizon`` reads that the clairvoyant tiers would

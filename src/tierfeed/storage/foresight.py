@@ -14,6 +14,8 @@ from tierfeed.storage.originfetch import Reads
 from tierfeed.storage.placement import Clairvoyant
 from tierfeed.storage.tuning import LookAhead
 
+_AHEAD_MAX = 8192  # reads of the future looked at for the first copies
+
 __all__ = ["Foresight"]
 
 
@@ -25,11 +27,15 @@ class Foresight:
         self._ahead = LookAhead(mean_chunk_size(holdings.chunks))
         empty = np.zeros(0, dtype=np.int64)
         self._reads = (empty, empty, empty, empty)  # see `set_reads`
+        self._firsts = np.zeros(0, dtype=np.int64)  # see `opening`
 
     def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell the clairvoyant tiers' policies the chunk of every read to come, in order
         (``read_bytes``: a read's mean size, which weighs a whole-chunk copy against reads)."""
         h = self._holdings
+        # Where each chunk is first read, in the look's reach: the first copies to start.
+        head = np.asarray(sequence, dtype=np.int64)[:_AHEAD_MAX]
+        self._firsts = np.sort(np.unique(head, return_index=True)[1])
         for i, policy in enumerate(h.policies):
             if isinstance(policy, Clairvoyant):
                 # Built aside (an O(reads) pass), then swapped in: readers never wait on it.
@@ -49,6 +55,14 @@ class Foresight:
         starts = np.asarray(offsets, dtype=np.int64)
         stops = starts + 1 if ends is None else np.asarray(ends, dtype=np.int64)
         self._reads = (chunk_of[by_chunk], by_chunk, starts, stops)
+
+    def opening(self, copies: int, horizon: int = 64) -> int:
+        """The reads to prefetch over when the future is told: at least ``horizon``, and as
+        many as reach the first ``copies`` chunks to be read (of the reads looked at)."""
+        firsts = self._firsts
+        if copies < 1 or not len(firsts):
+            return horizon
+        return max(horizon, int(firsts[min(copies, len(firsts)) - 1]) + 1)
 
     def reads_of(self, chunk: int) -> Reads:
         """Where in the order of consumption each read of ``chunk`` comes, and the byte range
