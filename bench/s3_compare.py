@@ -18,10 +18,12 @@ fetches index.json before the DataLoader forks, and its forked workers then shar
 connection, whose responses interleave (a corrupted shard, or a 60 s read timeout). Run each
 system's loader in a fresh process for ``--epochs`` epochs with the same workers, batch size and
 a local cache with room for everything, pointed at the proxy by the SDKs' own settings
-(``AWS_ENDPOINT_URL``, and Streaming's ``S3_ENDPOINT_URL``). Per epoch: samples/s, batch waits,
-and the GET requests and bytes the proxy served. The origin's own limit: N threads of 8 MiB
-ranged GETs of tierfeed's chunk objects through the proxy, the best N. Results: JSON lines per
-epoch, a markdown table and a plot under ``--out``.
+(``AWS_ENDPOINT_URL``, and Streaming's ``S3_ENDPOINT_URL``). Per epoch: samples/s, the first
+batch's wait (from asking for the epoch's iterator: the DataLoader workers' start included),
+batch waits, and the GET requests and bytes the proxy served. The origin's own limit: N
+threads of 8 MiB ranged GETs of tierfeed's chunk objects through the proxy, the best N (timed
+from the first GET to the last, its client made before: no process start in it). Results: JSON
+lines per epoch, a markdown table and a plot under ``--out``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.compare import SYSTEMS, convert_all, plot, read_run, render  # noqa: E402
+from bench.compare import SYSTEMS, convert_all, plot, read_run  # noqa: E402
 from bench.peers.common import origin_counters  # noqa: E402
 from tierfeed.synth import SynthSpec, make_imagefolder  # noqa: E402
 
@@ -121,6 +124,32 @@ def origin_limit(proxy: str, keys: list[tuple[str, int]], samples: int,
                     "seconds": round(seconds, 3),
                     **{f"origin_{k}": after[k] - before[k] for k in after}}  # fmt: skip
     return dict(best, probes_MB_per_s=probes)
+
+
+def render(result: dict[str, Any]) -> str:
+    """Markdown: per system, the cold epoch (epoch 1) and the warm ones (median of the rest)."""
+    lines = [
+        "| system | epoch 1 samples/s | warm samples/s | first batch ms, epoch 1 | max wait "
+        "ms, epoch 1 | GETs / MB, epoch 1 | HEADs, epoch 1 | GETs warm |",
+        "|" + "---|" * 8,
+    ]
+    for system in dict.fromkeys(r["system"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["system"] == system]
+        if "failed" in rows[0]:
+            lines.append(f"| {system} | failed | | | | | | |")
+            continue
+        cold, warm = rows[0], rows[1:] or rows
+        lines.append(
+            f"| {system} | {cold['samples_per_s']:,.0f} | "
+            f"{statistics.median(r['samples_per_s'] for r in warm):,.0f} | "
+            f"{cold['first_batch_ms']:,.0f} | {cold['wait_max_ms']:,.0f} | "
+            f"{cold['origin_reads']:,} / {cold['origin_bytes_read'] / 1e6:,.0f} | "
+            f"{cold['origin_stats']:,} | {max(r['origin_reads'] for r in warm):,} |"
+        )  # fmt: skip
+    for limit in result["limits"]:
+        lines.append(f"| {limit['system']} | {limit['samples_per_s']:,.0f} "
+                     f"({limit['MB_per_s']:,.0f} MB/s) | | | | | | |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
