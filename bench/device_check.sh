@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 "$PY" - <<'PYEOF' || exit 2
-import importlib, sys
+import importlib.util
+import sys
 missing = [m for m in ("torch", "torchvision", "PIL", "numpy", "xxhash", "fsspec")
            if importlib.util.find_spec(m) is None]
 if missing:

@@ -41,3 +41,28 @@ def test_cpu_tiny_runs_the_whole_check(tmp_path: Path) -> None:
     assert 0 < cpu["epochs"][0]["images"] <= 480  # 500 images, batches of 32, the last dropped
     assert {r["system"] for r in result["scaling"]} >= {"tierfeed", "per-file", "over-store"}
     assert all("error" not in r for r in result["scaling"])
+
+
+@pytest.mark.timeout(60)
+def test_the_shell_script_checks_what_is_installed_and_says_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """bench/device_check.sh is run once, on a machine with no network: its first step must
+    say in one line what is missing (here, where torchvision does not import beside the tests'
+    torch), or go on, never fail with a traceback."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    # This interpreter without its site-packages: torch, torchvision, numpy and the rest are
+    # missing whatever this environment holds, and nothing is imported before the script.
+    base = getattr(sys, "_base_executable", sys.executable)
+    (fake / "python").write_text(f'#!/bin/sh\nexec {base} -I -S "$@"\n')
+    (fake / "python").chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake / "python"), "TF_CHECK_DIR": str(tmp_path / "d")}
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_check.sh")],
+        capture_output=True, text=True, timeout=50, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "device_check: error: not installed:" in done.stderr
+    assert "torch" in done.stderr.splitlines()[-1]
