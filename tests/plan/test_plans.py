@@ -57,6 +57,7 @@ def test_exactly_once_balanced_deterministic(shape, spec, m, epoch) -> None:
     plan = Plan(shape, spec)
     orders = all_orders(plan, epoch, m)
     assert len({len(o) for o in orders}) == 1  # equal counts on every rank
+    assert plan.order_size(epoch, m) == len(orders[0])  # told without computing an order
     counts = Counter(np.concatenate(orders).tolist())
     unpadded = plan.counts(epoch, m)
     if spec.drop_last:

@@ -173,6 +173,16 @@ class Feed:
             order = np.asarray(self.plan.order(epoch, rank, size), dtype=np.int64)
         return order if self.samples is None else self.samples[order]
 
+    def rank_size(self, epoch: int | None = None, resume: Resume | None = None) -> int:
+        """``len(rank_order(epoch, resume))``, without computing the order where the plan can
+        tell it (a tierfeed `Plan`, not resumed from another world size): a loader's state and
+        length need only this."""
+        epoch = self.epoch if epoch is None else epoch
+        resumed = _of_epoch(resume, epoch)
+        if isinstance(self.plan, Plan) and not (resumed and resumed.progress.segments):
+            return self.plan.order_size(epoch, self.world.world_size)
+        return len(self.rank_order(epoch, resume))
+
     def worker_order(
         self,
         worker: int,
@@ -186,16 +196,23 @@ class Feed:
         ``rank_order``: `rank_order(epoch, resume)`, where the caller has it already."""
         epoch = self.epoch if epoch is None else epoch
         order = self.rank_order(epoch, resume) if rank_order is None else rank_order
+        return self._slice(order, self._run(order, epoch, resume), worker, num_workers)
+
+    def _run(self, rank: IntArray, epoch: int, resume: Resume | None) -> IntArray:
+        """The positions of ``rank`` (the rank's order of ``epoch``) this run reads: after a
+        resume not those delivered before it, and not a short last batch drop_last drops."""
         resume = _of_epoch(resume, epoch)
         done = None if resume is None else resume.done
-        run = run_positions(len(order), self.batch_size, self.drop_last, done)
-        return order[worker_slice(run, self.batch_size, worker, num_workers, False)]
+        return run_positions(len(rank), self.batch_size, self.drop_last, done)
+
+    def _slice(self, rank: IntArray, run: IntArray, worker: int, num_workers: int) -> IntArray:
+        """Worker ``worker``'s batches of the positions ``run`` of ``rank``."""
+        return rank[worker_slice(run, self.batch_size, worker, num_workers, False)]
 
     def num_batches(self, epoch: int | None = None, resume: Resume | None = None) -> int:
         """Batches the rank delivers in a whole epoch: ``ceil(n / batch_size)`` of its ``n``
         samples, ``floor`` with drop_last (any number of workers, guard or not)."""
-        n = len(self.rank_order(epoch, resume))
-        return batch_count(n, self.batch_size, self.drop_last)
+        return batch_count(self.rank_size(epoch, resume), self.batch_size, self.drop_last)
 
     @property
     def continuous(self) -> bool:
@@ -246,24 +263,19 @@ class Feed:
         samples through the feed, from the plan to the reads behind the guard."""
         store = self.store()
         rank = self.rank_order(epoch, resume)
-        order = self.worker_order(worker, num_workers, epoch, rank, resume)
+        run = self._run(rank, epoch, resume)
+        order = self._slice(rank, run, worker, num_workers)
         _check_rows(store, rank, order)
         store.source.begin_epoch()  # e.g. a namespace source loads the samples peers moved here
         _open_ahead(store, order)
         if store.source.uses_future:
             ahead = range(epoch + 1, epoch + 1 + EPOCHS_AHEAD)
             later = [self.worker_order(worker, num_workers, e) for e in ahead]
-            tell_future(store, self._left(rank, epoch, resume), [order, *later])
+            # What the rank reads: after a resume not what was delivered before it, since a
+            # copy fetches its pieces in this order and the first batch would wait for them.
+            tell_future(store, rank[run], [order, *later])
         tell_head(store, order[: HEAD_BATCHES * self.batch_size])
         return self._guarded(store, order)
-
-    def _left(self, rank: IntArray, epoch: int, resume: Resume | None) -> IntArray:
-        """What the rank reads of ``rank`` (its order of ``epoch``): after a resume, not what
-        was delivered before it. A copy fetches its pieces in the order of these reads: those
-        of samples delivered already would come first, and the first batch wait for them."""
-        resume = _of_epoch(resume, epoch)
-        done = None if resume is None else resume.done
-        return rank[run_positions(len(rank), self.batch_size, self.drop_last, done)]
 
     def _guarded(self, store: Store, order: IntArray) -> GuardedStream[Any]:
         """The deadline guard over reads of ``order`` (rows checked) on this process's reader

@@ -34,7 +34,7 @@ def state_of(
     after ``num_workers`` workers delivered up to their ``workers`` stream states."""
     epoch = feed.epoch
     done = done_after(
-        len(feed.rank_order(epoch, resume)),
+        feed.rank_size(epoch, resume),
         feed.batch_size,
         feed.drop_last,
         None if resume is None else resume.done,
@@ -73,7 +73,7 @@ def resume_of(feed: Feed, state: dict[str, Any] | Sequence[dict[str, Any]]) -> R
             f"({type(exc).__name__}: {exc}); resume from another checkpoint or call "
             "set_epoch() to start an epoch afresh"
         ) from None
-    n = len(feed.rank_order(resume.epoch, resume))  # this rank's order once resumed
+    n = feed.rank_size(resume.epoch, resume)  # this rank's order once resumed
     done = resume.done
     if done.prefix > n or any(p >= n for p in done.extra):
         raise ConfigError(

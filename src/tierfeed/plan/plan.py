@@ -331,6 +331,14 @@ class Plan:
         target = min(counts) if self.spec.drop_last else max(counts)
         return _fit(self._unpadded(epoch, rank, world_size), target)
 
+    def order_size(self, epoch: int, world_size: int) -> int:
+        """``len(order(epoch, rank, world_size))``, the same for every rank, without computing
+        an order (cheap: no shuffle is computed)."""
+        if self.spec.policy == "global":
+            return self._per_rank(world_size)
+        counts = self.counts(epoch, world_size)
+        return min(counts) if self.spec.drop_last else max(counts)
+
     def counts(self, epoch: int, world_size: int) -> list[int]:
         """Unpadded samples per rank in ``epoch`` (cheap: no shuffle is computed)."""
         n = self.shape.num_samples
