@@ -153,6 +153,31 @@ def test_state_dict_is_where_the_handed_out_batches_end(store_dir: Path, workers
     assert sorted(seen + rest) == list(range(120))
 
 
+def test_a_state_is_made_only_when_asked_for(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader's state costs O(samples of the rank): the prefetcher marks each batch it
+    copies ahead (`Loader.mark`) and makes a state only when `state_dict` is called (that it
+    is where the handed-out batches end: `test_state_dict_is_where_the_handed_out_batches_end`)."""
+    ds = Dataset(store_dir, plan="global", batch_size=8, decode=number)
+    made: list[dict[str, Any]] = []
+    real = Loader.state_dict
+
+    def counted(self: Loader, mark: Any = None) -> dict[str, Any]:
+        made.append(real(self, mark))
+        return made[-1]
+
+    monkeypatch.setattr(Loader, "state_dict", counted)
+    with Loader(ds, num_workers=0) as loader:
+        pre = DevicePrefetcher(loader, "cpu", depth=2, ops=FakeStreams())
+        for handed, _ in enumerate(pre, 1):
+            if handed == 5:
+                break
+        assert made == []  # seven batches taken from the loader, no state made
+        state = pre.state_dict()
+    assert len(made) == 1 and state == made[0]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_batches_arrive_on_the_device_intact(store_dir: Path) -> None:
     ds = Dataset(store_dir, plan="global", batch_size=8, decode=number)

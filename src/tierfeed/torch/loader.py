@@ -6,7 +6,7 @@ import gc
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -20,6 +20,9 @@ from tierfeed.torch.dataset import Batch, Dataset
 from tierfeed.torch.handover import accelerator_available, pin, restore
 
 __all__ = ["Loader"]
+
+# (the resume applied to this epoch, if any; each worker's stream state): see `Loader.mark`
+LoaderMark = tuple[Resume | None, Mapping[int, Mapping[str, Any]]]
 
 
 class Loader:
@@ -122,15 +125,24 @@ class Loader:
             self._states = {}
         self.dataset.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, mark: LoaderMark | None = None) -> dict[str, Any]:
         """A few plain values: the epoch, and the positions of this rank's order delivered so
-        far (a prefix and the few a deferral moved past it), with the rank and world size.
+        far (a prefix and the few a deferral moved past it), with the rank and world size;
+        with ``mark`` (`mark`), as they were when it was taken.
 
         Independent of the number of workers: `load_state_dict` resumes it with any. To resume
         in a job of another world size, give `load_state_dict` every rank's state (gather them
         with `gather_state_dict`)."""
+        resume, states = mark if mark is not None else self.mark()
+        return state_of(self.dataset, resume, self.num_workers, states)
+
+    def mark(self) -> LoaderMark:
+        """Where the batches delivered so far end, taken cheaply (the workers' positions, not a
+        state yet: that costs O(samples of the rank)); `state_dict(mark)` makes it one later.
+        A `DevicePrefetcher` marks each batch it copies ahead, and makes a state only when
+        asked for one."""
         resume = self._resume if self._resumes(self.dataset.epoch) else None
-        return state_of(self.dataset, resume, self.num_workers, self._states)
+        return resume, dict(self._states)
 
     def gather_state_dict(self) -> list[dict[str, Any]]:
         """Every rank's `state_dict`, gathered over torch.distributed's default group (call it

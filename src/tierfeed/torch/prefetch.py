@@ -117,7 +117,9 @@ class DevicePrefetcher:
                 )
             ops = CudaStreams()
         self.ops = ops
-        self._state: dict[str, Any] | None = None  # the loader's state after the last handed out
+        # The loader's state after the last batch handed out, made when asked for (a state costs
+        # O(samples of the rank): not one a batch).
+        self._state: Callable[[], dict[str, Any]] | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -134,7 +136,7 @@ class DevicePrefetcher:
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state after the batches handed out so far."""
-        return self._state if self._state is not None else dict(self.loader.state_dict())
+        return self._state() if self._state is not None else dict(self.loader.state_dict())
 
     def load_state_dict(self, state: Any) -> None:
         """The loader's `load_state_dict`."""
@@ -153,9 +155,18 @@ class DevicePrefetcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _snapshot(self) -> dict[str, Any] | None:
+    def _snapshot(self) -> Callable[[], dict[str, Any]] | None:
+        """The loader's state as it stands now, to be made when asked for: from a cheap `mark`
+        where the loader has one (a `tierfeed.torch.Loader`), else taken now."""
+        mark = getattr(self.loader, "mark", None)
+        if callable(mark):
+            where = mark()
+            return lambda: dict(self.loader.state_dict(where))
         state = getattr(self.loader, "state_dict", None)
-        return dict(state()) if callable(state) else None
+        if not callable(state):
+            return None
+        taken = dict(state())
+        return lambda: taken
 
     def __iter__(self) -> Iterator[Any]:
         self._state = None
@@ -182,7 +193,7 @@ class DevicePrefetcher:
         """Keep ``depth`` batches copying on the side stream; hand each out once the training
         stream waits for its copy, and after the next one's copy is queued."""
         side = ops.side_stream(self.device)
-        queued: deque[tuple[Any, Any, dict[str, Any] | None]] = deque()
+        queued: deque[tuple[Any, Any, Callable[[], dict[str, Any]] | None]] = deque()
 
         def fill() -> None:
             while len(queued) < self.depth:
