@@ -7,6 +7,7 @@ front, members checked) whichever face reads it. Nothing here imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,6 +140,17 @@ class StoreOpener:
         location = StoreLocation.of(self.path)
         cache = self.tiers.index_cache() if self.tiers else None
         return Index(location.index_file(cache), lazy=self.lazy)
+
+    def copier_over(self, index: Index) -> TierStack | None:
+        """A tier stack over ``index`` (this store's, which the caller has open) that only
+        copies: the disk tier the host's processes share, no RAM tier (it serves no read);
+        None where the tiers have no disk tier or do not follow the plan (`ColdStart`)."""
+        tiers = self.tiers
+        if tiers is None or tiers.disk_dir is None or tiers.policy != "clairvoyant":
+            return None
+        location = StoreLocation.of(self.path)
+        origin = location.origin() if location.remote else None
+        return tier_stack(index, dataclasses.replace(tiers, ram_bytes=0), origin)
 
 
 def plan_for(

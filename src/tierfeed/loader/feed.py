@@ -29,6 +29,7 @@ from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.index import Index
 from tierfeed.loader.batching import batch_count, worker_slice
 from tierfeed.loader.clairvoyance import EPOCHS_AHEAD, tell_future, tell_head
+from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.compose import selection_id
 from tierfeed.loader.decode import decode_read, decode_sample, describe_sample
 from tierfeed.loader.feedconfig import EpochExchange, FeedConfig, OrderPlan
@@ -197,6 +198,13 @@ class Feed:
         epoch = self.epoch if epoch is None else epoch
         order = self.rank_order(epoch, resume) if rank_order is None else rank_order
         return self._slice(order, self._run(order, epoch, resume), worker, num_workers)
+
+    def cold_start(self) -> ColdStart | None:
+        """The main process's copies of the opening of this feed's next iteration, not begun
+        (`ColdStart.of`: a Loader makes it before forking its workers, starts it after)."""
+        epoch = self.epoch
+        rank = self.rank_order(epoch, self._resume)
+        return ColdStart.of(self._process, rank[self._run(rank, epoch, self._resume)])
 
     def _run(self, rank: IntArray, epoch: int, resume: Resume | None) -> IntArray:
         """The positions of ``rank`` (the rank's order of ``epoch``) this run reads: after a

@@ -21,8 +21,9 @@ class ProcessStore:
     own), with the process's reader threads; shared by a feed and the views a Loader makes of
     it (`Feed.for_loader`), so that they open one store and start one set of threads."""
 
-    def __init__(self, opener: Callable[[], Store]) -> None:
+    def __init__(self, opener: Callable[[], Store], index: Index | None = None) -> None:
         self.opener = opener
+        self._index = index  # the index this process planned from, kept open
         self._store: Store | None = None
         self._pid = -1
         self._readers: Readers | None = None
@@ -45,8 +46,11 @@ class ProcessStore:
     def plan_index(self) -> Index:
         """The index to plan from: by path, the index alone (no tier stack, no copy threads
         in a process that forks workers next); otherwise this process's store's."""
+        if self._index is not None:
+            return self._index
         if isinstance(self.opener, StoreOpener):
-            return self.opener.index()
+            self._index = self.opener.index()
+            return self._index
         return self.store().index
 
     def store_id(self) -> StoreId:
@@ -72,4 +76,4 @@ class ProcessStore:
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads and open stores belong to the process that made them.
-        return {**self.__dict__, "_readers": None, "_store": None, "_pid": -1}
+        return {**self.__dict__, "_readers": None, "_store": None, "_pid": -1, "_index": None}

@@ -72,12 +72,12 @@ class Copier:
         self._order = itertools.count()  # first come, first copied, within a priority
         self._queue: queue.PriorityQueue[tuple[int, int, int]] = queue.PriorityQueue(queue_size)
         self._closed = False
+        self._started = False
+        # Started with the first copy: a stack opened before a fork runs no thread across it.
         self.threads = [
             threading.Thread(target=self._worker, name=f"{name}-{i}", daemon=True)
             for i in range(threads)
         ]
-        for t in self.threads:
-            t.start()
 
     @property
     def closed(self) -> bool:
@@ -115,6 +115,7 @@ class Copier:
             if urgent and self._start_beside(chunk):
                 return True
             self._queue.put_nowait((0 if urgent else 1, next(self._order), chunk))
+            self._start_threads()
         except queue.Full:
             if not again:
                 self._done(chunk)
@@ -123,6 +124,15 @@ class Copier:
             self._done(chunk)
             raise
         return True
+
+    def _start_threads(self) -> None:
+        """Start the copy threads, once (with the first copy queued)."""
+        with self._lock:  # held while they start: `close` joins them only once started
+            if self._started or self._closed:
+                return
+            self._started = True
+            for t in self.threads:
+                t.start()
 
     def _start_beside(self, chunk: int) -> bool:
         """Run an urgent copy at once on a thread of its own when every copy thread is busy
@@ -199,11 +209,13 @@ class Copier:
                 with self._lock:
                     if dropped not in self._running:
                         self._inflight.discard(dropped)
-        for _ in self.threads:
-            self._queue.put((2, next(self._order), -1))  # after anything queued meanwhile
         with self._lock:
-            extra = list(self._extra)
-        for t in [*self.threads, *extra]:
+            started, extra = self._started, list(self._extra)
+            self._started = True  # no thread starts from now on
+        threads = self.threads if started else []
+        for _ in threads:
+            self._queue.put((2, next(self._order), -1))  # after anything queued meanwhile
+        for t in [*threads, *extra]:
             t.join()
 
     def __enter__(self) -> Copier:

@@ -221,7 +221,8 @@ def _opened(
     # Decided here, in the main process, so that every worker has the same quota; the disk
     # tier's directory was checked as the index was found (`index_cache`).
     store_bytes = int(index.chunks().mean_size() * index.num_chunks)
-    return ProcessStore(dataclasses.replace(opener, tiers=tiers.sized(store_bytes))), index
+    opener = dataclasses.replace(opener, tiers=tiers.sized(store_bytes))
+    return ProcessStore(opener, index), index
 
 
 def _planned(

@@ -12,6 +12,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError, LoaderError
+from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.loaderstate import resume_of, state_of
 from tierfeed.loader.resume import Resume
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
@@ -104,6 +105,7 @@ class Loader:
         self._ahead: list[Batch] = []  # batches of the next epoch that came before its turn
         self._resume: Resume | None = None  # where the next iteration starts (load_state_dict)
         self._view: Dataset | None = None  # the dataset as its DataLoader reads it
+        self._cold: ColdStart | None = None  # this process's copies while the workers start
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
 
     @property
@@ -204,9 +206,7 @@ class Loader:
         loader = self._dataloader()
         epoch, exchange = self.dataset.epoch, self.dataset.exchange
         if self._iter is None or self._iter_epoch != epoch:
-            # Start (or restart: another epoch was chosen, or the last one was left early)
-            # the workers' iteration at this epoch; what ran ahead is dropped.
-            self._iter, self._ahead = _start(loader), []
+            self._begin(loader)
         self._iter_epoch = epoch
         start = self._resumed_positions()
         if exchange is not None:
@@ -250,6 +250,16 @@ class Loader:
         if exchange is not None:
             exchange.end_epoch(epoch)
         self._finish(meter)
+
+    def _begin(self, loader: DataLoader[Batch]) -> None:
+        """Start (or restart: another epoch was chosen, or the last one was left early) the
+        workers' iteration at this epoch; what ran ahead is dropped. Workers forked now start
+        beside this process's copies of the epoch's first chunks (`ColdStart`)."""
+        ColdStart.stop_if_any(self._cold)  # made before a fork, started after it
+        forks = loader.num_workers > 0 and getattr(loader, "_iterator", None) is None
+        cold = self._view.cold_start() if forks and self._view else None
+        self._iter, self._ahead = _start(loader), []
+        self._cold = cold.start() if cold is not None else self._cold
 
     def _epoch_batches(self, epoch: int) -> Iterator[Batch]:
         """The running iteration's batches of ``epoch``.
@@ -353,12 +363,14 @@ class Loader:
         }
 
     def _tier_totals(self) -> dict[str, dict[str, float]]:
-        """Tier counters over workers (each worker reports its own process's)."""
-        return combine(list(self._tiers.values()))
+        """Tier counters over workers (each its own process's), and `ColdStart`'s when done."""
+        cold = self._cold.stats if self._cold is not None else None
+        return combine([*self._tiers.values(), *([cold] if cold else [])])
 
     def close(self) -> None:
         """Stop the workers and this process's reads; close the run file and metrics server."""
         self._stop_workers()
+        ColdStart.stop_if_any(self._cold)
         self.dataset.close()  # its views' store and threads too: they share them
         if self.recorder is not None:
             self.recorder.close()
