@@ -51,21 +51,21 @@ def test_file_vanishing_during_read_is_skipped_when_asked(tmp_path: Path) -> Non
     from tierfeed.format import pack as pack_module
 
     write_tree(tmp_path / "src", FILES)
-    real = pack_module.read_source_file
+    real = pack_module.read_source_into
 
-    def flaky(f: pack_module.SourceFile) -> bytes:
+    def flaky(f: pack_module.SourceFile, view: memoryview) -> None:
         if f.rel == b"a/y.jpg":
             raise UnreadableFileError(f"{os.fsdecode(f.abs)}: Input/output error")
-        return real(f)
+        real(f, view)
 
-    pack_module.read_source_file = flaky  # type: ignore[assignment]
+    pack_module.read_source_into = flaky  # type: ignore[assignment]
     try:
         with pytest.raises(UnreadableFileError, match=r"a/y\.jpg: Input/output error"):
             pack(tmp_path / "src", tmp_path / "s1", QUIET)
         options = PackOptions(chunk_size=8192, skip_unreadable=True, progress=False)
         report = pack(tmp_path / "src", tmp_path / "s2", options)
     finally:
-        pack_module.read_source_file = real  # type: ignore[assignment]
+        pack_module.read_source_into = real  # type: ignore[assignment]
     assert [p for p, _ in report.skipped] == ["a/y.jpg"]
     with open_store(tmp_path / "s2") as store:
         assert [store.index.key(i) for i in range(len(store))] == ["a/x", "b/z"]

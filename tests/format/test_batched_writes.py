@@ -127,13 +127,13 @@ def test_parallel_reads_in_any_timing_give_the_same_bytes(
     write_tree(tmp_path / "src", files)
     pack(tmp_path / "src", tmp_path / "one", PackOptions(chunk_size=64 * 1024, workers=1,
                                                          progress=False))  # fmt: skip
-    real = pack_module.read_source_file
+    real = pack_module.read_source_into
 
-    def jittery(f: Any) -> bytes:
+    def jittery(f: Any, view: memoryview) -> None:
         time.sleep(random.random() * 0.002)  # readers finish out of order
-        return real(f)
+        real(f, view)
 
-    monkeypatch.setattr(pack_module, "read_source_file", jittery)
+    monkeypatch.setattr(pack_module, "read_source_into", jittery)
     monkeypatch.setattr("tierfeed.format.packreads._RUN_FILES", 3)
     for workers in (2, 8):
         out = tmp_path / f"w{workers}"

@@ -21,11 +21,11 @@ from tierfeed.publish import is_temporary
 CHILD = """
 import sys, time
 from tierfeed.format import pack as p
-real = p.read_source_file
-def slow(f):
+real = p.read_source_into
+def slow(f, view):
     time.sleep(0.01)
-    return real(f)
-p.read_source_file = slow
+    real(f, view)
+p.read_source_into = slow
 p.pack(sys.argv[1], sys.argv[2], p.PackOptions(chunk_size=16384, workers=1, progress=False))
 """
 

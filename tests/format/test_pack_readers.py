@@ -46,13 +46,13 @@ class _Concurrency:
         self.now = self.most = 0
         self.lock = threading.Lock()
 
-    def __call__(self, f: Any) -> bytes:
+    def __call__(self, f: Any, view: memoryview) -> None:
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
         try:
             self.cost()
-            return bytes(self.read(f))
+            self.read(f, view)
         finally:
             with self.lock:
                 self.now -= 1
@@ -71,8 +71,8 @@ def test_pack_reads_with_the_cores_then_more_while_reads_wait(
     files = {f"c{i % 3}/f{i:04d}.jpg".encode(): bytes([i % 251]) * (100 + i) for i in range(600)}
     write_tree(tmp_path / "src", files)
     pack(tmp_path / "src", tmp_path / "one", PackOptions(workers=1, progress=False))
-    reads = _Concurrency(pack_module.read_source_file, cost)
-    monkeypatch.setattr(pack_module, "read_source_file", reads)
+    reads = _Concurrency(pack_module.read_source_into, cost)
+    monkeypatch.setattr(pack_module, "read_source_into", reads)
     monkeypatch.setattr("tierfeed.format.packreads.os.cpu_count", lambda: 1)
     monkeypatch.setattr("tierfeed.format.packreads._RUN_FILES", 5)
     out = tmp_path / "out"

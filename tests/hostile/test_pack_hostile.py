@@ -258,13 +258,13 @@ def test_read_never_asks_for_more_than_the_stat_size_plus_one(
     src = tmp_path / "src"
     write_tree(src, FILES)
     asked: list[int] = []
-    real_read = os.read
+    real_read = os.readv
 
-    def spy(fd: int, n: int) -> bytes:
-        asked.append(n)
-        return real_read(fd, n)
+    def spy(fd: int, buffers: Any) -> int:
+        asked.append(sum(len(b) for b in buffers))
+        return real_read(fd, buffers)
 
-    monkeypatch.setattr(pack_module.os, "read", spy)
+    monkeypatch.setattr(pack_module.os, "readv", spy)
     pack(src, tmp_path / "store", QUIET)
     assert asked and max(asked) <= 3001
 

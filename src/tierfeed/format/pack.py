@@ -41,7 +41,7 @@ from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import GROUPINGS
 from tierfeed.format.packplan import PackPlan, plan_pack
-from tierfeed.format.packreads import read_ahead
+from tierfeed.format.packreads import ReadRun, read_ahead, read_source_into
 from tierfeed.format.packstate import (
     JOURNAL,
     append_journal,
@@ -57,7 +57,6 @@ from tierfeed.format.source import (
     SourceTree,
     group_samples,
     list_files,
-    read_source_file,
     tree_content,
     walk_tree,
 )
@@ -178,39 +177,41 @@ class _Packer:
     def run(self, bar: tqdm[Any]) -> None:
         """Write every chunk that could not be kept from an earlier run."""
         todo_chunks = [c for c in range(self.plan.num_chunks) if not self._reuse(c)]
-        todo = [m for c in todo_chunks for m in self.plan.chunk_members(c)]
-        bar.update(
-            sum(f.size for f in self.plan.files) - sum(self.plan.files[m].size for m in todo)
-        )
+        members = [list(self.plan.chunk_members(c)) for c in todo_chunks]
+        files = self.plan.files
+        bar.update(sum(f.size for f in files) - sum(files[m].size for ms in members for m in ms))
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="tierfeed-pack") as pool:
-            reads = read_ahead(pool, todo, self.plan.files, self.options.workers, read_source_file)
+            runs = read_ahead(pool, members, self.plan, self.options.workers, read_source_into)
             try:
-                for chunk in todo_chunks:
-                    self._write_chunk(chunk, reads, bar)
+                for chunk, chunk_members in zip(todo_chunks, members, strict=True):
+                    self._write_chunk(chunk, len(chunk_members), runs, bar)
                 self.syncer.wait()
             finally:
                 self.syncer.close()
-                for _ in reads:  # let queued reads finish before the pool shuts down
+                for _ in runs:  # let queued reads finish before the pool shuts down
                     pass
 
-    def _write_chunk(self, chunk: int, reads: Iterator[tuple[int, Any]], bar: tqdm[Any]) -> None:
+    def _write_chunk(self, chunk: int, count: int, runs: Iterator[ReadRun], bar: tqdm[Any]) -> None:
+        """Write ``chunk`` (``count`` members) from the runs read ahead, journalled once synced."""
         writer = ChunkWriter(self.dst / chunk_file_name(chunk))
         skipped: list[int] = []
         try:
-            for _ in self.plan.chunk_members(chunk):
-                m, data = next(reads)
-                if isinstance(data, UnreadableFileError):
-                    if not self.options.skip_unreadable:
-                        raise data
-                    skipped.append(m)
-                    self.tree.skipped.append((os.fsdecode(self.plan.files[m].rel), str(data)))
-                    continue
-                data, self.member_sum[m] = data
-                self.offset[m] = writer.add(self.plan.header(m), data)
-                self.files_done += 1
+            while count:
+                run = next(runs)
+                base = writer.add_block(run.data)
+                data_bytes = 0
+                for read in run.members:
+                    if len(read) == 2:  # unreadable
+                        skipped.append(self._unreadable(*read))
+                        continue
+                    m, offset, self.member_sum[m] = read
+                    self.offset[m] = base + offset
+                    self.files_done += 1
+                    data_bytes += self.plan.files[m].size
+                count -= len(run.members)
                 if not bar.disable:
                     bar.set_postfix(files=self.files_done, refresh=False)
-                    bar.update(len(data))
+                    bar.update(data_bytes)
             size, checksum = writer.commit()
         except BaseException:
             writer.abort()
@@ -225,6 +226,13 @@ class _Packer:
         }
         # journalled once the chunk is on disk, while the next chunk is written
         self.syncer.add(writer.path, lambda: append_journal(self.dst, entry))
+
+    def _unreadable(self, member: int, error: UnreadableFileError) -> int:
+        """``member`` could not be read: raise its error, or (skipping) count and return it."""
+        if not self.options.skip_unreadable:
+            raise error
+        self.tree.skipped.append((os.fsdecode(self.plan.files[member].rel), str(error)))
+        return member
 
     def content(self) -> IndexContent:
         """The index of what was written (skipped members and emptied samples left out)."""

@@ -172,6 +172,26 @@ class ChunkWriter:
             self._send()
         return offset
 
+    def add_block(self, block: memoryview) -> int:
+        """Append members already laid out as the chunk holds them (headers, data, padding),
+        written now on the caller's thread with one write, since ``block`` may be reused once
+        this returns; returns the offset of ``block`` in the chunk."""
+        if self._batch or self._sent:  # what `add` gathered goes first
+            self._send()
+            while self._sent:
+                self._wait_one()
+        offset = self.size
+        self._hasher.update(block)
+        try:
+            done = os.writev(self._file.fd, [block])
+            while done < len(block):  # a short write (a signal): the rest
+                done += os.writev(self._file.fd, [block[done:]])
+        except OSError as exc:
+            self.abort()
+            raise cannot_write(self.path, exc) from None
+        self.size += len(block)
+        return offset
+
     def _send(self) -> None:
         """Hand the gathered batch to the chunk's thread (at most ``_IN_FLIGHT`` queued)."""
         if self._pool is None:
