@@ -15,11 +15,14 @@ import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from tierfeed.errors import INSTALL_TORCH, TierfeedError
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from tierfeed.format.pack import PackOptions, PackReport
+
+__all__ = ["main", "register_pack"]
 
 EXIT_ERROR = 1  # a user error: bad input, a path that cannot be used, a full disk
 EXIT_USAGE = 2  # the command line itself is wrong (argparse's convention)
@@ -56,7 +59,7 @@ _EXTRAS = {
 # Each summary is the `help=` its module registers (tests/test_cli_startup.py keeps them equal).
 COMMANDS: dict[str, tuple[str, str]] = {
     "pack": (
-        "tierfeed.loader.commands:register_pack",
+        "tierfeed.cli:register_pack",
         "pack a directory tree into tar chunks and an index",
     ),
     "index": ("tierfeed.loader.commands:register_index", "index existing tar shards in place"),
@@ -92,6 +95,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _pack_to(src: str, dst: str, options: PackOptions, files: str | None = None) -> PackReport:
+    """`tierfeed pack`'s packer: to a directory with `tierfeed.format` alone; to a URL with
+    `tierfeed.loader`'s upload, imported only then (the loader's composition, which its
+    package brings, is no part of packing a directory)."""
+    if "://" in dst:  # a URL, or file:// (which the loader's pack takes as a path)
+        from tierfeed.loader.upload import pack as pack_anywhere
+
+        return pack_anywhere(src, dst, options, files)
+    from tierfeed.format.pack import pack
+
+    return pack(src, dst, options, files)
+
+
+def register_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `tierfeed pack`, to a directory or a URL (built locally, then uploaded)."""
+    from tierfeed.format.commands import register_pack as register
+
+    register(sub, _pack_to)
 
 
 def _load(target: str) -> Register:

@@ -56,3 +56,27 @@ def test_parse_size(text: str, value: int) -> None:
 def test_parse_size_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="cannot read size"):
         parse_size("lots")
+
+
+_PACK_MODULES = """
+import sys
+from tierfeed.cli import main
+status = main(sys.argv[1:])
+heavy = sorted(m for m in sys.modules
+               if m.split(".")[0] in ("torch", "tqdm") or m.startswith("tierfeed.loader"))
+print(status, heavy)
+"""
+
+
+def test_pack_of_a_directory_loads_only_what_packing_needs(tmp_path: Path) -> None:
+    """`tierfeed pack SRC DST -q` imports no torch, no `tierfeed.loader` (the loader's
+    composition, for packing to a URL only) and no progress bar; it still packs."""
+    write_tree(tmp_path / "src", FILES)
+    args = ["pack", str(tmp_path / "src"), str(tmp_path / "store"), "-q"]
+    done = subprocess.run(
+        [sys.executable, "-c", _PACK_MODULES, *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "0 []"
+    assert (tmp_path / "store" / "index.tfi").exists()

@@ -7,12 +7,14 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierfeed.errors import ConfigError
 from tierfeed.format.pack import PackOptions, PackReport, pack
-from tierfeed.format.shards import IndexReport, index_shards
 from tierfeed.units import human, parse_size
+
+if TYPE_CHECKING:  # `tierfeed index`'s module (tqdm with it) loads only for that command
+    from tierfeed.format.shards import IndexReport
 
 __all__ = ["register_index", "register_pack", "run_index", "run_pack"]
 
@@ -101,9 +103,13 @@ def register_pack(sub: Any, packer: Callable[..., PackReport] = pack) -> None:
     p.set_defaults(func=functools.partial(run_pack, packer=packer))
 
 
-def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] = index_shards) -> int:
-    """`tierfeed index` with ``args``, indexing with ``indexer`` (`tierfeed.loader.commands`
-    gives one that also indexes shards at a URL)."""
+def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | None = None) -> int:
+    """`tierfeed index` with ``args``, indexing with ``indexer`` (default: shards in a
+    directory; `tierfeed.loader.commands` gives one that also indexes shards at a URL)."""
+    if indexer is None:
+        from tierfeed.format.shards import index_shards
+
+        indexer = index_shards
     report = indexer(
         args.shards,
         args.out,
@@ -121,7 +127,7 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] = in
     return 0
 
 
-def register_index(sub: Any, indexer: Callable[..., IndexReport] = index_shards) -> None:
+def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) -> None:
     """Add `tierfeed index`, indexing with ``indexer`` (`tierfeed.loader.commands` gives one
     that also indexes shards at a URL)."""
     p = sub.add_parser("index", help="index existing tar shards in place")

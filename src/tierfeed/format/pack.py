@@ -23,10 +23,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm import tqdm
 
 from tierfeed.errors import (
     ConfigError,
@@ -61,6 +60,9 @@ from tierfeed.format.source import (
     walk_tree,
 )
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
@@ -174,12 +176,15 @@ class _Packer:
         self.resumed += 1
         return True
 
-    def run(self, bar: tqdm[Any]) -> None:
+    def run(self, bar: tqdm[Any] | None) -> None:
         """Write every chunk that could not be kept from an earlier run."""
         todo_chunks = [c for c in range(self.plan.num_chunks) if not self._reuse(c)]
         members = [list(self.plan.chunk_members(c)) for c in todo_chunks]
         files = self.plan.files
-        bar.update(sum(f.size for f in files) - sum(files[m].size for ms in members for m in ms))
+        if bar is not None:
+            bar.update(
+                sum(f.size for f in files) - sum(files[m].size for ms in members for m in ms)
+            )
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="tierfeed-pack") as pool:
             runs = read_ahead(pool, members, self.plan, self.options.workers, read_source_into)
             try:
@@ -191,7 +196,9 @@ class _Packer:
                 for _ in runs:  # let queued reads finish before the pool shuts down
                     pass
 
-    def _write_chunk(self, chunk: int, count: int, runs: Iterator[ReadRun], bar: tqdm[Any]) -> None:
+    def _write_chunk(
+        self, chunk: int, count: int, runs: Iterator[ReadRun], bar: tqdm[Any] | None
+    ) -> None:
         """Write ``chunk`` (``count`` members) from the runs read ahead, journalled once synced."""
         writer = ChunkWriter(self.dst / chunk_file_name(chunk))
         skipped: list[int] = []
@@ -209,7 +216,7 @@ class _Packer:
                     self.files_done += 1
                     data_bytes += self.plan.files[m].size
                 count -= len(run.members)
-                if not bar.disable:
+                if bar is not None:
                     bar.set_postfix(files=self.files_done, refresh=False)
                     bar.update(data_bytes)
             size, checksum = writer.commit()
@@ -264,6 +271,25 @@ class _Packer:
         )
 
 
+def _run_with_bar(packer: _Packer, total: int) -> None:
+    """`_Packer.run` under a progress bar on stderr (tqdm imported only then)."""
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="pack",
+        dynamic_ncols=True,
+    ) as bar:
+        try:
+            packer.run(bar)
+        except BaseException:
+            bar.leave = False  # an error is one line on stderr, without a stale bar above
+            raise
+
+
 def _write_store(
     dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree
 ) -> tuple[_Packer, IndexContent]:
@@ -272,21 +298,10 @@ def _write_store(
     with exclusive(dst):
         clear_replaced_store(dst, options.overwrite)
         packer = _Packer(dst, plan, options, tree)
-        total = sum(f.size for f in plan.files)
-        with tqdm(
-            total=total,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc="pack",
-            disable=not options.progress,
-            dynamic_ncols=True,
-        ) as bar:
-            try:
-                packer.run(bar)
-            except BaseException:
-                bar.leave = False  # an error is one line on stderr, without a stale bar above
-                raise
+        if options.progress:
+            _run_with_bar(packer, sum(f.size for f in plan.files))
+        else:
+            packer.run(None)
         content = packer.content()
         remove_leftovers(dst, plan.num_chunks)
         sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
