@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,38 @@ def test_a_skipped_member_leaves_no_hole_in_its_run(
     report = pack(src, tmp_path / "store", options)
     assert sorted(os.fsencode(p) for p, _ in report.skipped) == sorted(bad)
     _check(tmp_path / "store", _reference(src, options, bad))
+
+
+def test_a_chunk_is_synced_while_the_next_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pack is durable, and its syncs overlap the copy: while chunk 0 is being synced, chunk
+    1's bytes are already being written (a pack that waited for each sync would not be)."""
+    src = tmp_path / "src"
+    write_tree(src, {b"c/f%03d.bin" % i: os.urandom(20_000) for i in range(40)})
+    chunks = tmp_path / "store" / "chunks"
+    names: dict[int, str] = {}
+    seen: list[bool] = []
+    real_open, real_fsync = os.open, os.fsync
+
+    def spy_open(path: Any, *args: Any, **kw: Any) -> int:
+        fd = real_open(path, *args, **kw)
+        names[fd] = os.path.basename(os.fsdecode(path))
+        return fd
+
+    def next_chunk_written() -> bool:
+        return any(p.name != "000000.tar" and p.stat().st_size for p in chunks.iterdir())
+
+    def spy_fsync(fd: int) -> None:
+        if names.get(fd) == "000000.tar" and not seen:
+            deadline = time.monotonic() + 10
+            while not next_chunk_written() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            seen.append(next_chunk_written())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    pack(src, tmp_path / "store", PackOptions(chunk_size=128 * 1024, progress=False))
+    assert seen == [True]
+    assert verify_store(tmp_path / "store", progress=False) == []

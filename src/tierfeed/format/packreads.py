@@ -160,20 +160,24 @@ def read_ahead(
     buffers = _Buffers()
     inflight = 0
     pending = (run for members in chunks for run in _read_runs(members, plan))
-    while True:
+
+    def fill() -> None:
+        nonlocal inflight
         while inflight < _READ_AHEAD_BYTES and len(queue) < readers.active:
             run = next(pending, None)
             if run is None:
-                break
+                return
             buf = buffers.take(run[1])
             queue.append((run[1], buf, pool.submit(_read_run, run[0], buf, plan, read)))
             inflight += run[1]
-        if not queue:
-            return
+
+    fill()
+    while queue:
         nbytes, buf, fut = queue.popleft()
         inflight -= nbytes
         done = fut.result()
         readers.observe(done.wait, done.cpu)
+        fill()  # the readers go on while this run is written
         yield done
         buffers.give(buf)
 
