@@ -4,8 +4,10 @@ Packs `bench/s3_compare.py`'s data (``--images`` JPEGs, 64 MiB chunks), starts m
 (its own process) and the slowing proxy (`tests/s3proxy.py`, in this process); then, per
 trial, fetches every 4 MiB piece of the two large chunks with 32 threads: once through
 `FsspecDriver.read_range` (aiobotocore on fsspec's one event loop, each object's HEAD made
-before the clock starts), once through a boto3 client (urllib3, one connection per thread),
-as the origin-limit row of `bench/s3_compare.py` does. Prints the wall time of each and the
+before the clock starts), once through `FsspecDriver.read_block` (a copy's pieces: botocore
+on the calling threads, `S3Ranges`, its client made before the clock starts), once through a
+boto3 client (urllib3, one connection per thread), as the origin-limit row of
+`bench/s3_compare.py` does. Prints the wall time of each and the
 span the proxy took to send the bytes: where the first is much longer than the second, the
 client, not the link, is what a copy waits for.
 
@@ -81,7 +83,15 @@ def main() -> None:
                 driver = FsspecDriver(f"s3://{BUCKET}/tierfeed", read_only=True)
                 for name in {k for k, _, _ in items}:
                     driver.size(name)  # its HEAD: the pin
-                timed(proxy, "FsspecDriver", items, lambda it, d=driver: len(d.read_range(*it)))
+                timed(proxy, "FsspecDriver.read_range", items,
+                      lambda it, d=driver: len(d.read_range(*it)))  # fmt: skip
+                driver.close()
+                driver = FsspecDriver(f"s3://{BUCKET}/tierfeed", read_only=True)
+                for name in {k for k, _, _ in items}:
+                    driver.size(name)
+                driver.read_block(items[0][0], 0, 1)  # its client made (once per process)
+                timed(proxy, "FsspecDriver.read_block", items,
+                      lambda it, d=driver: len(d.read_block(*it)))  # fmt: skip
                 driver.close()
                 s3 = s3_client(proxy.url)
 

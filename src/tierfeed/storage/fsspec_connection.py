@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from tierfeed.storage.s3ranges import mark_default_session
+
 __all__ = ["POOL_CONNECTIONS", "connection_closer", "open_options", "store_kind"]
 
 
@@ -52,6 +54,7 @@ def _session() -> Any:
     if pid not in _sessions:
         _sessions.clear()
         _sessions[pid] = AioSession()
+        mark_default_session(_sessions[pid])
     return _sessions[pid]
 
 

@@ -36,10 +36,12 @@ from tierfeed.storage.objectfaults import (
     transient_kind,
 )
 from tierfeed.storage.retry import RetryPolicy, Verdict
+from tierfeed.storage.s3ranges import S3Ranges
 
 __all__ = ["FsspecDriver", "RetryPolicy", "error_code"]
 
 T = TypeVar("T")
+_Get = Callable[[str, int, int, "_Pin", bytearray, float], None]  # one try of a ranged read
 
 _ADVICE = ("the store is throttling, unreachable or cutting connections: lower the request rate "
            "(fewer DataLoader workers or fetch threads) or retry later")  # fmt: skip
@@ -111,6 +113,7 @@ class FsspecDriver(Driver):
         self._pinning: dict[str, threading.Lock] = {}  # path -> held while it is first looked at
         self._lock = threading.Lock()
         self._closed = False
+        self._ranges: S3Ranges | bool | None = False  # False: not made yet (`read_block`)
 
     def _full(self, path: str) -> str:
         parts = relative_parts(
@@ -215,6 +218,25 @@ class FsspecDriver(Driver):
             return self._pins.setdefault(path, seen)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        return self._read(path, offset, length, self._get)
+
+    def read_block(self, path: str, offset: int, length: int) -> bytes:
+        """A piece of a copy: for S3 a GET on the calling thread (`S3Ranges`: a copy's pieces
+        are not all received by the one event-loop thread), pinned, retried and translated as
+        `read_range`'s; elsewhere `read_range`."""
+        ranges = self._threaded() if self._s3 else None
+        if ranges is None:
+            return self._read(path, offset, length, self._get)
+        return self._read(path, offset, length, lambda full, start, end, pin, got, left: (
+            ranges.get(full, start, end, pin.etag, got, left)))  # fmt: skip
+
+    def _threaded(self) -> S3Ranges | None:
+        with self._lock:
+            if self._ranges is False:
+                self._ranges = S3Ranges.of(self.fs)
+            return self._ranges if isinstance(self._ranges, S3Ranges) else None
+
+    def _read(self, path: str, offset: int, length: int, get: _Get) -> bytes:
         pin = self._pin(path)
         end = min(offset + length, pin.size)
         if end <= offset:
@@ -223,7 +245,7 @@ class FsspecDriver(Driver):
 
         def rest(left: float) -> None:
             # Each try asks only for the bytes not received yet, of the pinned version.
-            self._get(full, offset + len(got), end, pin, got, left)
+            get(full, offset + len(got), end, pin, got, left)
             if len(got) < end - offset:
                 raise ShortAnswerError(f"the answer ended {end - offset - len(got)} bytes short")
 
@@ -351,6 +373,8 @@ class FsspecDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if isinstance(self._ranges, S3Ranges):
+            self._ranges.close()
         closing = connection_closer(self.fs)
         if closing is not None:
             from fsspec.asyn import sync
