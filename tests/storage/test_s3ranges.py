@@ -191,3 +191,19 @@ def test_a_session_of_the_callers_own_is_read_through_by_the_event_loop(
     assert d.read_block("obj.bin", 3, 30) == DATA[3:33]
     assert d._threaded() is None
     d.close()
+
+
+def test_copies_announced_ahead_have_their_client_made_in_the_background(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    d = threaded(proxy, bucket)
+    d.open_ahead(["obj.bin"])  # sample reads only: no client
+    assert d._ranges is False
+    d.open_ahead(["obj.bin"], blocks=True)
+    ranges = d._threaded()
+    assert ranges is not None and ranges._ahead.name == "tierfeed-s3"
+    ranges._ahead.join(timeout=30)
+    made = ranges._clients[0]
+    assert d.read_block("obj.bin", 0, 10) == DATA[:10] and ranges._clients[0] is made
+    d.close()
+    assert not ranges._ahead.is_alive()

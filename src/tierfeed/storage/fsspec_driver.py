@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -221,14 +221,14 @@ class FsspecDriver(Driver):
         return self._read(path, offset, length, self._get)
 
     def read_block(self, path: str, offset: int, length: int) -> bytes:
-        """A piece of a copy: for S3 a GET on the calling thread (`S3Ranges`: a copy's pieces
-        are not all received by the one event-loop thread), pinned, retried and translated as
-        `read_range`'s; elsewhere `read_range`."""
+        """A copy's piece: for S3 on the calling thread (`S3Ranges`), else as `read_range`."""
         ranges = self._threaded() if self._s3 else None
-        if ranges is None:
-            return self._read(path, offset, length, self._get)
-        return self._read(path, offset, length, lambda full, start, end, pin, got, left: (
-            ranges.get(full, start, end, pin.etag, got, left)))  # fmt: skip
+        return self._read(path, offset, length, self._get if ranges is None else ranges.get)
+
+    def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
+        ranges = self._threaded() if blocks and self._s3 else None
+        if ranges is not None:  # copies come: their client made now, in the background
+            ranges.ahead()
 
     def _threaded(self) -> S3Ranges | None:
         with self._lock:

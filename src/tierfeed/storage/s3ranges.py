@@ -18,16 +18,17 @@ process (a DataLoader worker) makes its own on its first read.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 from tierfeed.errors import StorageError
 
-__all__ = ["S3Ranges", "mark_default_session"]
+__all__ = ["Pinned", "S3Ranges", "mark_default_session"]
 
 _BLOCK = 1 << 20  # bytes per read of a body: what arrived before a cut is kept, and the
 # deadline is checked between reads
@@ -36,6 +37,13 @@ _BLOCK = 1 << 20  # bytes per read of a body: what arrived before a cut is kept,
 # caller's, so botocore's default session reads the same settings.
 _defaults: weakref.WeakSet[Any] = weakref.WeakSet()
 _CREDENTIALS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
+
+
+class Pinned(Protocol):
+    """An object as the driver first saw it: its ETag (None where the store gave none)."""
+
+    @property
+    def etag(self) -> str | None: ...
 
 
 def mark_default_session(session: Any) -> None:
@@ -60,6 +68,7 @@ class S3Ranges:
         self._pid = -1
         self._session: Any = None
         self._clients: dict[int, Any] = {}  # a read timeout (0: the configured one) -> client
+        self._ahead_pid, self._ahead = -1, threading.Thread()  # `ahead`'s, in this process
 
     @classmethod
     def of(cls, fs: Any) -> S3Ranges | None:
@@ -104,6 +113,10 @@ class S3Ranges:
 
                 self._pid, self._clients = os.getpid(), {}
                 self._session = Session(**self._session_kwargs)
+                if self._fs.session in _defaults:  # its parsed service models, not parsed again
+                    self._session.register_component(
+                        "data_loader", self._fs.session.get_component("data_loader")
+                    )
             made = self._clients.get(cap)
             if made is None:
                 from botocore.config import Config
@@ -118,11 +131,25 @@ class S3Ranges:
                 self._clients[cap] = made
             return made
 
+    def ahead(self) -> None:
+        """Make this process's client in the background now (a copy's first GET would wait
+        for it otherwise); best effort: a failure here is met again, and reported, by a GET."""
+        with self._lock:
+            if self._ahead_pid == os.getpid():
+                return
+            self._ahead_pid = os.getpid()
+            self._ahead = threading.Thread(target=self._make, name="tierfeed-s3", daemon=True)
+            self._ahead.start()
+
+    def _make(self) -> None:
+        with contextlib.suppress(Exception):
+            self._client(math.inf)
+
     def get(
-        self, full: str, start: int, end: int, etag: str | None, got: bytearray, left: float
+        self, full: str, start: int, end: int, pin: Pinned, got: bytearray, left: float
     ) -> None:
         """One ranged GET of bytes ``start``..``end - 1`` of ``full`` (bucket/key), on the
-        ETag ``etag`` (S3 answers 412 if the object changed), its bytes appended to ``got``
+        pinned ETag (S3 answers 412 if the object changed), its bytes appended to ``got``
         as they arrive (kept when the connection breaks). Its waits are bounded by the
         client's timeouts and ``left`` seconds (checked between blocks of the body).
 
@@ -135,8 +162,8 @@ class S3Ranges:
         client = self._client(left)
         bucket, key, version = self._fs.split_path(full)
         asked: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
-        if etag:
-            asked["IfMatch"] = etag
+        if pin.etag:
+            asked["IfMatch"] = pin.etag
         if version:
             asked["VersionId"] = version
         extra = getattr(self._fs, "_get_s3_method_kwargs", None)  # s3fs's request arguments
@@ -155,6 +182,8 @@ class S3Ranges:
 
     def close(self) -> None:
         """Close this process's connections (a forked copy's are the parent's: left alone)."""
+        if self._ahead_pid == os.getpid() and self._ahead.is_alive():
+            self._ahead.join(timeout=10)
         with self._lock:
             clients = list(self._clients.values()) if self._pid == os.getpid() else []
             self._clients = {}
