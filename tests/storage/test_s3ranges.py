@@ -207,3 +207,31 @@ def test_copies_announced_ahead_have_their_client_made_in_the_background(
     assert d.read_block("obj.bin", 0, 10) == DATA[:10] and ranges._clients[0] is made
     d.close()
     assert not ranges._ahead.is_alive()
+
+
+def _child_reads_alone(d: FsspecDriver, answer: Any) -> None:
+    answer.put(d.read_block("obj.bin", 10, 20) == DATA[10:30])
+
+
+def test_a_fork_while_a_client_is_made_leaves_the_child_a_free_lock(
+    proxy: S3Proxy, bucket: str
+) -> None:
+    """A thread of the parent making a client (`ahead`) holds the lock at the fork: the
+    child, which has no such thread, must not wait for it."""
+    d = threaded(proxy, bucket)
+    ranges = d._threaded()
+    assert ranges is not None
+    fork = multiprocessing.get_context("fork")
+    answer = fork.Queue()
+    with ranges._lock:  # as the thread making a client holds it
+        child = fork.Process(target=_child_reads_alone, args=(d, answer))
+        child.start()
+    try:
+        assert answer.get(timeout=20) is True
+        child.join(timeout=30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=10)
+        d.close()

@@ -51,6 +51,19 @@ def mark_default_session(session: Any) -> None:
     _defaults.add(session)
 
 
+_alive: weakref.WeakSet[S3Ranges] = weakref.WeakSet()  # every S3Ranges of this process
+
+
+def _after_fork() -> None:
+    """A forked child's locks anew: one held by a thread of the parent (a client being made
+    ahead) at the fork would be held forever in the child, which has no such thread."""
+    for ranges in list(_alive):
+        ranges._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class S3Ranges:
     """Ranged GETs of one s3fs file system's objects, on the calling thread.
 
@@ -69,6 +82,7 @@ class S3Ranges:
         self._session: Any = None
         self._clients: dict[int, Any] = {}  # a read timeout (0: the configured one) -> client
         self._ahead_pid, self._ahead = -1, threading.Thread()  # `ahead`'s, in this process
+        _alive.add(self)
 
     @classmethod
     def of(cls, fs: Any) -> S3Ranges | None:
