@@ -106,3 +106,21 @@ def test_a_stalled_get_is_hedged_by_a_second_ranged_get(
             guard = loader.last_epoch["guard"]
         # (close waits for the stalled GET itself: bounded by the request's read timeout)
         assert guard["hedges"] >= 1 and guard["hedge_wins"] >= 1
+
+
+def test_the_main_process_copies_through_the_driver_that_fetched_the_index(
+    store_dir: Path, s3_endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    url = upload(s3_endpoint, store_dir, bucket, "cold-start")
+    tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
+    ds = Dataset(url, "global", batch_size=16, decode=decode, tiers=tiers,
+                 storage_options=s3_options(s3_endpoint))  # fmt: skip
+    kept = ds._process._origin  # its client made as the index was fetched
+    assert kept is not None
+    with Loader(ds, num_workers=2) as loader:
+        assert sorted(values(list(loader))) == list(range(N))
+        assert ds._process.take_origin() is None  # handed over to the main process's copies
+        cold = loader._cold
+        assert cold is not None and cold.stop() and cold.stats is not None
+        assert cold.stats["origin"]["bytes"] > 0
+    assert kept._closed  # type: ignore[attr-defined]  # closed with the copies' stack

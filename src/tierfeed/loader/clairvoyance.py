@@ -9,7 +9,7 @@ import numpy.typing as npt
 from tierfeed.format.index import Index
 from tierfeed.storage.store import Store
 
-__all__ = ["EPOCHS_AHEAD", "byte_spans", "tell_future", "tell_head"]
+__all__ = ["EPOCHS_AHEAD", "byte_spans", "open_ahead", "tell_future", "tell_head"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -64,3 +64,12 @@ def byte_spans(index: Index, samples: IntArray) -> tuple[IntArray, IntArray]:
 
     (begin0, end0), (begin1, end1) = span(first), span(last)
     return np.minimum(begin0, begin1), np.maximum(end0, end1)
+
+
+def open_ahead(store: Store, order: IntArray, most: int | None = None) -> None:
+    """Open the chunks of ``order``'s reads (the first ``most`` of them, if given), in order
+    of first use, ahead of the reads: a stalled lookup or open (or an object store's client
+    made) is paid off the read path."""
+    chunks = np.asarray(store.index.sample_chunk)[order]
+    _, first = np.unique(chunks, return_index=True)
+    store.source.open_ahead(chunks[np.sort(first)][:most].tolist())

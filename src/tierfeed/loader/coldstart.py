@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import TierfeedError
-from tierfeed.loader.clairvoyance import tell_future
+from tierfeed.loader.clairvoyance import open_ahead, tell_future
 from tierfeed.loader.compose import StoreOpener
 from tierfeed.loader.processstore import ProcessStore
 from tierfeed.storage.store import Store
@@ -46,6 +46,7 @@ IntArray = npt.NDArray[np.int64]
 
 _COPIES_S = 60.0  # the opening copies may take this long; then the stack is closed anyway
 _STOP_S = 30.0  # `stop` waits this long for running copies to finish
+_OPENING = 8  # chunks of the first reads opened ahead (the first prefetch copies some)
 _POLL_S = 0.05  # how often the copying thread looks whether it was told to stop
 
 
@@ -80,7 +81,7 @@ class ColdStart:
             return None
         index = process.plan_index()
         try:
-            stack = opener.copier_over(index)
+            stack = opener.copier_over(index, process.take_origin())
         except (TierfeedError, OSError):
             return None
         return None if stack is None else cls(Store(index, stack), reads)
@@ -119,6 +120,7 @@ class ColdStart:
         try:
             if len(self._reads) and store.source.uses_future:
                 store.index.check_samples(self._reads)
+                open_ahead(store, self._reads, _OPENING)  # e.g. an S3 client made meanwhile
                 tell_future(store, self._reads, [self._reads])
                 self._wait()
         except TierfeedError as exc:  # the workers read the same and say what is wrong

@@ -137,19 +137,35 @@ class StoreOpener:
 
     def index(self) -> Index:
         """The store's index alone: enough to plan, with no tier stack or copy threads."""
+        return self.index_and_origin(keep=False)[0]
+
+    def index_and_origin(self, keep: bool = True) -> tuple[Index, Driver | None]:
+        """The store's index and, for a URL with ``keep``, the driver that fetched or checked
+        it, open (its client made: the caller closes it); None for a directory."""
         location = StoreLocation.of(self.path)
         cache = self.tiers.index_cache() if self.tiers else None
-        return Index(location.index_file(cache), lazy=self.lazy)
+        if not (location.remote and keep):
+            return Index(location.index_file(cache), lazy=self.lazy), None
+        origin = location.origin()
+        try:
+            return Index(location.index_file(cache, origin), lazy=self.lazy), origin
+        except BaseException:
+            origin.close()
+            raise
 
-    def copier_over(self, index: Index) -> TierStack | None:
+    def copier_over(self, index: Index, origin: Driver | None = None) -> TierStack | None:
         """A tier stack over ``index`` (this store's, which the caller has open) that only
         copies: the disk tier the host's processes share, no RAM tier (it serves no read);
+        for a URL through ``origin`` if given (the stack closes it), else a driver of its own.
         None where the tiers have no disk tier or do not follow the plan (`ColdStart`)."""
         tiers = self.tiers
         if tiers is None or tiers.disk_dir is None or tiers.policy != "clairvoyant":
+            if origin is not None:
+                origin.close()
             return None
         location = StoreLocation.of(self.path)
-        origin = location.origin() if location.remote else None
+        if origin is None and location.remote:
+            origin = location.origin()
         return tier_stack(index, dataclasses.replace(tiers, ram_bytes=0), origin)
 
 

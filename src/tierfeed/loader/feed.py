@@ -28,7 +28,7 @@ import numpy.typing as npt
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format.index import Index
 from tierfeed.loader.batching import batch_count, worker_slice
-from tierfeed.loader.clairvoyance import EPOCHS_AHEAD, tell_future, tell_head
+from tierfeed.loader.clairvoyance import EPOCHS_AHEAD, open_ahead, tell_future, tell_head
 from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.compose import selection_id
 from tierfeed.loader.decode import decode_read, decode_sample, describe_sample
@@ -275,7 +275,7 @@ class Feed:
         order = self._slice(rank, run, worker, num_workers)
         _check_rows(store, rank, order)
         store.source.begin_epoch()  # e.g. a namespace source loads the samples peers moved here
-        _open_ahead(store, order)
+        open_ahead(store, order)
         if store.source.uses_future:
             ahead = range(epoch + 1, epoch + 1 + EPOCHS_AHEAD)
             later = [self.worker_order(worker, num_workers, e) for e in ahead]
@@ -383,11 +383,3 @@ def _check_rows(store: Store, rank: IntArray, order: IntArray) -> None:
     """An index checked on use checks the rows this worker touches this epoch, once: its
     own, or the rank's (which hold its own) where its copies are told the rank's reads."""
     store.index.check_samples(rank if store.source.uses_future else order)
-
-
-def _open_ahead(store: Store, order: IntArray) -> None:
-    """Open the chunks this worker will read, in order of first use, ahead of the reads: a
-    stalled lookup or open is paid off the read path."""
-    slice_chunks = np.asarray(store.index.sample_chunk)[order]
-    _, first = np.unique(slice_chunks, return_index=True)
-    store.source.open_ahead(slice_chunks[np.sort(first)].tolist())

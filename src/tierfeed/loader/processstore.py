@@ -11,6 +11,7 @@ from tierfeed.loader.compose import StoreOpener
 from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.readers import Readers
 from tierfeed.loader.resume import StoreId
+from tierfeed.storage.driver import Driver
 from tierfeed.storage.store import Sample, Store
 
 __all__ = ["ProcessStore"]
@@ -21,9 +22,13 @@ class ProcessStore:
     own), with the process's reader threads; shared by a feed and the views a Loader makes of
     it (`Feed.for_loader`), so that they open one store and start one set of threads."""
 
-    def __init__(self, opener: Callable[[], Store], index: Index | None = None) -> None:
+    def __init__(
+        self, opener: Callable[[], Store], index: Index | None = None, origin: Driver | None = None
+    ) -> None:
         self.opener = opener
         self._index = index  # the index this process planned from, kept open
+        self._origin = origin  # the driver that fetched it, open, until `take_origin`
+        self._origin_pid = os.getpid()
         self._store: Store | None = None
         self._pid = -1
         self._readers: Readers | None = None
@@ -53,6 +58,12 @@ class ProcessStore:
             return self._index
         return self.store().index
 
+    def take_origin(self) -> Driver | None:
+        """The open driver that fetched this process's index (its client made), handed over
+        once (the taker closes it); None after that, in another process, or for a directory."""
+        origin, self._origin = self._origin, None
+        return origin if self._origin_pid == os.getpid() else None
+
     def store_id(self) -> StoreId:
         """What a loader state records of the store it reads (`StoreId`), so that a state is
         never resumed on another store: taken from the index's header once, O(1)."""
@@ -73,7 +84,11 @@ class ProcessStore:
         if self._store is not None and self._pid == os.getpid():
             self._store.close()
         self._store = None
+        origin = self.take_origin()
+        if origin is not None:
+            origin.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads and open stores belong to the process that made them.
-        return {**self.__dict__, "_readers": None, "_store": None, "_pid": -1, "_index": None}
+        gone = {"_readers": None, "_store": None, "_pid": -1, "_index": None, "_origin": None}
+        return {**self.__dict__, **gone}

@@ -217,12 +217,12 @@ def _opened(
     read to size them (so that planning does not read it again)."""
     if not (isinstance(opener, StoreOpener) and tiers is not None):
         return ProcessStore(opener), None
-    index = opener.index()
+    index, origin = opener.index_and_origin()  # the driver kept for `ColdStart`
     # Decided here, in the main process, so that every worker has the same quota; the disk
     # tier's directory was checked as the index was found (`index_cache`).
     store_bytes = int(index.chunks().mean_size() * index.num_chunks)
     opener = dataclasses.replace(opener, tiers=tiers.sized(store_bytes))
-    return ProcessStore(opener, index), index
+    return ProcessStore(opener, index, origin), index
 
 
 def _planned(
