@@ -50,6 +50,7 @@ def child(prefix: str, cache: str, marks: str, workers: int) -> None:
         for _ in loader:
             out["batches"].append(time.time())
         out["end"] = time.time()
+        out["tiers"] = (loader.last_epoch or {}).get("tiers", {})
     Path(marks).write_text(json.dumps(out))
 
 
@@ -171,6 +172,7 @@ def trace(work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
                 subprocess.run(argv, check=True, timeout=600, env=env)
                 marked = json.loads(marks.read_text())
                 line = timeline(list(proxy.gets), marked)
+                line["fetch"] = marked.get("tiers", {}).get("fetch", {})  # the epoch's counters
                 if a.requests:
                     t0 = marked["start"]
                     line["requests"] = [(round((s - t0) * 1e3), round((e - t0) * 1e3), k, r)
