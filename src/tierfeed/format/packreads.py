@@ -19,7 +19,6 @@ up to the number allowed.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from tierfeed.errors import UnreadableFileError
 from tierfeed.format.chunkref import checksum_bytes
 from tierfeed.format.packplan import PackPlan
-from tierfeed.format.source import SourceFile, file_kind, unreadable_error
+from tierfeed.format.source import SourceFile, check_read_size, opened_source
 from tierfeed.format.tarchunk import BLOCK
 
 __all__ = ["ReadRun", "ReaderCount", "read_ahead", "read_source_into"]
@@ -88,38 +87,16 @@ class ReaderCount:
 
 def read_source_into(f: SourceFile, view: memoryview) -> None:
     """Read the listed file ``f`` into ``view[:f.size]``, asking for at most its listed size
-    + 1 (``view`` must hold that byte too: it tells a file that grew from one that did not).
-
-    Opened without blocking (a FIFO swapped in since the listing cannot hang the pack) and
-    checked with fstat, so only a regular file is read; a file that grew or shrank since it
-    was listed is an `UnreadableFileError` naming it.
-    """
-    try:
-        fd = os.open(f.abs, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
+    + 1 (``view`` must hold that byte too: it tells a file that grew from one that did not);
+    checked as `read_source_file` checks (`opened_source`, `check_read_size`)."""
     got, want = 0, f.size + 1
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise unreadable_error(
-                f.abs,
-                f"not a regular file any more ({file_kind(mode)}); only regular files are packed",
-            )
+    with opened_source(f) as fd:
         while got < want:
             n = os.readv(fd, [view[got:want]])
             if not n:
                 break
             got += n
-    except OSError as exc:
-        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
-    finally:
-        os.close(fd)
-    if got != f.size:
-        change = f"grew (more than {f.size} bytes)" if got > f.size else f"shrank to {got} bytes"
-        raise unreadable_error(
-            f.abs, f"{change} during the pack (listed with {f.size} bytes); is it being written?"
-        )
+    check_read_size(f, got)
 
 
 class _Buffers:

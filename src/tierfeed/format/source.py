@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
@@ -218,41 +219,48 @@ def tree_content(
     }
 
 
-def read_source_file(f: SourceFile) -> bytes:
-    """The bytes of a listed file, reading at most its listed size + 1.
-
-    Opened without blocking (a FIFO swapped in since the listing cannot hang the pack) and
-    checked with fstat, so only a regular file is read; a file that grew or shrank since it
-    was listed is an error naming it.
-    """
+@contextlib.contextmanager
+def opened_source(f: SourceFile) -> Iterator[int]:
+    """The listed file ``f`` open, without blocking (a FIFO swapped in since the listing cannot
+    hang the pack), checked with fstat to be a regular file; an OSError within names it."""
+    fd = -1
     try:
         fd = os.open(f.abs, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
-    parts: list[bytes] = []
-    got = 0
-    try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise unreadable_error(
                 f.abs,
                 f"not a regular file any more ({file_kind(mode)}); only regular files are packed",
             )
+        yield fd
+    except OSError as exc:
+        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def check_read_size(f: SourceFile, got: int) -> None:
+    """``got`` bytes read of ``f`` (asked: its size + 1) not its size: an error naming it."""
+    if got != f.size:
+        change = f"grew (more than {f.size} bytes)" if got > f.size else f"shrank to {got} bytes"
+        raise unreadable_error(
+            f.abs, f"{change} during the pack (listed with {f.size} bytes); is it being written?"
+        )
+
+
+def read_source_file(f: SourceFile) -> bytes:
+    """The bytes of a listed file, asking for its size + 1 (`check_read_size`)."""
+    parts: list[bytes] = []
+    got = 0
+    with opened_source(f) as fd:
         while got <= f.size:  # the + 1 byte tells a file that grew from one that did not
             part = os.read(fd, f.size + 1 - got)
             if not part:
                 break
             parts.append(part)
             got += len(part)
-    except OSError as exc:
-        raise unreadable_error(f.abs, exc.strerror or str(exc)) from None
-    finally:
-        os.close(fd)
-    if got != f.size:
-        change = f"grew (more than {f.size} bytes)" if got > f.size else f"shrank to {got} bytes"
-        raise unreadable_error(
-            f.abs, f"{change} during the pack (listed with {f.size} bytes); is it being written?"
-        )
+    check_read_size(f, got)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
