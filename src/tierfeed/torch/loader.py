@@ -255,8 +255,9 @@ class Loader:
         """Start (or restart: another epoch was chosen, or the last one was left early) the
         workers' iteration at this epoch; what ran ahead is dropped. Workers forked now start
         beside this process's copies of the epoch's first chunks (`ColdStart`)."""
-        ColdStart.stop_if_any(self._cold)  # made before a fork, started after it
         forks = loader.num_workers > 0 and getattr(loader, "_iterator", None) is None
+        if forks:  # no copy thread of this process runs across a fork
+            ColdStart.stop_if_any(self._cold)
         cold = self._view.cold_start() if forks and self._view else None
         self._iter, self._ahead = _start(loader), []
         self._cold = cold.start() if cold is not None else self._cold
