@@ -52,8 +52,8 @@ _POLL_S = 0.05  # how often the copying thread looks whether it was told to stop
 
 class ColdStart:
     """Copies the opening chunks of ``reads`` (the rank's reads of an epoch, in the order the
-    Loader hands them out) into the host's disk tier: the store is opened here and now (before
-    the workers are forked: no thread of it runs yet), and `start` begins the copies.
+    Loader hands them out) into the host's disk tier: made before the workers are forked (its
+    stack runs no thread until it copies), `start`ed after the fork.
 
     Args:
         store: the store's index as this process has it open, over a tier stack that only
