@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,11 +60,14 @@ class ColdStart:
         store: the store's index as this process has it open, over a tier stack that only
             copies, into the disk tier the workers share (`StoreOpener.copier_over`); its
             stack is closed here, its index left open.
-        reads: the rank's samples of the epoch the workers start on, in order.
+        reads: gives the rank's samples of the epoch the workers start on, in order; called
+            on the copying thread, after the fork (a rank's order is O(its samples) to make).
         copies_s: the most seconds the opening copies are waited for.
     """
 
-    def __init__(self, store: Store, reads: IntArray, copies_s: float = _COPIES_S) -> None:
+    def __init__(
+        self, store: Store, reads: Callable[[], IntArray], copies_s: float = _COPIES_S
+    ) -> None:
         self._store = store
         self._reads = reads
         self._copies_s = copies_s
@@ -72,7 +76,7 @@ class ColdStart:
         self._thread = threading.Thread(target=self._run, name="tierfeed-coldstart", daemon=True)
 
     @classmethod
-    def of(cls, process: ProcessStore, reads: IntArray) -> ColdStart | None:
+    def of(cls, process: ProcessStore, reads: Callable[[], IntArray]) -> ColdStart | None:
         """The copies of ``reads`` from ``process``'s store, over the index it planned from;
         None where they do not apply (a store not opened by path or URL, no disk tier the
         host shares, another policy) or its stack cannot be made here (the workers say why)."""
@@ -118,10 +122,11 @@ class ColdStart:
     def _run(self) -> None:
         store = self._store
         try:
-            if len(self._reads) and store.source.uses_future:
-                store.index.check_samples(self._reads)
-                open_ahead(store, self._reads, _OPENING)  # e.g. an S3 client made meanwhile
-                tell_future(store, self._reads, [self._reads])
+            reads = self._reads() if store.source.uses_future else None
+            if reads is not None and len(reads):
+                store.index.check_samples(reads)
+                open_ahead(store, reads, _OPENING)  # e.g. an S3 client made meanwhile
+                tell_future(store, reads, [reads])
                 self._wait()
         except TierfeedError as exc:  # the workers read the same and say what is wrong
             log.debug("tierfeed: the main process's copies stopped: %s", exc)

@@ -201,10 +201,15 @@ class Feed:
 
     def cold_start(self) -> ColdStart | None:
         """The main process's copies of the opening of this feed's next iteration, not begun
-        (`ColdStart.of`: a Loader makes it before forking its workers, starts it after)."""
-        epoch = self.epoch
-        rank = self.rank_order(epoch, self._resume)
-        return ColdStart.of(self._process, rank[self._run(rank, epoch, self._resume)])
+        (`ColdStart.of`: a Loader makes it before forking its workers, starts it after); the
+        rank's reads are made by its thread, after the fork, not on the way to it."""
+        epoch, resume = self.epoch, self._resume
+
+        def reads() -> IntArray:
+            rank = self.rank_order(epoch, resume)
+            return rank[self._run(rank, epoch, resume)]
+
+        return ColdStart.of(self._process, reads)
 
     def _run(self, rank: IntArray, epoch: int, resume: Resume | None) -> IntArray:
         """The positions of ``rank`` (the rank's order of ``epoch``) this run reads: after a
