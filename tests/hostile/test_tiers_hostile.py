@@ -313,6 +313,55 @@ def test_full_cache_disk_is_counted_and_reads_go_on(
     assert {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.timeout(90)
+def test_a_full_cache_disk_under_the_main_process_copies_loses_no_sample(
+    store_dir: Path, tmpfs: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Loader's main process copies the opening chunks while its workers start
+    # (`ColdStart`), into a disk that fills up at once: its failures are counted, the workers
+    # read on, every sample comes once an epoch, and nothing half-written is kept.
+    from tierfeed.torch import Dataset, Loader, TierConfig
+    from tierfeed.torch import dataset as dataset_module
+
+    freeze = dataset_module.freeze_inherited
+
+    def late() -> None:  # each worker starts a second late: the main process copies first
+        if dataset_module._frozen_in != os.getpid():
+            time.sleep(1.0)
+        freeze()
+
+    monkeypatch.setattr(dataset_module, "freeze_inherited", late)
+
+    tiny = tmpfs("tiny", "size=1m")
+    filler = os.open(tiny / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:  # the store (~200 KB) fits the quota; the disk has ~16 KB left for it
+        os.write(filler, b"\0" * (1008 * 1024))
+    finally:
+        os.close(filler)
+    before = {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()}
+    tiers = TierConfig(disk_dir=str(tiny / "cache"), disk_bytes=2**19)
+    ds = Dataset(store_dir, "global", batch_size=8, decode=lambda s: bytes(s.fields["bin"]),
+                 tiers=tiers)  # fmt: skip
+    wanted = sorted(FILES.values())
+    with Loader(ds, num_workers=2) as loader:
+        for _ in range(2):
+            got = sorted(sample for batch in loader for sample in batch)
+            assert got == wanted
+        cold = loader._cold
+        assert cold is not None and cold.stop() and cold.stats is not None
+        tiers_seen = loader.last_epoch["tiers"]
+    disk = f"disk:{tiny / 'cache'}"
+    assert cold.stats[disk]["copy_failures"] >= 1  # the main process met the full disk
+    assert tiers_seen[disk]["copy_failures"] > cold.stats[disk]["copy_failures"]  # workers too
+    chunks = {cache_key(c): c for c in Index(store_dir).chunks()}
+    for path in (tiny / "cache").iterdir():  # (claims and landings lie in dot-directories)
+        if path.is_file() and path.name in chunks:  # a cache entry: whole and right, or absent
+            info = chunks[path.name]
+            assert path.read_bytes() == (store_dir / info.name).read_bytes(), path
+    assert not [p for p in (tiny / "cache").rglob(".tmp.*")]
+    assert {p: p.read_bytes() for p in store_dir.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.timeout(60)
 def test_an_origin_chunk_shorter_than_the_index_says_is_refused(
     store_dir: Path, tmp_path: Path

@@ -164,17 +164,20 @@ class FileLanding(Landing):
         for old in (map_name, data_name):
             self._unlink(old)
         data_fd = self._open(data_name, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        map_tmp, map_fd = os.fspath(temporary_path(map_name)), -1
         try:
             os.ftruncate(data_fd, info.size)
-            map_tmp = os.fspath(temporary_path(map_name))
             map_fd = self._open(map_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
             header = _HEADER.pack(_MAGIC, os.getpid(), piece, info.size)
             os.pwrite(map_fd, header + bytes(pieces_of(info.size, piece)), 0)
             os.replace(map_tmp, map_name, src_dir_fd=at, dst_dir_fd=at)
         except BaseException:
-            os.close(data_fd)
-            with contextlib.suppress(OSError):
-                self._unlink(data_name)
+            # A full disk, most likely: nothing of it is left behind, nor held open (this
+            # process lives on, so `sweep` would not take its temporary map).
+            _close_all([data_fd, map_fd] if map_fd >= 0 else [data_fd])
+            for name in (map_tmp, data_name):
+                with contextlib.suppress(OSError):
+                    self._unlink(name)
             raise
         return _FileArrival(info, piece, self.dir / data_name, data_fd, map_fd, os.getpid())
 
