@@ -109,21 +109,6 @@ def test_clairvoyant_keeps_a_fetched_chunk_that_no_longer_pays_for_its_copy() ->
     assert policy.choose({1: 100}, 0, 10, 100, fetched=True) == (False, [])
 
 
-def test_clairvoyant_weighs_each_chunk_by_its_own_reads() -> None:
-    # Chunk 0 holds 10 samples in 100 bytes, chunk 1 40 samples in 100 bytes; both are read
-    # whole once. By the mean read (2 bytes), chunk 0's copy cost 50 reads and its 10 reads
-    # did not pay for it; by its own (10 bytes a read) they do, exactly.
-    future = [0] * 10 + [1] * 40
-    policy = Clairvoyant()
-    policy.set_future(future, read_bytes=2.0)
-    assert policy.choose({}, 0, 100, 1000) == (False, [])
-    policy.set_future(future, read_bytes=np.array([10.0, 2.5]))
-    assert policy.choose({}, 0, 100, 1000) == (True, [])
-    assert policy.choose({}, 1, 100, 1000) == (True, [])
-    policy.set_future(future[:-1], read_bytes=np.array([10.0, 2.5]))  # one read fewer
-    assert policy.choose({}, 1, 100, 1000) == (False, [])
-
-
 @settings(max_examples=50)
 @given(seed=st.integers(0, 2**16), window=st.integers(2, 64))
 def test_clairvoyant_clock_survives_reads_out_of_plan_order(seed: int, window: int) -> None:

@@ -154,27 +154,3 @@ def test_stop_before_start_closes_the_stack(store: Path, tmp_path: Path) -> None
     assert isinstance(cold, ColdStart)
     assert cold.stop() and cold.stats is not None
     assert not cold.started
-
-
-def test_the_main_process_copies_a_chunk_of_larger_samples_than_the_mean(
-    tmp_path: Path,
-) -> None:
-    # Told this epoch alone, the main process weighed each copy against reads of the mean
-    # sample: a chunk of larger samples (fewer reads for its bytes) never paid for its copy,
-    # and was left to a worker once it had started (on S3, ~130 ms later).
-    raw = tmp_path / "raw"
-    for folder, count, size in (("a-large", 36, 24_000), ("b-small", 360, 2_000)):
-        (raw / folder).mkdir(parents=True)
-        for i in range(count):
-            (raw / folder / f"s{i:04d}.bin").write_bytes(os.urandom(size))
-    pack(raw, tmp_path / "store", PackOptions(chunk_size=2**20, progress=False))
-    store = tmp_path / "store"
-    assert len(list((store / "chunks").iterdir())) == 2  # one chunk of each
-    tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
-    ds = Dataset(store, "global", batch_size=32, decode=length, tiers=tiers)
-    cold = ds.for_loader(None).cold_start()
-    assert cold is not None
-    cold.start()._thread.join(60)  # its copies done (it closes its stack then)
-    assert cold.stop() and cold.stats is not None
-    assert cold.stats["origin"]["copies"] == 2  # both opening chunks, the large samples' too
-    assert cold.stats["origin"]["bytes"] == chunk_bytes(store)

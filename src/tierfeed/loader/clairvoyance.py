@@ -25,11 +25,9 @@ def tell_future(store: Store, rank: IntArray, ahead: list[IntArray]) -> None:
     chunk_of = np.asarray(index.sample_chunk)
     index.check_samples(np.concatenate([np.zeros(0, dtype=np.int64), *ahead[1:]]))
     reads = np.concatenate([chunk_of[o] for o in ahead])
-    # A read's share of its chunk (headers included), chunk by chunk: a copy of a chunk
-    # costs as many reads as it holds samples, so one whose samples are all read in the
-    # known future pays for its copy (a mean over all chunks refused the copy of a chunk of
-    # larger samples than the mean when told one epoch: `ColdStart`'s main process).
-    footprint = chunk_footprint(index)
+    # A read's share of its chunk (headers included): a copy costs ~samples-per-chunk
+    # reads of it.
+    footprint = float(index.chunk_size.sum()) / max(1, len(index))
     # The whole rank's order (every worker's batches, as the Loader hands them out): a
     # copy this worker makes serves the other workers' reads of the chunk too. Told
     # before the future, whose prefetch starts the first copies.
@@ -75,11 +73,3 @@ def open_ahead(store: Store, order: IntArray, most: int | None = None) -> None:
     chunks = np.asarray(store.index.sample_chunk)[order]
     _, first = np.unique(chunks, return_index=True)
     store.source.open_ahead(chunks[np.sort(first)][:most].tolist())
-
-
-def chunk_footprint(index: Index) -> npt.NDArray[np.float64]:
-    """Each chunk's bytes per sample it holds (headers included): what one read of it costs
-    against a copy of the whole (`tierfeed.storage.placement.ReadBytes`)."""
-    sizes = np.asarray(index.chunk_size, dtype=np.float64)
-    held = np.bincount(np.asarray(index.sample_chunk), minlength=len(sizes))[: len(sizes)]
-    return sizes / np.maximum(held, 1)

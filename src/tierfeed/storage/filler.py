@@ -34,7 +34,6 @@ from tierfeed.storage.foresight import Foresight
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.landing import Arrival, Landing
 from tierfeed.storage.originfetch import OriginFetch
-from tierfeed.storage.placement import ReadBytes
 from tierfeed.storage.placing import Landed, Placer
 from tierfeed.storage.tieroptions import TierOptions
 
@@ -98,7 +97,7 @@ class Filler:
             if horizon:
                 self.prefetch(horizon)
 
-    def set_future(self, sequence: npt.ArrayLike, read_bytes: ReadBytes = 0.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell clairvoyant tiers every read's chunk to come (`Foresight.set_future`), and
         prefetch its start: at least the first chunks of twice as many as the copy threads,
         so that the host's other processes, whose copy threads find this one's copies claimed,

@@ -11,7 +11,7 @@ import numpy.typing as npt
 from tierfeed.storage.chunktable import mean_chunk_size
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.originfetch import Reads
-from tierfeed.storage.placement import Clairvoyant, ReadBytes
+from tierfeed.storage.placement import Clairvoyant
 from tierfeed.storage.tuning import LookAhead
 
 _AHEAD_MAX = 8192  # reads of the future looked at for the first copies
@@ -29,10 +29,9 @@ class Foresight:
         self._reads = (empty, empty, empty, empty)  # see `set_reads`
         self._firsts = np.zeros(0, dtype=np.int64)  # see `opening`
 
-    def set_future(self, sequence: npt.ArrayLike, read_bytes: ReadBytes = 0.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell the clairvoyant tiers' policies the chunk of every read to come, in order
-        (``read_bytes``: a read's size, one figure or per chunk, which weighs a whole-chunk copy
-        against reads)."""
+        (``read_bytes``: a read's mean size, which weighs a whole-chunk copy against reads)."""
         h = self._holdings
         # Where each chunk is first read, in the look's reach: the first copies to start.
         head = np.asarray(sequence, dtype=np.int64)[:_AHEAD_MAX]

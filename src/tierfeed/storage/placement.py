@@ -4,8 +4,7 @@ fill-top      Monarch's: place while there is room, never evict.
 lru           evict the least recently used chunks to make room.
 clairvoyant   Belady's, made cost-aware: the future reads are known (the plan gives them).
               A chunk is copied only if its reads before it would be evicted pay for the
-              copy (a copy costs size / ``read_bytes`` reads: a chunk's bytes per sample,
-              so a chunk all of whose samples are read pays for it); to make room it evicts the
+              copy (a copy costs size / ``read_bytes`` reads); to make room it evicts the
               chunk whose next use is furthest away, only when the newcomer's reads before
               that next use pay for both copies. It prefetches the next chunks that fit.
 """
@@ -22,13 +21,9 @@ import numpy.typing as npt
 
 from tierfeed.errors import ConfigError
 
-__all__ = ["POLICIES", "Clairvoyant", "FillTop", "Lru", "Placement", "ReadBytes", "make_policy"]
+__all__ = ["POLICIES", "Clairvoyant", "FillTop", "Lru", "Placement", "make_policy"]
 
 NEVER = float("inf")
-
-# The bytes of one read, which weigh a whole-chunk copy against reads: one figure for every
-# chunk, or one per chunk (its bytes over its samples).
-ReadBytes = float | npt.NDArray[np.float64]
 
 
 class Placement(ABC):
@@ -98,16 +93,15 @@ class Clairvoyant(Placement):
         self._uses: dict[int, list[int]] = {}
         self._now = 0
         self._future: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self.read_bytes: ReadBytes = 0.0  # 0: a copy costs one read
+        self.read_bytes = 0.0  # 0: a copy costs one read
 
-    def set_future(self, sequence: npt.ArrayLike, read_bytes: ReadBytes = 0.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """The chunk of every read to come, in order (one entry per read, from the plan).
 
         Args:
             sequence: chunk ids, one per read.
-            read_bytes: the bytes of one read, one figure or one per chunk (`ReadBytes`);
-                copying a chunk of ``size`` bytes costs as much as size / read_bytes reads
-                (0: as much as one read).
+            read_bytes: the mean bytes of one read; copying a chunk of ``size`` bytes costs
+                as much as size / read_bytes reads (0: as much as one read).
         """
         self.read_bytes = read_bytes
         self._future = np.asarray(sequence, dtype=np.int64)
@@ -123,13 +117,6 @@ class Clairvoyant(Placement):
         # time, until nothing seemed needed again and each copy was dropped once made.
         if self._now < len(self._future):
             self._now += 1
-
-    def _read_bytes(self, chunk: int) -> float:
-        """The bytes of one read of ``chunk`` (inf where unknown: a copy costs one read)."""
-        given = self.read_bytes
-        if isinstance(given, np.ndarray):
-            given = float(given[chunk]) if 0 <= chunk < len(given) else 0.0
-        return given if given > 0 else NEVER
 
     def next_use(self, chunk: int) -> float:
         """Index of the chunk's next access at or after now (inf if never)."""
@@ -167,7 +154,7 @@ class Clairvoyant(Placement):
         # Held until the earliest next use among the victims (or for good): do the reads it
         # serves in that time pay for its copy, and for re-copying what it displaces?
         until = min((self.next_use(v) for v in victims), default=NEVER)
-        payoff = max(1.0, size / self._read_bytes(chunk))
+        payoff = max(1.0, size / self.read_bytes) if self.read_bytes > 0 else 1.0
         # Its copy (unless the bytes are already here: then only keeping it is decided), and
         # each victim read again copied back and read (one never read again costs nothing).
         again = sum(1 for v in victims if self.next_use(v) != NEVER)

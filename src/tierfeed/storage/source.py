@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy.typing as npt
 
-from tierfeed.storage.placement import ReadBytes
-
 __all__ = ["ChunkSource"]
 
 
@@ -67,10 +65,9 @@ class ChunkSource(ABC):
         stalled lookup or open is paid off the read path. The default opens nothing."""
         return None
 
-    def set_future(self, sequence: npt.ArrayLike, read_bytes: ReadBytes = 0.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Hint: the chunk of every read to come, in order (from the plan), for placement
-        that knows the future; ``read_bytes`` is the bytes of one read, one figure or one per
-        chunk (`ReadBytes`). The default
+        that knows the future; ``read_bytes`` is the mean bytes of one read. The default
         ignores it (and says so with `uses_future` False)."""
         return None
 

@@ -35,7 +35,6 @@ from tierfeed.storage.filler import Filler
 from tierfeed.storage.headreads import HeadReads
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.originfetch import OriginFetch
-from tierfeed.storage.placement import ReadBytes
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.tieroptions import TierOptions
 
@@ -219,13 +218,12 @@ class TierStack(ChunkSource):
         """Queue a whole-chunk copy into the tiers; False if present, queued, or queue full."""
         return self.filler.schedule(chunk)
 
-    def set_future(self, sequence: npt.ArrayLike, read_bytes: ReadBytes = 0.0) -> None:
+    def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell clairvoyant tiers the chunk of every read to come, and prefetch its start.
 
         Args:
             sequence: one chunk id per read, in order (from the plan).
-            read_bytes: the bytes of one read, one figure or one per chunk (weighs a
-                whole-chunk copy against reads).
+            read_bytes: mean bytes of one read (weighs a whole-chunk copy against reads).
         """
         self.filler.set_future(sequence, read_bytes)
 
