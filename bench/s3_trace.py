@@ -7,10 +7,17 @@ process, with every GET's start, end and bytes recorded; then runs one cold epoc
 (2 DataLoader workers, batch 64, the global plan, an empty disk tier with room for all) in a
 child process that writes the wall-clock time of its start, its first iteration and every
 batch. Times are from the child's start (its imports, the Dataset, the workers' start
-included), in ms.
+included), in ms. Per run also the CPU seconds each process used in the epoch (the Loader's
+process and each worker, from /proc; the proxy's, this process's, over the child's run).
+
+``--row`` also times the origin-limit row of `bench/s3_compare.py` once (N = 32 threads of
+8 MiB ranged GETs of the chunk objects through the same proxy, boto3, in a child process): its
+seconds from the first GET to the last, the CPU seconds its process used and the proxy's. On
+a machine of few cores the cold epoch's share of the row is bounded by the CPU both need.
 
 Usage (in the benchmark environment, or any with moto, s3fs and torch):
     python bench/s3_trace.py [--images 2000] [--latency-ms 20] [--mbps 25] [--runs 1]
+        [--requests] [--row]
 """
 
 from __future__ import annotations
@@ -46,12 +53,57 @@ def child(prefix: str, cache: str, marks: str, workers: int) -> None:
     tiers = TierConfig(disk_dir=cache)
     ds = Dataset(prefix, "global", batch_size=64, decode=length_and_label, tiers=tiers)
     with Loader(ds, num_workers=workers) as loader:
+        before = cpu_seconds()
         out["iter"] = time.time()
         for _ in loader:
             out["batches"].append(time.time())
         out["end"] = time.time()
+        after = cpu_seconds()  # the workers are still alive
+        used = {pid: round(s - before.get(pid, 0.0), 3) for pid, s in after.items()}
+        out["cpu_s"] = {"main": used.pop(os.getpid(), 0.0), "workers": sorted(used.values())}
         out["tiers"] = (loader.last_epoch or {}).get("tiers", {})
     Path(marks).write_text(json.dumps(out))
+
+
+def cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user and system) so far of this process and each of its children."""
+    me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(name) == me or int(fields[1]) == me:  # fields[1]: the parent's pid
+            out[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def row_child(endpoint: str, keys: str, out: str) -> None:
+    """The origin-limit row once (run as ``--row-child``): 32 threads of 8 MiB ranged GETs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.s3_compare import s3_client
+
+    block = 8 * 2**20
+    sizes = json.loads(keys)
+    work = [(k, o, min(block, n - o)) for k, n in sizes for o in range(0, n, block)]
+    s3 = s3_client(endpoint)
+
+    def get(item: tuple[str, int, int]) -> int:
+        key, off, length = item
+        rng = f"bytes={off}-{off + length - 1}"
+        return len(s3.get_object(Bucket=BUCKET, Key=key, Range=rng)["Body"].read())
+
+    cpu0, started = time.process_time(), time.perf_counter()
+    with ThreadPoolExecutor(32) as pool:
+        total = sum(pool.map(get, work))
+    seconds = time.perf_counter() - started
+    result = {"s": round(seconds, 3), "MB": round(total / 1e6, 1),
+              "cpu_s": round(time.process_time() - cpu0, 3)}  # fmt: skip
+    Path(out).write_text(json.dumps(result))
 
 
 def traced_proxy(upstream: str, latency_s: float, bps: float, root: Path) -> Any:
@@ -131,10 +183,15 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--requests", action="store_true", help="list every chunk GET too")
+    p.add_argument("--row", action="store_true", help="time the origin-limit row once too")
     p.add_argument("--child", nargs=3, metavar=("PREFIX", "CACHE", "MARKS"))
+    p.add_argument("--row-child", nargs=3, metavar=("ENDPOINT", "KEYS", "OUT"))
     a = p.parse_args()
     if a.child:
         child(*a.child, a.workers)
+        return
+    if a.row_child:
+        row_child(*a.row_child)
         return
     with tempfile.TemporaryDirectory() as tmp:
         for line in trace(Path(tmp), a):
@@ -169,20 +226,38 @@ def trace(work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
                 marks = work / "marks.json"
                 argv = [sys.executable, __file__, "--workers", str(a.workers), "--child",
                         f"s3://{BUCKET}/tierfeed", cache, str(marks)]  # fmt: skip
+                proxy_cpu = time.process_time()
                 subprocess.run(argv, check=True, timeout=600, env=env)
+                proxy_cpu = time.process_time() - proxy_cpu
                 marked = json.loads(marks.read_text())
                 line = timeline(list(proxy.gets), marked)
                 line["fetch"] = marked.get("tiers", {}).get("fetch", {})  # the epoch's counters
+                line["cpu_s"] = dict(marked["cpu_s"], proxy=round(proxy_cpu, 3))
                 if a.requests:
                     t0 = marked["start"]
                     line["requests"] = [(round((s - t0) * 1e3), round((e - t0) * 1e3), k, r)
                                         for s, e, k, r in sorted(proxy.log)]  # fmt: skip
                 out.append(dict(run=run, **line))
+        if a.row:
+            out.append({"row": origin_row(proxy.url, work / "origin" / "tierfeed", env, work)})
         proxy.stop()
     finally:
         server.terminate()
         server.wait(timeout=10)
     return out
+
+
+def origin_row(url: str, store: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
+    """The origin-limit row once, in a child process; with the proxy's CPU seconds meanwhile."""
+    chunks = sorted((store / "chunks").iterdir())
+    keys = [(f"tierfeed/chunks/{c.name}", c.stat().st_size) for c in chunks]
+    out = work / "row.json"
+    argv = [sys.executable, __file__, "--row-child", url, json.dumps(keys), str(out)]
+    proxy_cpu = time.process_time()
+    subprocess.run(argv, check=True, timeout=600, env=env)
+    row = json.loads(out.read_text())
+    row["proxy_cpu_s"] = round(time.process_time() - proxy_cpu, 3)
+    return dict(row)
 
 
 if __name__ == "__main__":
