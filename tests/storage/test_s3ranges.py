@@ -169,6 +169,46 @@ def test_a_forked_child_makes_its_own_client(proxy: S3Proxy, bucket: str) -> Non
     d.close()
 
 
+def _child_opens_a_driver(url: str, options: dict[str, Any], parent: Any, answer: Any) -> None:
+    import botocore.loaders
+
+    from tierfeed.storage import fsspec_connection
+
+    parsed: list[str] = []
+    load = botocore.loaders.JSONFileLoader.load_file
+
+    def counted(self: Any, file_path: str, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(file_path)
+        return load(self, file_path, *args, **kwargs)
+
+    botocore.loaders.JSONFileLoader.load_file = counted  # type: ignore[method-assign]
+    d = FsspecDriver(url, True, **options)  # as a DataLoader worker opens its store
+    right = d.read_range("obj.bin", 7, 9) == DATA[7:16]
+    right = right and d.read_block("obj.bin", 0, 5) == DATA[:5]
+    d.close()
+    answer.put((right, parsed, fsspec_connection._session() is not parent))
+
+
+def test_a_forked_childs_clients_parse_no_service_model_again(proxy: S3Proxy, bucket: str) -> None:
+    # A DataLoader worker makes its own session (its credentials' lock is its own), with the
+    # models its parent parsed: ~66 ms of CPU a worker otherwise, at every start.
+    from tierfeed.storage import fsspec_connection
+
+    url, options = f"s3://{bucket}/root", s3_options(proxy.url)
+    d = FsspecDriver(url, True, **options)
+    assert d.read_range("obj.bin", 0, 10) == DATA[:10] == d.read_block("obj.bin", 0, 10)
+    parent = fsspec_connection._session()
+    fork = multiprocessing.get_context("fork")
+    answer = fork.Queue()
+    child = fork.Process(target=_child_opens_a_driver, args=(url, options, parent, answer))
+    child.start()
+    right, parsed, own_session = answer.get(timeout=30)
+    child.join(timeout=30)
+    assert right and own_session
+    assert parsed == []  # no JSON model read again in the child
+    d.close()
+
+
 def test_the_environment_sets_the_endpoint_as_for_the_event_loop(
     proxy: S3Proxy, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
