@@ -96,25 +96,34 @@ def upload_tree(endpoint: str, local: Path, prefix: str) -> int:
     return sum(p.stat().st_size for p in files)
 
 
+def ranges_of(keys: list[tuple[str, int]], block: int = 8 * 2**20) -> list[tuple[str, int, int]]:
+    """(key, offset, length) of every ``block`` bytes of the objects ``keys`` (key, size)."""
+    return [(k, off, min(block, size - off)) for k, size in keys for off in range(0, size, block)]
+
+
+def parallel_gets(s3: Any, work: list[tuple[str, int, int]], n: int) -> int:
+    """The ranged GETs ``work`` (`ranges_of`) on ``n`` threads of the client ``s3``; bytes."""
+
+    def get(item: tuple[str, int, int]) -> int:
+        key, off, length = item
+        rng = f"bytes={off}-{off + length - 1}"
+        return len(s3.get_object(Bucket=BUCKET, Key=key, Range=rng)["Body"].read())
+
+    with ThreadPoolExecutor(n) as pool:
+        return sum(pool.map(get, work))
+
+
 def origin_limit(proxy: str, keys: list[tuple[str, int]], samples: int,
                  widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> dict[str, Any]:  # fmt: skip
     """N threads of 8 MiB ranged GETs of ``keys`` through the proxy, for each N; the best."""
-    block = 8 * 2**20
-    work = [(k, off, min(block, size - off)) for k, size in keys for off in range(0, size, block)]
+    work = ranges_of(keys)
     best: dict[str, Any] = {}
     probes: dict[int, float] = {}
     for n in widths:
         s3 = s3_client(proxy)
         before = origin_counters(proxy)
         started = time.perf_counter()
-
-        def get(item: tuple[str, int, int], s3: Any = s3) -> int:
-            key, off, length = item
-            rng = f"bytes={off}-{off + length - 1}"
-            return len(s3.get_object(Bucket=BUCKET, Key=key, Range=rng)["Body"].read())
-
-        with ThreadPoolExecutor(n) as pool:
-            total = sum(pool.map(get, work))
+        total = parallel_gets(s3, work, n)
         seconds = time.perf_counter() - started
         probes[n] = round(total / seconds / 1e6, 1)
         if not best or probes[n] > best["MB_per_s"]:

@@ -83,23 +83,12 @@ def cpu_seconds() -> dict[int, float]:
 
 def row_child(endpoint: str, keys: str, out: str) -> None:
     """The origin-limit row once (run as ``--row-child``): 32 threads of 8 MiB ranged GETs."""
-    from concurrent.futures import ThreadPoolExecutor
+    from bench.s3_compare import parallel_gets, ranges_of, s3_client
 
-    from bench.s3_compare import s3_client
-
-    block = 8 * 2**20
-    sizes = json.loads(keys)
-    work = [(k, o, min(block, n - o)) for k, n in sizes for o in range(0, n, block)]
+    work = ranges_of([(key, size) for key, size in json.loads(keys)])
     s3 = s3_client(endpoint)
-
-    def get(item: tuple[str, int, int]) -> int:
-        key, off, length = item
-        rng = f"bytes={off}-{off + length - 1}"
-        return len(s3.get_object(Bucket=BUCKET, Key=key, Range=rng)["Body"].read())
-
     cpu0, started = time.process_time(), time.perf_counter()
-    with ThreadPoolExecutor(32) as pool:
-        total = sum(pool.map(get, work))
+    total = parallel_gets(s3, work, 32)
     seconds = time.perf_counter() - started
     result = {"s": round(seconds, 3), "MB": round(total / 1e6, 1),
               "cpu_s": round(time.process_time() - cpu0, 3)}  # fmt: skip
