@@ -3,11 +3,12 @@ on loopback), and the helpers that talk to them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from urllib.parse import unquote, urlsplit
 
 import fsspec
 
+from tierfeed.storage.fsspec_driver import FsspecDriver
+
 __all__ = [
     "SCHEMES", "Remote", "azure_connection", "client", "env", "free_port", "make_remote",
-    "s3_options", "upload",
+    "object_behind_proxy", "root_driver", "s3_options", "upload",
 ]  # fmt: skip
 
 
@@ -59,6 +62,23 @@ def client(endpoint: str) -> Any:
         "s3", endpoint_url=endpoint, region_name="us-east-1",
         aws_access_key_id="testing", aws_secret_access_key="testing",
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def object_behind_proxy(endpoint: str, bucket: str, data: bytes) -> Iterator[Any]:
+    """``data`` put at ``s3://bucket/root/obj.bin`` (straight to ``endpoint``), and a fresh
+    counting, fault-injecting `tests.s3proxy.S3Proxy` in front of ``endpoint``."""
+    from tests.s3proxy import S3Proxy
+
+    client(endpoint).put_object(Bucket=bucket, Key="root/obj.bin", Body=data)
+    with S3Proxy(endpoint) as running:
+        yield running
+
+
+def root_driver(endpoint: str, bucket: str, **config: Any) -> FsspecDriver:
+    """A read-only driver on ``s3://bucket/root`` through ``endpoint`` (``config``: botocore
+    Config settings, as `s3_options`)."""
+    return FsspecDriver(f"s3://{bucket}/root", True, **s3_options(endpoint, **config))
 
 
 def upload(endpoint: str, directory: Path, bucket: str, prefix: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.objectstore import client, env, s3_options
+from tests.objectstore import client, env, object_behind_proxy, root_driver, s3_options
 from tests.s3proxy import Fault, S3Proxy
 from tierfeed.errors import NotFoundError, StorageError
 from tierfeed.storage.fsspec_driver import FsspecDriver, RetryPolicy
@@ -26,14 +26,13 @@ DATA = os.urandom(3 * 2**20 + 12345)  # more than one block of a body
 
 @pytest.fixture
 def proxy(s3_endpoint: str, bucket: str) -> Iterator[S3Proxy]:
-    client(s3_endpoint).put_object(Bucket=bucket, Key="root/obj.bin", Body=DATA)
-    with S3Proxy(s3_endpoint) as running:
+    with object_behind_proxy(s3_endpoint, bucket, DATA) as running:
         yield running
 
 
 def threaded(proxy: S3Proxy, bucket: str, **config: float) -> FsspecDriver:
     """A driver whose pieces cannot be read on the event loop (an S3 call there fails)."""
-    d = FsspecDriver(f"s3://{bucket}/root", True, **s3_options(proxy.url, **config))
+    d = root_driver(proxy.url, bucket, **config)
 
     on_loop = d.fs._call_s3
 
@@ -169,7 +168,7 @@ def test_a_forked_child_makes_its_own_client(proxy: S3Proxy, bucket: str) -> Non
     d.close()
 
 
-def _child_opens_a_driver(url: str, options: dict[str, Any], parent: Any, answer: Any) -> None:
+def _child_opens_a_driver(endpoint: str, bucket: str, parent: Any, answer: Any) -> None:
     import botocore.loaders
 
     from tierfeed.storage import fsspec_connection
@@ -182,7 +181,7 @@ def _child_opens_a_driver(url: str, options: dict[str, Any], parent: Any, answer
         return load(self, file_path, *args, **kwargs)
 
     botocore.loaders.JSONFileLoader.load_file = counted  # type: ignore[method-assign]
-    d = FsspecDriver(url, True, **options)  # as a DataLoader worker opens its store
+    d = root_driver(endpoint, bucket)  # as a DataLoader worker opens its store
     right = d.read_range("obj.bin", 7, 9) == DATA[7:16]
     right = right and d.read_block("obj.bin", 0, 5) == DATA[:5]
     d.close()
@@ -194,13 +193,12 @@ def test_a_forked_childs_clients_parse_no_service_model_again(proxy: S3Proxy, bu
     # models its parent parsed: ~66 ms of CPU a worker otherwise, at every start.
     from tierfeed.storage import fsspec_connection
 
-    url, options = f"s3://{bucket}/root", s3_options(proxy.url)
-    d = FsspecDriver(url, True, **options)
+    d = root_driver(proxy.url, bucket)
     assert d.read_range("obj.bin", 0, 10) == DATA[:10] == d.read_block("obj.bin", 0, 10)
     parent = fsspec_connection._session()
     fork = multiprocessing.get_context("fork")
     answer = fork.Queue()
-    child = fork.Process(target=_child_opens_a_driver, args=(url, options, parent, answer))
+    child = fork.Process(target=_child_opens_a_driver, args=(proxy.url, bucket, parent, answer))
     child.start()
     right, parsed, own_session = answer.get(timeout=30)
     child.join(timeout=30)
