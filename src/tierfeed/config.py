@@ -11,7 +11,22 @@ from tierfeed.cachedir import private_dir
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.world import World
 
-__all__ = ["default_cache_dir", "gloo_on_loopback_if_local", "world_for", "world_from_env"]
+__all__ = [
+    "default_cache_dir",
+    "gloo_on_loopback_if_local",
+    "worker_heap_wanted",
+    "world_for",
+    "world_from_env",
+]
+
+# Variables by which a user tunes glibc's malloc: a worker's heap is then left as they set it.
+_MALLOC_VARIABLES = (
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
+_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -83,3 +98,27 @@ def gloo_on_loopback_if_local(env: dict[str, str] | os._Environ[str] | None = No
     env = os.environ if env is None else env
     if env.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def worker_heap_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether DataLoader workers keep the heap memory they free (`tierfeed.torch.workerheap`):
+    yes unless $TIERFEED_WORKER_HEAP is 0, or the environment tunes malloc itself (a
+    ``MALLOC_*_`` threshold, ``GLIBC_TUNABLES`` naming ``glibc.malloc``, or jemalloc, tcmalloc
+    or mimalloc in ``LD_PRELOAD``).
+
+    Raises:
+        ConfigError: $TIERFEED_WORKER_HEAP is neither 0 nor 1.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("TIERFEED_WORKER_HEAP", "")
+    if raw not in ("", "0", "1"):
+        raise ConfigError(
+            f"environment variable TIERFEED_WORKER_HEAP={raw!r} must be 0 (leave the workers' "
+            "malloc as it is) or 1 (keep the heap they free, the default)"
+        )
+    if raw == "0" or any(env.get(name) for name in _MALLOC_VARIABLES):
+        return False
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return False
+    preload = env.get("LD_PRELOAD", "")
+    return not any(name in preload for name in _ALLOCATORS)

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from tierfeed.config import world_for, world_from_env
+from tierfeed.config import worker_heap_wanted, world_for, world_from_env
 from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
@@ -33,6 +33,7 @@ from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
 from tierfeed.torch.fields import collate_fields, decoded_fields, decoder, sample_fields
 from tierfeed.torch.handover import BY_VALUE_BYTES, ship
+from tierfeed.torch.workerheap import keep_worker_heap
 from tierfeed.world import World
 
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
@@ -87,7 +88,11 @@ class Dataset(Feed, IterableDataset[Batch]):
 
     Raises:
         ConfigError: ``samples`` names ids outside the store, one twice, or none, or is a
-            mask of another length.
+            mask of another length; $TIERFEED_WORKER_HEAP is neither 0 nor 1.
+
+    In its DataLoader workers (never in the training process) freed heap memory is kept for
+    the next batch (`tierfeed.torch.workerheap`; ``TIERFEED_WORKER_HEAP=0`` leaves malloc
+    as it is).
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class Dataset(Feed, IterableDataset[Batch]):
         if samples is not None and exchange is not None:
             raise ConfigError("samples= cannot be combined with an exchange between ranks")
         tiers = _tiers(tiers, cache_dir)
+        worker_heap_wanted()  # a bad $TIERFEED_WORKER_HEAP is named here, not in each worker
         opener = (
             store
             if callable(store)
@@ -158,6 +164,7 @@ class Dataset(Feed, IterableDataset[Batch]):
             batches = self.iterate(0, 1, in_worker=False)
         else:
             freeze_inherited()
+            keep_worker_heap()
             batches = self.iterate(info.id, info.num_workers, in_worker=True)
             if self._by_value_bytes:
                 batches = _shipped(batches, self._by_value_bytes)
