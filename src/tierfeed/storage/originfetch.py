@@ -36,7 +36,9 @@ _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at mos
 # Second requests for late pieces read at most _HEDGE_SHARE of the copies' bytes begun, and
 # only _HEDGE_FLOOR of them until hedges win: each hedge that landed its piece first earns
 # _HEDGE_EARNED more of its size. Where pieces run late from noise (queueing, a busy host)
-# rather than stalls, no hedge wins, and they would read the full share for nothing.
+# rather than stalls, no hedge wins, and they would read the full share for nothing. The
+# first hedge is always within the floor (if within the share): a process that copies one
+# chunk has a floor smaller than a piece, and its first stall was waited out in full.
 _HEDGE_SHARE = 0.02
 _HEDGE_FLOOR = 0.005
 _HEDGE_EARNED = 4
@@ -172,13 +174,15 @@ class OriginFetch:
 
     def _may_hedge(self, nbytes: int) -> bool:
         """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges
-        read at most `_HEDGE_FLOOR` of the bytes of the copies begun, more as they win (each
-        win earns `_HEDGE_EARNED` hedges of its size), never past `_HEDGE_SHARE`."""
+        read at most `_HEDGE_FLOOR` of the bytes of the copies begun (the first hedge always
+        fits it), more as they win (each win earns `_HEDGE_EARNED` hedges of its size), never
+        past `_HEDGE_SHARE`."""
         with self._mutex:
             spent = self._hedged_bytes + nbytes
             granted = self._hedges_granted
             won = self.counters.hedge_wins * self._hedged_bytes / granted if granted else 0.0
-            earned = _HEDGE_FLOOR * self._begun_bytes + _HEDGE_EARNED * won
+            floor = max(_HEDGE_FLOOR * self._begun_bytes, nbytes)
+            earned = floor + _HEDGE_EARNED * won
             if spent > min(earned, _HEDGE_SHARE * self._begun_bytes):
                 return False
             self._hedged_bytes = spent
