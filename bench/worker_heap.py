@@ -34,7 +34,7 @@ def child(mode: str, path: str, kb: int, batch: int, batches: int) -> float:
     if mode == "kept":
         from tierfeed.torch.workerheap import keep_worker_heap
 
-        assert keep_worker_heap(), "glibc's malloc is needed for 'kept'"
+        assert keep_worker_heap(), "'kept' needs glibc's malloc, untuned by the environment"
     size = kb * 1024
     fd = os.open(path, os.O_RDONLY)
     end = os.fstat(fd).st_size - size
@@ -67,7 +67,9 @@ def main() -> None:
     if a.child:
         print(child(a.child, a.file, a.kb, a.batch, a.batches))
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    # What makes tierfeed leave malloc alone (`worker_heap_wanted`): cleared for the children.
+    tuning = ("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "TIERFEED_WORKER_HEAP")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(tuning)}
     results: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "data")
