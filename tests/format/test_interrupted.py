@@ -72,7 +72,7 @@ def test_resume_keeps_unchanged_chunks_and_rewrites_changed_ones(
     options = PackOptions(chunk_size=16384, progress=False)
     dst = tmp_path / "store"
 
-    def crash(*args: object) -> None:
+    def crash(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # the pack dies after its chunks, before the index appears
 
     with monkeypatch.context() as m:

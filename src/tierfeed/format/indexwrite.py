@@ -209,11 +209,14 @@ def _lay_out(header: dict[str, Any], payloads: list[tuple[str, bytes]]) -> int:
     return header_len
 
 
-def write_index(path: str | os.PathLike[str], content: IndexContent, narrow: bool = True) -> None:
+def write_index(
+    path: str | os.PathLike[str], content: IndexContent, narrow: bool = True, mode: int = 0o666
+) -> None:
     """Write ``content`` to ``path`` atomically (temporary name in the same directory, rename).
 
     ``narrow`` writes the `NARROW` offsets as 32-bit where they fit (12 bytes less per
-    one-file sample); False keeps them 64-bit, as format version 1 had them.
+    one-file sample); False keeps them 64-bit, as format version 1 had them. ``mode``: the
+    file's permission bits (the umask applies); pack's keep a private source private.
     """
     if len(content.exts) > 2**16:
         raise IndexFormatError(
@@ -230,7 +233,7 @@ def write_index(path: str | os.PathLike[str], content: IndexContent, narrow: boo
     head = PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
     if len(head) > header_len:
         raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
-    with publishing(path) as out:
+    with publishing(path, mode=mode) as out:
         written = out.write(head.ljust(header_len, b"\0"))
         for name, data in payloads:
             gap = sections[name][0] - written  # zeros up to the section's aligned offset

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -157,8 +158,11 @@ class _Packer:
         offsets, size = self.plan.layout(members)
         path = self.dst / chunk_file_name(chunk)
         try:
-            if entry["size"] != size or path.stat().st_size != size:
+            st = path.stat()
+            if entry["size"] != size or st.st_size != size:
                 return False
+            if stat.S_IMODE(st.st_mode) & ~self.plan.file_mode(members):
+                return False  # wider than the source allows now (a directory was closed)
             data = path.read_bytes()
         except (OSError, KeyError):
             return False
@@ -200,7 +204,8 @@ class _Packer:
         self, chunk: int, count: int, runs: Iterator[ReadRun], bar: tqdm[Any] | None
     ) -> None:
         """Write ``chunk`` (``count`` members) from the runs read ahead, journalled once synced."""
-        writer = ChunkWriter(self.dst / chunk_file_name(chunk))
+        planned = self.plan.chunk_members(chunk)
+        writer = ChunkWriter(self.dst / chunk_file_name(chunk), self.plan.file_mode(planned))
         skipped: list[int] = []
         try:
             while count:
@@ -223,6 +228,8 @@ class _Packer:
         except BaseException:
             writer.abort()
             raise
+        if skipped:  # a skipped member's bits must not widen the others'
+            self._narrow(writer.path, sorted(set(planned) - set(skipped)))
         self.chunk_size[chunk], self.chunk_checksum[chunk] = size, checksum
         entry = {
             "chunk": chunk,
@@ -233,6 +240,18 @@ class _Packer:
         }
         # journalled once the chunk is on disk, while the next chunk is written
         self.syncer.add(writer.path, lambda: append_journal(self.dst, entry))
+
+    def _narrow(self, path: Path, members: list[int]) -> None:
+        """Narrow a chunk this run wrote to the mode of the members it holds: it was created
+        with its planned members' mode, since which one is unreadable shows only as it is read
+        (the store is not published before its index)."""
+        mode = self.plan.file_mode(members)
+        if stat.S_IMODE(path.stat().st_mode) & ~mode:
+            os.chmod(path, mode)
+
+    def index_mode(self) -> int:
+        """The index's mode: it names every file, so no wider than the widest one kept."""
+        return self.plan.file_mode(np.flatnonzero(self.offset >= 0))
 
     def _unreadable(self, member: int, error: UnreadableFileError) -> int:
         """``member`` could not be read: raise its error, or (skipping) count and return it."""
@@ -305,7 +324,7 @@ def _write_store(
         content = packer.content()
         remove_leftovers(dst, plan.num_chunks)
         sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
-        write_index(dst / INDEX_NAME, content)
+        write_index(dst / INDEX_NAME, content, mode=packer.index_mode())
         with contextlib.suppress(FileNotFoundError):
             (dst / JOURNAL).unlink()
     return packer, content

@@ -1,7 +1,14 @@
-"""Where every member of a pack goes: chunk assignment, tar layout and per-chunk fingerprints.
+"""Where every member of a pack goes: chunk assignment, tar layout, per-chunk fingerprints and
+the permission bits of the store's files.
 
 Pure functions of the source listing and the chunk size, so that a re-run of an interrupted
 pack knows which finished chunks it can keep.
+
+A store file grants its group and others no more than the source did: a chunk is readable by
+a class (group, others) only where one of its members is readable by that class in the source
+and every directory above that member in the tree (the root included) lets the class through;
+the index, which names every file, only where some member of the store is. Nothing the store
+holds is ever writable by anyone but the one who packed it, who keeps read and write.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from tierfeed.format.source import SourceFile, SourceTree
+from tierfeed.format.source import SourceDir, SourceFile, SourceTree
 from tierfeed.format.tarchunk import BLOCK, header_length, member_header, padding
 
-__all__ = ["PackPlan", "plan_pack"]
+__all__ = ["OWNER_BITS", "PackPlan", "plan_pack", "shared_bits"]
 
 END_BYTES = 2 * BLOCK
+OWNER_BITS = 0o600  # the packer reads (verify, resume) and replaces what it wrote
+_SHARED_READ = 0o044  # all a store file may grant its group and others: reading
 
 
 @dataclass
@@ -32,6 +41,11 @@ class PackPlan:
     exts: list[bytes]
     chunk_size: int
     num_chunks: int
+    member_shared: npt.NDArray[np.uint16]  # group and other read bits each member keeps
+
+    def file_mode(self, members: range | list[int] | npt.NDArray[np.intp]) -> int:
+        """Permission bits of a store file holding ``members`` (see the module)."""
+        return OWNER_BITS | int(np.bitwise_or.reduce(self.member_shared[members]))
 
     def chunk_members(self, chunk: int) -> range:
         """Planned member ids of ``chunk`` (contiguous)."""
@@ -106,4 +120,35 @@ def plan_pack(tree: SourceTree, chunk_size: int) -> PackPlan:
         exts=exts,
         chunk_size=chunk_size,
         num_chunks=chunk + 1 if files else 0,
+        member_shared=shared_bits(files, tree.dirs or []),
+    )
+
+
+def shared_bits(files: list[SourceFile], dirs: list[SourceDir]) -> npt.NDArray[np.uint16]:
+    """The group and other read bits each of ``files`` keeps in the store: its own, for each
+    class that every directory of ``dirs`` above it (the root ``b""`` included) lets through;
+    a directory ``dirs`` does not list (none recorded) takes none away."""
+    modes = {d.rel: d.mode for d in dirs}
+    through: dict[bytes, int] = {}  # directory -> the read bits that reach into it
+
+    def reach(rel: bytes) -> int:
+        # From the nearest directory already known down to ``rel``: no recursion, any depth.
+        path = [rel]
+        while path[-1] and path[-1] not in through:
+            path.append(path[-1].rpartition(b"/")[0])
+        bits = _SHARED_READ
+        for at in reversed(path):
+            if at in through:
+                bits = through[at]
+                continue
+            mode = modes.get(at)
+            if mode is not None:  # search (x) for a class keeps that class's read bit
+                bits &= (0o040 if mode & 0o010 else 0) | (0o004 if mode & 0o001 else 0)
+            through[at] = bits
+        return bits
+
+    return np.fromiter(
+        (f.mode & _SHARED_READ & reach(f.rel.rpartition(b"/")[0]) for f in files),
+        dtype=np.uint16,
+        count=len(files),
     )

@@ -139,12 +139,13 @@ class ChunkWriter:
     finds it; nothing half-written stays behind.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, mode: int = 0o644) -> None:
         self.path = path
         try:
             # No fsync at commit: the writer syncs every chunk before it publishes the index
-            # (`tierfeed.format.chunksync`), which lets the next chunk fill meanwhile.
-            self._file = publishing(path, mode=0o644, fsync=False)
+            # (`tierfeed.format.chunksync`), which lets the next chunk fill meanwhile. pack
+            # passes its members' mode (`PackPlan.file_mode`); a Writer's samples have none.
+            self._file = publishing(path, mode=mode, fsync=False)
         except OSError as exc:
             raise cannot_write(path, exc) from None
         self._hasher = new_hasher()

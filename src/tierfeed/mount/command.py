@@ -159,7 +159,7 @@ def serve(
     Args:
         store_path: the store directory or URL.
         mountpoint: an existing empty directory.
-        allow_other: let other users see the mount.
+        allow_other: let other users see the mount, as far as the modes shown let them.
         tiers: the RAM and local-disk tiers to read it through (`mount_tiers`); none by default.
         timeout: seconds a read through the mount may take, the store's retries included
             (then EIO, and one log line naming the file).
@@ -189,7 +189,8 @@ def serve(
 
 
 def _fuse_options(store_path: str, allow_other: bool) -> dict[str, Any]:
-    """libfuse's mount options: read-only, named after the store, long attribute caching."""
+    """libfuse's mount options: read-only, named after the store, long attribute caching, and
+    the modes shown enforced by the kernel where other users may look."""
     options: dict[str, Any] = {
         "foreground": True,
         "ro": True,
@@ -201,6 +202,10 @@ def _fuse_options(store_path: str, allow_other: bool) -> dict[str, Any]:
     }
     if allow_other:
         options["allow_other"] = True
+        # Others see the tree's modes under the mounting user's name; the kernel then checks
+        # them as shown (a 0600 file, a 0700 directory), as it would the tree's own. Without
+        # allow_other no one else gets in, and the mounting user reads all it could before.
+        options["default_permissions"] = True
     return options
 
 
@@ -262,7 +267,10 @@ def register_mount(sub: Any) -> None:
     )
     p.add_argument("--foreground", action="store_true", help="serve in this process")
     p.add_argument(
-        "--allow-other", action="store_true", help="let other users see the mount (needs root)"
+        "--allow-other",
+        action="store_true",
+        help="let other users read the mount as far as the packed tree's modes let them (needs "
+        "root, or user_allow_other in /etc/fuse.conf)",
     )
     p.add_argument("--ram", default="0", help="RAM tier size, e.g. 4GiB (default: none)")
     p.add_argument("--disk", help="local-disk tier directory (shared by processes of a host)")

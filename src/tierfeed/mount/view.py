@@ -123,7 +123,9 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
     ) -> dict[str, int]:
         """Attributes of an entry: the packed tree's mode and mtime where the index holds
         them (shown as stored: the mount is read-only whatever they say), else 0o555/0o444
-        and the index file's mtime."""
+        and the index file's mtime. The owner shown is the mounting user. With
+        --allow-other the kernel checks every access against these attributes
+        (`tierfeed.mount.command`): everyone else gets what the group and other bits give."""
         if perm is None:
             perm = 0o555 if is_dir else 0o444
         mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | perm
