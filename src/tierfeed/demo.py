@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import shutil
 import sys
@@ -25,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
+from tierfeed.format.codecs import open_image
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.latency import LatencyModel
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
@@ -43,9 +43,7 @@ SIDE = 64  # decoded images are scaled down in the JPEG decoder (draft mode): I/
 
 def decode_jpeg(data: bytes) -> torch.Tensor:
     """JPEG bytes -> a SIDE x SIDE uint8 CHW tensor."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(data, "jpg") as img:
         img.draft("RGB", (SIDE, SIDE))
         small = img.convert("RGB").resize((SIDE, SIDE))
     return torch.from_numpy(np.asarray(small, dtype=np.uint8).copy()).permute(2, 0, 1)

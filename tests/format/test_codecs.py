@@ -84,9 +84,12 @@ def test_quality_changes_the_jpeg() -> None:
     assert Image.open(io.BytesIO(bytes(low))).format == "JPEG"
 
 
-def test_an_rgba_image_in_a_jpg_field_is_stored_as_rgb() -> None:
+def test_an_rgba_image_in_a_jpg_field_is_refused_not_flattened() -> None:
+    """JPEG has no alpha: dropping it silently would change the data (issue 44, case 5)."""
     image = Image.new("RGBA", (4, 4), (10, 20, 30, 128))
-    decoded = decode_field("jpg", bytes(encode_field("k", "jpg", image)))
+    with pytest.raises(PackError, match=r"'jpg'.*RGBA.*convert\('RGB'\)"):
+        encode_field("k", "jpg", image)
+    decoded = decode_field("jpg", bytes(encode_field("k", "jpg", image.convert("RGB"))))
     assert decoded.mode == "RGB" and decoded.size == (4, 4)
 
 

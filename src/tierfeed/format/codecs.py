@@ -18,8 +18,16 @@ extension                     value
 ============================  ============================================================
 
 Reading (`decode_field`) is the inverse for the same extensions: json, text, integers, numpy
-arrays, ``torch.load(weights_only=True)``, and images as PIL images (or left as bytes). Torch
-is never imported here to write: a value made by torch means torch is loaded already.
+arrays, torch's safe load (tensors only, no pickled objects), and images as PIL images (or left
+as bytes). Torch is never imported here to write: a value made by torch means torch is loaded
+already.
+
+Every image tierfeed decodes is opened by `open_image`, as the format its extension names
+(``.png`` as PNG only), or where no extension is known as one of `RASTER_FORMATS`; never as
+whatever format Pillow guesses from the bytes, since some formats (EPS, PostScript) make
+Pillow run an external program (Ghostscript) on them. An image is stored only in a format that
+keeps its mode: one the format would refuse or change (an RGBA image in a bmp or jpg field
+would lose its alpha) is a `PackError` saying what to do.
 """
 
 from __future__ import annotations
@@ -27,14 +35,23 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import pickle
+import re
 import sys
 from typing import Any
 
 import numpy as np
 
-from tierfeed.errors import ConfigError, PackError
+from tierfeed.errors import ConfigError, DecodeError, PackError
 
-__all__ = ["IMAGE_FORMATS", "decode_field", "encode_field", "field_ext"]
+__all__ = [
+    "IMAGE_FORMATS",
+    "RASTER_FORMATS",
+    "decode_field",
+    "encode_field",
+    "field_ext",
+    "open_image",
+]
 
 # Extension -> the format name pillow saves it under.
 IMAGE_FORMATS = {
@@ -46,6 +63,18 @@ IMAGE_FORMATS = {
     "tif": "TIFF",
     "tiff": "TIFF",
     "ppm": "PPM",
+}
+# What an image of no known extension may be: Pillow decoders that run in-process only.
+RASTER_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "TIFF", "PPM", "GIF")
+# The modes each format stores and reads back unchanged (Pillow saves some others by dropping a
+# band or clipping values: RGBA as BMP or PPM, I as PPM).
+_KEEPS = {
+    "JPEG": ("L", "RGB", "CMYK"),
+    "PNG": ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"),
+    "WEBP": ("RGB", "RGBA"),
+    "BMP": ("1", "L", "P", "RGB"),
+    "TIFF": ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "I", "I;16", "F"),
+    "PPM": ("1", "L", "RGB", "F"),
 }
 _INT_EXTS = ("cls", "cls2", "txt")
 _JSON_TYPES = (dict, list, int, float, bool, type(None))
@@ -86,21 +115,54 @@ def _image_bytes(value: Any, fmt: str, quality: int, where: str) -> bytes:
         raise PackError(
             f"{where} is a {type(value).__name__}; give bytes, a PIL image or a uint8 array"
         )
-    if fmt == "JPEG" and value.mode not in ("L", "RGB", "CMYK"):
-        value = value.convert("RGB")  # JPEG has no alpha: what PIL would refuse to save
+    if value.mode not in _KEEPS[fmt]:
+        raise PackError(_mode_refused(where, value.mode, fmt))
     out = io.BytesIO()
     options = {"quality": quality} if fmt in ("JPEG", "WEBP") else {}
-    value.save(out, format=fmt, **options)
+    try:
+        value.save(out, format=fmt, **options)
+    except (OSError, ValueError) as exc:  # too large for the format, an encoder's limit
+        raise PackError(
+            f"{where}: pillow cannot store this {value.mode} {value.size[0]}x{value.size[1]} "
+            f"image as {fmt} ({exc}); resize it, or store it in a png or tiff field"
+        ) from None
     return out.getvalue()
+
+
+def _mode_refused(where: str, mode: str, fmt: str) -> str:
+    others = [
+        ext
+        for ext in ("png", "tiff")
+        if IMAGE_FORMATS[ext] != fmt and mode in _KEEPS[IMAGE_FORMATS[ext]]
+    ]
+    instead = f", or store it in a {' or '.join(others)} field" if others else ""
+    return (
+        f"{where}: {fmt} cannot store a {mode} image unchanged (pillow would refuse it, or drop "
+        f"a band or bits; {fmt} keeps modes {', '.join(_KEEPS[fmt])}); convert it to one of "
+        f"those first (image.convert('RGB') drops alpha knowingly){instead}"
+    )
 
 
 def encode_field(key: str, name: str, value: object, quality: int = 95) -> bytes | memoryview:
     """What field ``name`` of sample ``key`` stores for ``value`` (see the module's table).
 
     Raises:
-        PackError: a value this field's extension cannot store, naming the sample and field.
+        PackError: a value this field's extension cannot store (or cannot store unchanged: an
+            image mode its format drops), naming the sample and field.
     """
     where = f"sample {key!r}: field {name!r}"
+    try:
+        return _encode(where, name, value, quality)
+    except (PackError, ConfigError, MemoryError):
+        raise
+    except Exception as exc:  # a third-party encoder's own error, translated here
+        raise PackError(
+            f"{where}: storing this {type(value).__name__} failed with {type(exc).__name__}: "
+            f"{exc}; convert it to a value the field's extension takes (tierfeed.format.codecs)"
+        ) from exc
+
+
+def _encode(where: str, name: str, value: object, quality: int) -> bytes | memoryview:
     if isinstance(value, bytes):
         return value
     if isinstance(value, bytearray):
@@ -118,17 +180,12 @@ def encode_field(key: str, name: str, value: object, quality: int = 95) -> bytes
     if ext == "txt" and isinstance(value, float):
         return repr(value).encode()
     if ext == "json" and isinstance(value, _JSON_TYPES):
-        try:
-            return json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise PackError(f"{where}: not JSON ({exc})") from None
+        return _json_bytes(value, where)
     if ext in IMAGE_FORMATS and not isinstance(value, (int, float)):
         return _image_bytes(value, IMAGE_FORMATS[ext], quality, where)
     if ext == "npy" and (isinstance(value, np.ndarray) or _from_torch(value)):
         array = value if isinstance(value, np.ndarray) else value.detach().cpu().numpy()  # type: ignore[attr-defined]
-        out = io.BytesIO()
-        np.save(out, array, allow_pickle=False)
-        return out.getvalue()
+        return _npy_bytes(array, where)
     if ext in ("pt", "pth") and "torch" in sys.modules:
         out = io.BytesIO()
         sys.modules["torch"].save(value, out)
@@ -140,6 +197,70 @@ def encode_field(key: str, name: str, value: object, quality: int = 95) -> bytes
     )
 
 
+def _json_bytes(value: object, where: str) -> bytes:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+    except RecursionError:
+        raise PackError(
+            f"{where}: nested too deeply to store as JSON; flatten it, or store it as bytes "
+            "you serialized yourself"
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise PackError(f"{where}: not JSON ({exc})") from None
+
+
+def _npy_bytes(array: np.ndarray[Any, Any], where: str) -> bytes:
+    if array.dtype.hasobject:
+        raise PackError(
+            f"{where}: a numpy array of dtype {array.dtype} holds Python objects, which npy "
+            "stores only pickled (never done here); convert it to a numeric dtype, or store "
+            "the values in a json field"
+        )
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=False)
+    return out.getvalue()
+
+
+def open_image(data: bytes, ext: str | None = None, where: str = "image") -> Any:
+    """``data`` opened (not yet loaded) as the image format extension ``ext`` names
+    (`IMAGE_FORMATS`, any case: ``JPG`` is JPEG), or as one of `RASTER_FORMATS` where ``ext``
+    is None or names none; never as a format guessed from the bytes alone.
+
+    Raises:
+        DecodeError: the bytes are not that format (``where`` names them; `decode_read`
+            adds the sample and chunk). An image that opens may still fail to load (OSError).
+        ConfigError: pillow is not installed.
+    """
+    image_module = _pillow(where)
+    fmt = IMAGE_FORMATS.get(ext.lower()) if ext is not None else None
+    formats = [fmt] if fmt is not None else list(RASTER_FORMATS)
+    try:
+        return image_module.open(io.BytesIO(data), formats=formats)
+    except image_module.UnidentifiedImageError:
+        pass
+    if fmt is None:
+        raise DecodeError(
+            f"{where}: the bytes (starting {data[:8]!r}) are none of the image formats read "
+            f"without a known extension ({', '.join(RASTER_FORMATS)})"
+        )
+    seen = _raster_format(image_module, data)
+    looks = f"they are a {seen} image" if seen else f"they start with {data[:8]!r}"
+    raise DecodeError(
+        f"{where}: the bytes are not a {fmt} image, as the extension {ext!r} says ({looks}); "
+        "images are read only as the format their extension names: give the file its "
+        "format's extension and re-pack"
+    )
+
+
+def _raster_format(image_module: Any, data: bytes) -> str | None:
+    """The in-process format the bytes are, for an error message; None if none of them."""
+    try:
+        with image_module.open(io.BytesIO(data), formats=list(RASTER_FORMATS)) as image:
+            return str(image.format)
+    except Exception:  # any failure to identify: the message then shows the first bytes
+        return None
+
+
 def decode_field(name: str, data: bytes, images: str = "pil") -> Any:
     """The value field ``name`` holds, by its extension; bytes for an extension of no codec.
 
@@ -147,8 +268,10 @@ def decode_field(name: str, data: bytes, images: str = "pil") -> Any:
         images: ``pil`` (a PIL image, loaded) or ``bytes`` (left as stored).
 
     Raises:
-        ValueError (json, text, integers, npy) or OSError (images): bytes that are not what
-            the extension says; `tierfeed.loader.decode` names the sample.
+        DecodeError: an image that is not the format its extension names (`open_image`), or a
+            pt file torch's safe loader refuses; naming the field.
+        ValueError (json, text, integers, npy) or OSError (a damaged image): bytes that are not
+            what the extension says; `tierfeed.loader.decode` names the sample.
     """
     ext = field_ext(name)
     if ext == "json":
@@ -160,10 +283,24 @@ def decode_field(name: str, data: bytes, images: str = "pil") -> Any:
     if ext == "npy":
         return np.load(io.BytesIO(data), allow_pickle=False)
     if ext in ("pt", "pth"):
-        torch = importlib.import_module("torch")
-        return torch.load(io.BytesIO(data), weights_only=True)
+        return _torch_load(name, data)
     if ext in IMAGE_FORMATS and images == "pil":
-        image = _pillow(f"field {name!r}").open(io.BytesIO(data))
+        image = open_image(data, ext, f"field {name!r}")
         image.load()
         return image
     return data
+
+
+def _torch_load(name: str, data: bytes) -> Any:
+    torch = importlib.import_module("torch")
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's message advises loading the file unsafely, which would run what it holds
+        found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.? Please use|\n|$)", str(exc))
+        reason = f" ({found.group(1).strip()})" if found else ""
+        raise DecodeError(
+            f"field {name!r}: the file holds objects beyond tensors, and torch's safe loader "
+            f"refused them{reason}; store tensors (or dicts and lists of them) in pt fields, "
+            "other values in json or npy fields"
+        ) from None

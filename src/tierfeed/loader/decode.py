@@ -9,7 +9,9 @@ not what the decoder expects: json, unicode and numpy decoders raise ValueError)
 ``OSError`` (what PIL raises for an image it cannot read, and what code written around
 torchvision's loaders catches), so an ``except`` written for either kind of decoder keeps
 catching it. Errors tierfeed itself raised while reading (a damaged chunk, a stuck read) are
-already `TierfeedError` naming the chunk and pass through unchanged.
+already `TierfeedError` naming the chunk and pass through unchanged; a `DecodeError` that names
+no sample (a codec's, which knows only the field: `tierfeed.format.codecs.open_image`) is
+wrapped like any other decode failure.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data
     becomes a `DecodeError` (as `decode_sample`)."""
     try:
         return decode(data)
-    except TierfeedError:
-        raise
     except Exception as exc:
+        if isinstance(exc, TierfeedError) and not (
+            isinstance(exc, DecodeError) and exc.key is None
+        ):
+            raise
         checked = (
             "its bytes match the checksum taken when it was packed, so the packed file itself "
             "is not what decode expects"

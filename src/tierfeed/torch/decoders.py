@@ -10,7 +10,6 @@ torchvision is imported only when a decoder is asked to use it, and its absence 
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from tierfeed.errors import ConfigError
-from tierfeed.format.codecs import IMAGE_FORMATS, field_ext
+from tierfeed.format.codecs import IMAGE_FORMATS, field_ext, open_image
 from tierfeed.storage.store import Sample
 from tierfeed.torch.imagetransform import (
     ImageTransform,
@@ -62,16 +61,23 @@ def torchvision_io() -> Any:
     return torchvision.io
 
 
-def image_field(sample: Sample, name: str | None) -> bytes:
-    """The bytes of the sample's image: the field ``name``, or its first image field."""
+def image_field(sample: Sample, name: str | None) -> tuple[str, bytes]:
+    """The sample's image: the field ``name``, or its first image field; (name, bytes)."""
     if name is not None:
         if name not in sample.fields:
             raise ValueError(f"no field {name!r} (it has {sorted(sample.fields)})")
-        return sample.fields[name]
+        return name, sample.fields[name]
     for key, data in sample.fields.items():
         if field_ext(key) in IMAGE_FORMATS:
-            return data
+            return key, data
     raise ValueError(f"no image field (it has {sorted(sample.fields)})")
+
+
+def _is_jpeg(name: str, data: bytes) -> bool:
+    """Whether the field is read as a JPEG: by its extension, or by its bytes where its
+    extension names no image format (`tierfeed.format.codecs.open_image`'s rule)."""
+    fmt = IMAGE_FORMATS.get(field_ext(name))
+    return fmt == "JPEG" or (fmt is None and data.startswith(JPEG_START))
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,8 @@ class ImageDecoder:
         field: the image's field (``"jpg"``); by default the sample's first image field.
         backend: ``"pil"`` (Pillow, decoding a JPEG at a reduced scale when the crop allows:
             the least CPU) or ``"torchvision"`` (``torchvision.io.decode_jpeg`` for JPEGs,
-            Pillow for other formats; the transform in torch).
+            Pillow for other formats; the transform in torch). Either reads an image as the
+            format its field's extension names (`tierfeed.format.codecs.open_image`).
     """
 
     transform: ImageTransform = field(default_factory=ImageTransform)
@@ -98,22 +105,26 @@ class ImageDecoder:
             torchvision_io()  # fail now, in the training process, not in every worker
 
     def __call__(self, sample: Sample) -> tuple[torch.Tensor, int]:
-        data = image_field(sample, self.field)
-        if self.backend == "torchvision" and data.startswith(JPEG_START):
+        name, data = image_field(sample, self.field)
+        if self.backend == "torchvision" and _is_jpeg(name, data):
             io_ = torchvision_io()
             raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             image = io_.decode_jpeg(raw, mode=io_.ImageReadMode.RGB)
             return transform_images([image], self.transform)[0], sample.label
-        return pil_image(data, self.transform), sample.label
+        return pil_image(data, self.transform, name), sample.label
 
 
-def pil_image(data: bytes, transform: ImageTransform) -> torch.Tensor:
+def pil_image(data: bytes, transform: ImageTransform, name: str | None = None) -> torch.Tensor:
     """Image bytes decoded by Pillow and transformed: a JPEG is decoded at the smallest scale
-    (1/2, 1/4, 1/8) that still leaves the crop at least ``size`` pixels on each side."""
+    (1/2, 1/4, 1/8) that still leaves the crop at least ``size`` pixels on each side. The bytes
+    are read as the format field ``name``'s extension names (`open_image`; any of its raster
+    formats without a name)."""
     from PIL import Image
 
     size = transform.size
-    with Image.open(io.BytesIO(data)) as img:
+    ext = None if name is None else field_ext(name)
+    where = "image" if name is None else f"field {name!r}"
+    with open_image(data, ext, where) as img:
         width, height = img.size
         top, left, h, w = crop_box(height, width, transform)
         if img.format == "JPEG":
@@ -149,11 +160,12 @@ class JpegBytes:
     field: str | None = None
 
     def __call__(self, sample: Sample) -> tuple[bytes, int, str]:
-        data = image_field(sample, self.field)
-        if not data.startswith(JPEG_START):
+        name, data = image_field(sample, self.field)
+        if not _is_jpeg(name, data) or not data.startswith(JPEG_START):
             raise ValueError(
-                f"not a JPEG (it starts with {data[:4]!r}): the device decoder reads JPEGs only; "
-                "use tierfeed.torch.ImageDecoder to decode other formats in the workers"
+                f"field {name!r} is not a JPEG (by its extension, or its bytes, which start "
+                f"with {data[:4]!r}): the device decoder reads JPEG fields only; use "
+                "tierfeed.torch.ImageDecoder to decode other formats in the workers"
             )
         return data, sample.label, sample.key
 

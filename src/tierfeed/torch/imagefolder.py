@@ -8,7 +8,6 @@ torchvision would give on that tree.
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ import numpy.typing as npt
 from torch.utils.data import Dataset
 
 from tierfeed.errors import ConfigError, DecodeError, NotFoundError
+from tierfeed.format.codecs import open_image
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.loader.compose import open_store
@@ -39,10 +39,14 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 def pil_loader(data: bytes) -> Any:
-    """Decode image bytes to an RGB PIL image, as torchvision's default loader does."""
-    from PIL import Image
+    """Decode image bytes to an RGB PIL image, as torchvision's default loader does, but only
+    from the in-process raster formats (`tierfeed.format.codecs.RASTER_FORMATS`): never as a
+    format that makes Pillow run a program, such as PostScript bytes in a ``.png`` file.
 
-    with Image.open(io.BytesIO(data)) as img:
+    Raises:
+        DecodeError: the bytes are none of those formats (`ImageFolder` names the file).
+    """
+    with open_image(data) as img:
         return img.convert("RGB")
 
 
