@@ -14,8 +14,10 @@ checks the descriptor, not the path:
   replaces another's files.
 
 Later creates, opens, renames and removals are made relative to the descriptor (``dir_fd``),
-so a swap of the path after the check cannot redirect them. This module sits at the bottom
-of the import graph (beside `publish`): `config`, `format` and `storage` all use it.
+so a swap of the path after the check cannot redirect them: `CacheFolder` opens folders below
+a cache that way, `open_own_file` the files in one (never a link, only this user's). This
+module sits at the bottom of the import graph (beside `publish`): `config`, `format` and
+`storage` all use it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,21 @@ import contextlib
 import errno
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from tierfeed.errors import ConfigError, StorageError
 
-__all__ = ["DIR_FLAGS", "list_names", "open_cache_dir", "open_subdir", "private_dir"]
+__all__ = [
+    "DIR_FLAGS",
+    "CacheFolder",
+    "list_names",
+    "open_cache_dir",
+    "open_own_file",
+    "open_subdir",
+    "private_dir",
+]
 
 # Opens a directory, never through a link at its last component.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -177,6 +188,124 @@ def open_subdir(dir_fd: int, name: str, mode: int, create: bool = True) -> int:
     if os.fstat(fd).st_uid not in (os.geteuid(), 0):
         os.close(fd)
         raise OSError(errno.EPERM, f"{name} belongs to another user")
+    return fd
+
+
+@dataclass(frozen=True)
+class CacheFolder:
+    """A folder of this user's below a cache directory: the folders ``names`` below ``base``.
+
+    `open` checks ``base`` as a private cache (`open_cache_dir`) and opens each name from the
+    descriptor of the one above: a path another user can rename a part of (a directory below
+    a group's scratch) is resolved once, and what is used is what was checked.
+
+    Attributes:
+        base: the cache directory.
+        names: the folders below it, outermost first.
+    """
+
+    base: Path
+    names: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The folder's path, for messages."""
+        return self.base.joinpath(*self.names)
+
+    def open(self, *more: str) -> int:
+        """A descriptor of the folder, or of the folders ``more`` below it (each made 0700
+        if missing, the caller closes it).
+
+        Raises:
+            ConfigError: ``base`` or a folder below is a link, another user's, or not a
+                directory of this user's (named, with what to do).
+            StorageError: one cannot be made or opened.
+        """
+        fd = open_cache_dir(self.base)
+        where = self.base
+        try:
+            for name in (*self.names, *more):
+                where = where / name
+                inner = _own_subdir(fd, name, where)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _own_subdir(dir_fd: int, name: str, path: Path) -> int:
+    """`open_subdir` (0700) with its refusals said as errors naming ``path``."""
+    try:
+        return open_subdir(dir_fd, name, 0o700)
+    except OSError as exc:
+        _refuse_entry(path, exc, _lstat_at(dir_fd, name), "a directory")
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def _refuse_entry(path: Path, exc: OSError, st: os.stat_result | None, kind: str) -> NoReturn:
+    """Raise why the entry ``path`` of a checked cache (``st``: its lstat, or the fstat of
+    what was opened) cannot be used, once opening it failed with ``exc`` or was refused."""
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise _refuse(
+            path,
+            f"is a symbolic link (made by uid {st.st_uid}) inside a cache directory, which "
+            "tierfeed never follows; remove it (tierfeed makes what belongs there again)",
+        ) from None
+    if st is not None and st.st_uid != os.geteuid():
+        raise _refuse(
+            path,
+            "belongs to another user, inside a cache directory of yours; remove it "
+            "(tierfeed makes what belongs there again)",
+            st,
+        ) from None
+    if st is not None and exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.EPERM):
+        raise _refuse(
+            path, f"is not {kind}, inside a cache directory; remove it (tierfeed makes it again)"
+        ) from None
+    raise StorageError(
+        f"{path}: cannot be used in a cache directory ({exc.strerror or exc}); check that the "
+        "directory is writable, or remove it"
+    ) from None
+
+
+def open_own_file(dir_fd: int, name: str, flags: int, path: Path, mode: int = 0o600) -> int:
+    """A descriptor of the file ``name`` in the checked cache directory open as ``dir_fd``
+    (``path`` names it in errors), opened with ``flags`` (with ``O_CREAT``: made with
+    ``mode`` if missing) never through a link, never blocking on a FIFO, and checked: a
+    regular file of this user's that nobody else may write.
+
+    Raises:
+        FileNotFoundError: there is none (and ``O_CREAT`` was not given).
+        ConfigError: a link, another user's, not a regular file, or writable by others.
+        StorageError: it cannot be opened otherwise.
+    """
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        _refuse_entry(path, exc, _lstat_at(dir_fd, name), "a file")
+    st = os.fstat(fd)
+    bad = st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode)
+    if bad or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        if bad:
+            _refuse_entry(path, OSError(errno.EPERM, "refused"), st, "a file")
+        raise _refuse(
+            path,
+            "is writable by other users, inside a cache directory; remove it (tierfeed "
+            "makes it again)",
+            st,
+        )
     return fd
 
 

@@ -70,7 +70,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_store(args: argparse.Namespace) -> int:
     from tierfeed.distributed.traffic import job_traffic
-    from tierfeed.format.index import Index
     from tierfeed.loader.location import StoreLocation
 
     if args.ranks < 1 or args.window < 1:
@@ -80,7 +79,7 @@ def _run_store(args: argparse.Namespace) -> int:
             f"--ranks-per-node {args.ranks_per_node} does not divide --ranks {args.ranks}"
         )
     spec = PlanSpec.parse(args.plan, seed=args.seed)
-    with Index(StoreLocation.of(args.store).index_file()) as index:
+    with StoreLocation.of(args.store).open_index() as index:
         rows = job_traffic(index, spec, args.ranks, args.ranks_per_node, args.epochs, args.window)
         total = int(np.asarray(index.chunk_size, dtype=np.int64).sum())
         head = f"{index.num_samples:,} samples, {human(total)}, {index.num_chunks:,} chunks"

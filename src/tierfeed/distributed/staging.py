@@ -205,7 +205,7 @@ def stage(
     """
     started = time.monotonic()
     location = StoreLocation.of(store, storage_options)
-    index = Index(location.index_file())
+    index = location.open_index()
     world = _world_of(world, comm)
     holdings = _holdings(index, plan, world)
     local = private_dir(local_dir_for(to, world))  # made 0700, or checked: not a link, ours

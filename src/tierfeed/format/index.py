@@ -74,12 +74,18 @@ class Index:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], recheck: bool = False, lazy: bool = False
+        self,
+        path: str | os.PathLike[str],
+        recheck: bool = False,
+        lazy: bool = False,
+        fd: int | None = None,
     ) -> None:
         self.path = Path(path).absolute()  # chunk paths must not depend on a later chdir
-        if self.path.is_dir():
+        if fd is None and self.path.is_dir():
             self.path = self.path / INDEX_NAME
-        self._stat, self._mm = open_index_file(self.path)
+        # ``fd``: the file ``path`` names, opened by the caller (in a checked cache directory,
+        # where the path may lead elsewhere by now); mapped from it, and left open.
+        self._stat, self._mm = open_index_file(self.path, fd)
         self._size = self._stat.st_size
         self.checksum_verified = False
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)

@@ -35,8 +35,12 @@ def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
         return bytes(data)
 
 
-def open_index_file(path: Path) -> tuple[os.stat_result, mmap.mmap | bytes]:
-    """The fstat of index file ``path`` and its bytes, mapped (or read)."""
+def open_index_file(path: Path, fd: int | None = None) -> tuple[os.stat_result, mmap.mmap | bytes]:
+    """The fstat of index file ``path`` and its bytes, mapped (or read); from ``fd`` when
+    given (the file already open, its caller keeps it: a file opened in a checked cache
+    directory), else opened by path."""
+    if fd is not None:
+        return _fstat_and_map(fd, path)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -47,12 +51,16 @@ def open_index_file(path: Path) -> tuple[os.stat_result, mmap.mmap | bytes]:
     except OSError as exc:
         raise IndexFormatError(f"{path}: cannot open index: {exc.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if st.st_size < PREFIX.size:
-            raise IndexFormatError(f"{path}: not a tierfeed index (file too short)")
-        return st, _map_or_read(fd, st.st_size, path)
+        return _fstat_and_map(fd, path)
     finally:
         os.close(fd)
+
+
+def _fstat_and_map(fd: int, path: Path) -> tuple[os.stat_result, mmap.mmap | bytes]:
+    st = os.fstat(fd)
+    if st.st_size < PREFIX.size:
+        raise IndexFormatError(f"{path}: not a tierfeed index (file too short)")
+    return st, _map_or_read(fd, st.st_size, path)
 
 
 def read_header(mm: mmap.mmap | bytes, size: int, path: Path) -> tuple[dict[str, Any], int, int]:

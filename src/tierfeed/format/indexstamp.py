@@ -7,7 +7,8 @@ stamp in the user's cache directory records the file's identity: device, inode, 
 and ctime (any write to the file changes its ctime, which no user can set) and its header
 checksum.
 An open that finds a stamp matching the file it mapped skips the O(N) checks; any other open
-runs them. A stamp is trusted only if this user owns it and nobody else may write it. File
+runs them. A stamp is trusted only if this user owns it and nobody else may write it; stamps
+and locks are opened relative to their checked folder (`tierfeed.cachedir.CacheFolder`). File
 times tick with the kernel's coarse clock (a few ms); only indexes whose checks take longer
 than that are stamped, so a change after a stamp always moves the ctime.
 `tierfeed verify` never trusts stamps: bit rot changes no ctime.
@@ -23,12 +24,11 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tierfeed.cachedir import private_dir
+from tierfeed.cachedir import CacheFolder, open_own_file
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import TierfeedError
 from tierfeed.format.chunkref import checksum_bytes
@@ -55,14 +55,21 @@ def _identity(st: os.stat_result, header_checksum: int) -> dict[str, int]:
     }
 
 
-def _stamps(folder: str) -> Path | None:
-    """This user's ``folder`` of stamps or locks, created 0700 and checked with the cache
-    directory above it (`tierfeed.cachedir`); None where there is none to trust (unusable or
-    another user's): stamps only save time, so the checks then simply run."""
+@contextlib.contextmanager
+def _stamps(folder: str) -> Iterator[int | None]:
+    """This user's ``folder`` of stamps or locks in the user's cache, open (made 0700, checked
+    with the cache directory above it, `tierfeed.cachedir.CacheFolder`): every stamp and lock
+    is then used relative to it; None where there is none to trust (unusable or another
+    user's): stamps only save time, so the checks then simply run."""
     try:
-        return private_dir(default_cache_dir() / folder)
+        fd: int | None = CacheFolder(default_cache_dir(), (folder,)).open()
     except TierfeedError:
-        return None
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _stamp_name(path: Path, st: os.stat_result) -> str:
@@ -70,21 +77,26 @@ def _stamp_name(path: Path, st: os.stat_result) -> str:
     return f"{name:016x}"
 
 
+def _own_file(folder_fd: int, name: str, flags: int) -> int | None:
+    """The file ``name`` in the folder open as ``folder_fd``, opened never through a link, if
+    it is a regular file of this user's that nobody else may write (`open_own_file`); else
+    None: a stamp or lock another hand made is not used."""
+    try:
+        return open_own_file(folder_fd, name, flags, Path(name))
+    except (OSError, TierfeedError):
+        return None
+
+
 def has_stamp(path: Path, st: os.stat_result, header_checksum: int) -> bool:
     """Whether index ``path`` (``st``: the fstat of the descriptor that was mapped) was
     checked in full since it last changed."""
-    folder = _stamps("checked")
-    if folder is None:
-        return False
-    where = folder / f"{_stamp_name(path, st)}.json"
-    try:
-        fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        own = os.fstat(fd)
-        if own.st_uid != os.geteuid() or own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    with _stamps("checked") as folder:
+        if folder is None:
             return False
+        fd = _own_file(folder, f"{_stamp_name(path, st)}.json", os.O_RDONLY)
+    if fd is None:
+        return False
+    try:
         data = os.read(fd, 4096)
     except OSError:
         return False
@@ -99,30 +111,26 @@ def has_stamp(path: Path, st: os.stat_result, header_checksum: int) -> bool:
 def stamp(path: Path, st: os.stat_result, header_checksum: int) -> None:
     """Record that index ``path`` passed every check; a cache directory that cannot be
     written only means the next open checks again."""
-    folder = _stamps("checked")
-    if folder is None:
-        return
-    where = folder / f"{_stamp_name(path, st)}.json"
-    try:
-        publish(where, json.dumps(_identity(st, header_checksum)).encode(), 0o600, fsync=False)
-    except OSError:
-        return
+    with _stamps("checked") as folder:
+        if folder is None:
+            return
+        data = json.dumps(_identity(st, header_checksum)).encode()
+        with contextlib.suppress(OSError):
+            publish(f"{_stamp_name(path, st)}.json", data, 0o600, fsync=False, dir_fd=folder)
 
 
 @contextlib.contextmanager
 def one_checker(path: Path, st: os.stat_result, wait_s: float | None = None) -> Iterator[None]:
     """Hold this user's right to check index ``path`` on this host, waiting (at most
     ``wait_s``, default `CHECKER_WAIT_S`) while another process holds it. The caller then looks
-    for a stamp again before checking. A lock that cannot be made (no cache directory) or is
-    held past the bound lets the caller check on its own: never worse than without it."""
-    folder = _stamps("checking")
-    if folder is None:
-        yield
-        return
-    where = folder / f"{_stamp_name(path, st)}.lock"
-    try:
-        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError:
+    for a stamp again before checking. A lock that cannot be made (no cache directory), is not
+    this user's own file, or is held past the bound lets the caller check on its own: never
+    worse than without it."""
+    with _stamps("checking") as folder:
+        fd = None
+        if folder is not None:
+            fd = _own_file(folder, f"{_stamp_name(path, st)}.lock", os.O_RDWR | os.O_CREAT)
+    if fd is None:
         yield
         return
     try:

@@ -174,19 +174,20 @@ ChunkFetch = Callable[[str, int], AbstractContextManager[tuple[Path, str]]]
 
 
 def verify_store(
-    path: str | os.PathLike[str], progress: bool = True, fetch: ChunkFetch | None = None
+    path: str | os.PathLike[str] | Index, progress: bool = True, fetch: ChunkFetch | None = None
 ) -> list[str]:
     """Check the index and every chunk of a store; returns the problems found (empty: good).
 
     Args:
-        path: the store's directory or index file.
+        path: the store's directory or index file, or its index open already (checked by the
+            caller: a URL's copy, opened through its checked cache directory); closed here.
         progress: show a progress bar.
         fetch: where the chunks are not files beside the index (a store at a URL): gives a
             local copy of each in turn (and the name problems give it); its errors
             (TierfeedError) are problems of that chunk.
     """
     try:
-        ix = Index(path, recheck=True)
+        ix = path if isinstance(path, Index) else Index(path, recheck=True)
     except TierfeedError as exc:
         return [str(exc)]
     with ix:
@@ -226,9 +227,9 @@ class StoreSummary:
     size_histogram: list[tuple[int, int]]  # (upper bound in bytes, samples), powers of two
 
 
-def summarize(path: str | os.PathLike[str]) -> StoreSummary:
-    """Summarise a store from its index alone."""
-    with Index(path) as ix:
+def summarize(path: str | os.PathLike[str] | Index) -> StoreSummary:
+    """Summarise a store from its index alone (given open: closed here)."""
+    with path if isinstance(path, Index) else Index(path) as ix:
         sizes = ix.sample_bytes()
         bounds = np.int64(2) ** np.ceil(np.log2(np.maximum(sizes, 1))).astype(np.int64)
         values, counts = np.unique(bounds, return_counts=True)

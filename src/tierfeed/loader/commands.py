@@ -47,7 +47,7 @@ def register_pack(sub: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    s = summarize(StoreLocation.of(args.store).index_file())
+    s = summarize(StoreLocation.of(args.store).open_index())
     print(f"store     {args.store}")
     print(f"samples   {s.samples}")
     print(f"files     {s.members}")
@@ -79,15 +79,20 @@ def verify_location(location: StoreLocation, progress: bool = True) -> list[str]
     if not location.remote:
         return verify_store(location.text, progress)
     try:
-        index_file = location.index_file()
+        index = location.open_index()  # through the checked cache directory, never a path
     except TierfeedError as exc:
         return [str(exc)]
-    scratch = default_cache_dir()  # made 0700 and checked
-    with (
-        location.origin() as origin,
-        tempfile.TemporaryDirectory(dir=scratch, prefix=".verify-") as tmp,
-    ):
-        return verify_store(index_file, progress, _fetcher(origin, location.root, Path(tmp)))
+    with contextlib.ExitStack() as held:
+        held.callback(index.close)  # verify_store closes it too; a second close is a no-op
+        try:
+            index.check_checksum()  # checked when fetched: verify checks it again
+        except TierfeedError as exc:
+            return [str(exc)]
+        origin = held.enter_context(location.origin())
+        tmp = held.enter_context(
+            tempfile.TemporaryDirectory(dir=default_cache_dir(), prefix=".verify-")
+        )  # the user's cache: made 0700 and checked
+        return verify_store(index, progress, _fetcher(origin, location.root, Path(tmp)))
 
 
 def _fetcher(origin: Driver, root: str, scratch: Path) -> ChunkFetch:

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from tierfeed.cachedir import CacheFolder
 from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader.location import StoreLocation
@@ -87,7 +88,7 @@ def open_store(
     cache = tiers.index_cache() if tiers is not None else None
     if location.remote:
         return _open_remote(location, cache, tiers, source, lazy)
-    index = Index(location.index_file(cache), lazy=lazy)
+    index = location.open_index(cache, lazy=lazy)
     if source is None:
         if tiers is not None:
             source = tier_stack(index, tiers)
@@ -98,7 +99,7 @@ def open_store(
 
 def _open_remote(
     location: StoreLocation,
-    cache: Path | None,
+    cache: CacheFolder | None,
     tiers: TierConfig | None,
     source: ChunkSource | None,
     lazy: bool,
@@ -107,7 +108,7 @@ def _open_remote(
     hedged read gets a driver of its own (a second ranged GET)."""
     origin = location.origin()
     try:
-        index = Index(location.index_file(cache, origin), lazy=lazy)
+        index = location.open_index(cache, origin, lazy=lazy)
     except BaseException:
         origin.close()
         raise
@@ -145,10 +146,10 @@ class StoreOpener:
         location = StoreLocation.of(self.path)
         cache = self.tiers.index_cache() if self.tiers else None
         if not (location.remote and keep):
-            return Index(location.index_file(cache), lazy=self.lazy), None
+            return location.open_index(cache, lazy=self.lazy), None
         origin = location.origin()
         try:
-            return Index(location.index_file(cache, origin), lazy=self.lazy), origin
+            return location.open_index(cache, origin, lazy=self.lazy), origin
         except BaseException:
             origin.close()
             raise

@@ -3,9 +3,11 @@ other fsspec protocols) whose index is fetched once per host into the local cach
 
 Every face names a store the same way: `tierfeed.open_store`, `torch.Dataset`,
 `torch.ImageFolder`, and the commands take a path or a URL, and `StoreLocation` turns it into
-the origin's driver (always read-only) and a local index file to map. A remote index is cached
-under its URL and its ETag and size: a store rewritten in place is fetched anew, an unchanged
-one never again.
+the origin's driver (always read-only) and its index, open. A remote index is cached under its
+URL and its ETag and size: a store rewritten in place is fetched anew, an unchanged one never
+again. The cache directory is checked once and opened (`tierfeed.cachedir.CacheFolder`); the
+copy, its folder and its lock are then made, opened, mapped and removed relative to that
+descriptor, never through a link and only if they are this user's.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tierfeed.cachedir import CacheFolder, list_names, open_own_file
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ConfigError, IndexFormatError, NotFoundError, StorageError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.publish import sweep_stale
+from tierfeed.publish import is_temporary, sweep_stale
 from tierfeed.storage import Driver, PosixDriver, driver_for
 
 __all__ = ["StoreLocation", "fetch_index", "is_url"]
@@ -90,38 +93,86 @@ class StoreLocation:
         return PosixDriver(self.root, read_only=True)
 
     def index_file(
-        self, cache_dir: str | os.PathLike[str] | None = None, origin: Driver | None = None
+        self,
+        cache_dir: str | os.PathLike[str] | CacheFolder | None = None,
+        origin: Driver | None = None,
     ) -> Path:
         """A local file holding the store's index: the store's own, or, for a URL, the copy in
-        ``cache_dir`` (default: the user's cache, see `tierfeed.config.default_cache_dir`),
-        fetched if this host has none of the store's current index, through ``origin`` if
-        given (else a driver of its own).
+        ``cache_dir`` (see `open_index`). A caller that maps the index uses `open_index`:
+        this path is only as safe as the directories above the cache.
 
         Raises:
             IndexFormatError: the store has no index (nothing packed there, or a wrong URL).
             StorageError: the store cannot be read (access denied, unreachable).
+            ConfigError: the cache, or something in it, is a link or another user's.
         """
         if not self.remote:
             return Path(self.text)
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "index"
+        with self.open_index(cache_dir, origin) as index:
+            return index.path
+
+    def open_index(
+        self,
+        cache_dir: str | os.PathLike[str] | CacheFolder | None = None,
+        origin: Driver | None = None,
+        lazy: bool = False,
+    ) -> Index:
+        """The store's index, open: the store's own file, or, for a URL, the copy in
+        ``cache_dir`` (default: the user's cache, see `tierfeed.config.default_cache_dir`),
+        fetched if this host has none of the store's current index, through ``origin`` if
+        given (else a driver of its own). ``lazy`` applies to a store's own file (`Index`);
+        a URL's copy was checked in full once, when fetched, and is stamped.
+
+        Raises:
+            IndexFormatError: the store has no index (nothing packed there, or a wrong URL).
+            StorageError: the store cannot be read (access denied, unreachable).
+            ConfigError: the cache, or something in it, is a link or another user's.
+        """
+        if not self.remote:
+            return Index(self.text, lazy=lazy)
         if origin is not None:  # the caller's own driver, which it goes on using
-            return fetch_index(origin, self.text, cache)
+            return fetch_index(origin, self.text, cache_dir)
         with self.origin() as own:
-            return fetch_index(own, self.text, cache)
+            return fetch_index(own, self.text, cache_dir)
 
     def __str__(self) -> str:
         return self.text
 
 
-def fetch_index(origin: Driver, url: str, cache: Path) -> Path:
-    """The index of the store at ``url`` (read through ``origin``) in ``cache``: one file per
-    URL, named by the index's ETag and size, fetched by one process of the host while the
-    others wait for it (boundedly), then published whole (temporary name, rename).
+def fetch_index(
+    origin: Driver, url: str, cache: str | os.PathLike[str] | CacheFolder | None = None
+) -> Index:
+    """The index of the store at ``url`` (read through ``origin``), open from its copy in
+    ``cache`` (default: the user's cache): one file per URL, named by the index's ETag and
+    size, fetched by one process of the host while the others wait for it (boundedly), then
+    published whole (temporary name, rename). The folder is opened, and checked, once: every
+    file in it is then made, opened, locked and removed relative to that descriptor, never
+    through a link, and only if it is this user's.
 
     Raises:
         IndexFormatError: no index at ``url``.
         StorageError: the index cannot be read, or the cache cannot be written.
+        ConfigError: the cache, or something in it, is a link or another user's.
     """
+    folder = _cache_folder(cache)
+    name = hashlib.sha256(url.encode()).hexdigest()[:24]
+    folder_fd = folder.open(name)  # before any request: a refused cache costs no GET
+    try:
+        return _fetch_into(origin, url, folder_fd, folder.path / name)
+    finally:
+        os.close(folder_fd)
+
+
+def _cache_folder(cache: str | os.PathLike[str] | CacheFolder | None) -> CacheFolder:
+    if isinstance(cache, CacheFolder):
+        return cache
+    if cache is None:
+        return CacheFolder(default_cache_dir(), ("index",))
+    return CacheFolder(Path(cache).absolute())
+
+
+def _fetch_into(origin: Driver, url: str, folder_fd: int, folder: Path) -> Index:
+    """`fetch_index` in the folder open as ``folder_fd`` (``folder`` names it)."""
     try:
         size = origin.size(INDEX_NAME)
     except NotFoundError as exc:
@@ -129,58 +180,71 @@ def fetch_index(origin: Driver, url: str, cache: Path) -> Path:
             f"{exc}; check the URL, or pack a dataset there with `tierfeed pack SRC {url}`"
         ) from None
     version = hashlib.sha256(f"{origin.etag(INDEX_NAME)}:{size}".encode()).hexdigest()[:16]
-    folder = cache / hashlib.sha256(url.encode()).hexdigest()[:24]
     target = folder / f"{version}-{INDEX_NAME}"
-    if _usable(target, size):
-        return target
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise StorageError(f"{folder}: cannot cache the index of {url} ({exc.strerror})") from None
-    with _host_lock(folder / ".lock", url):
-        if not _usable(target, size):  # another process of the host fetched it meanwhile
-            _download(origin, url, target)
-            _check_fetched(target, url)
-    _drop_older(folder, keep=target.name)
-    return target
+    index = _open_cached(folder_fd, target, size)
+    if index is not None:
+        return index
+    with _host_lock(folder_fd, folder / ".lock", url):
+        index = _open_cached(folder_fd, target, size)  # another process fetched it meanwhile
+        if index is None:
+            _download(origin, url, folder_fd, target)
+            index = _check_fetched(folder_fd, target, url)
+    _drop_older(folder_fd, keep=target.name)
+    return index
 
 
-def _usable(path: Path, size: int) -> bool:
-    """Whether the cached copy is whole and opens; one damaged in place (bit rot, another
-    hand) is removed, to be fetched again."""
+def _open_cached(folder_fd: int, path: Path, size: int) -> Index | None:
+    """The cached copy ``path`` (in the folder open as ``folder_fd``), open, if it is whole
+    and opens; None if there is none. One damaged in place (bit rot, another hand) is
+    removed, to be fetched again.
+
+    Raises:
+        ConfigError: the name is a link, another user's file, or not a file.
+    """
     try:
-        if path.stat().st_size != size:
-            return False
-        Index(path).close()
-    except OSError:
-        return False
+        fd = open_own_file(folder_fd, path.name, os.O_RDONLY, path)
+    except FileNotFoundError:
+        return None
+    try:
+        if os.fstat(fd).st_size != size:
+            return None
+        return Index(path, fd=fd)
     except IndexFormatError:
         with contextlib.suppress(OSError):
-            path.unlink()
-        return False
-    return True
+            os.unlink(path.name, dir_fd=folder_fd)
+        return None
+    finally:
+        os.close(fd)
 
 
-def _check_fetched(path: Path, url: str) -> None:
+def _check_fetched(folder_fd: int, path: Path, url: str) -> Index:
     """A fetched index is checked in full (its checksum too) once, before any process of
-    the host maps it; a damaged one is removed and named by its URL."""
+    the host maps it, and returned open; a damaged one is removed and named by its URL."""
+    fd = open_own_file(folder_fd, path.name, os.O_RDONLY, path)
     try:
-        with Index(path) as index:
+        index = Index(path, fd=fd)
+        try:
             index.check_checksum()
+        except BaseException:
+            index.close()
+            raise
+        return index
     except IndexFormatError as exc:
         with contextlib.suppress(OSError):
-            path.unlink()
+            os.unlink(path.name, dir_fd=folder_fd)
         reason = str(exc).removeprefix(f"{path}: ")
         raise IndexFormatError(
             f"{url}/{INDEX_NAME}: {reason.split('; re-create it')[0]}; the store at this URL is "
             f"damaged: pack or upload it again"
         ) from None
+    finally:
+        os.close(fd)
 
 
-def _download(origin: Driver, url: str, target: Path) -> None:
-    sweep_stale(target.parent)  # left by a process killed mid-fetch
+def _download(origin: Driver, url: str, folder_fd: int, target: Path) -> None:
+    sweep_stale(target.parent, dir_fd=folder_fd)  # left by a process killed mid-fetch
     try:
-        origin.get_file(INDEX_NAME, target, fsync=True)
+        origin.get_file(INDEX_NAME, Path(target.name), fsync=True, dir_fd=folder_fd)
     except StorageError:  # the store's own error (an OSError too): as it is
         raise
     except OSError as exc:  # the local copy
@@ -190,21 +254,24 @@ def _download(origin: Driver, url: str, target: Path) -> None:
         ) from None
 
 
-def _drop_older(folder: Path, keep: str) -> None:
+def _drop_older(folder_fd: int, keep: str) -> None:
     """Remove earlier versions of the index (a store rewritten in place); a process that maps
     one keeps reading it (unlinked files stay mapped)."""
-    for path in folder.glob(f"*-{INDEX_NAME}"):
-        if path.name != keep:
-            with contextlib.suppress(OSError):
-                path.unlink()
+    with contextlib.suppress(OSError):
+        for name in list_names(folder_fd):
+            if name.endswith(f"-{INDEX_NAME}") and name != keep and not is_temporary(name):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=folder_fd)
 
 
 @contextlib.contextmanager
-def _host_lock(path: Path, url: str) -> Iterator[None]:
-    """One process of the host at a time; waits at most `_LOCK_WAIT_S`."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
+def _host_lock(folder_fd: int, path: Path, url: str) -> Iterator[None]:
+    """One process of the host at a time; waits at most `_LOCK_WAIT_S`. The lock file is
+    this user's own (another's could be held forever), opened in the folder open as
+    ``folder_fd``."""
+    try:  # (a refusal, or another error, names the file itself)
+        fd = open_own_file(folder_fd, path.name, os.O_RDWR | os.O_CREAT, path)
+    except FileNotFoundError as exc:  # the folder was removed meanwhile
         raise StorageError(f"{path}: cannot lock the index cache ({exc.strerror})") from None
     try:
         deadline = time.monotonic() + _LOCK_WAIT_S

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierfeed.cachedir import private_dir
+from tierfeed.cachedir import CacheFolder, private_dir
 from tierfeed.errors import ConfigError
 from tierfeed.storage import MemoryDriver, Tier, disk_tier
 from tierfeed.units import human
@@ -149,11 +149,13 @@ class TierConfig:
             tiers.append(disk_tier(self.disk_dir, quota))
         return tiers
 
-    def index_cache(self) -> Path | None:
+    def index_cache(self) -> CacheFolder | None:
         """Where a remote store's index is kept on this host: beside the disk tier's chunks
         (node-local), else None (the user's cache directory). The disk tier's directory is
-        made, or checked, first (`tierfeed.cachedir`): nothing is written through a link or
-        into another user's directory."""
+        made, or checked, here (a link or another user's is refused at once), and checked
+        again where the index is fetched (`tierfeed.cachedir.CacheFolder.open`), which uses
+        everything below it from that descriptor: nothing is read or written through a link
+        or in another user's directory, even one swapped in after a check."""
         if self.disk_dir is not None:
-            return private_dir(self.disk_dir) / ".index"
+            return CacheFolder(private_dir(self.disk_dir).absolute(), (".index",))
         return None

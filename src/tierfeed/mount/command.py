@@ -233,14 +233,13 @@ def _run_mount(args: argparse.Namespace) -> int:
         mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
         serve(args.store, mountpoint, args.allow_other, tiers, args.timeout)
         return 0
-    from tierfeed.format.index import Index
     from tierfeed.fuse.process import FuseProcess
     from tierfeed.loader.compose import TierConfig
     from tierfeed.loader.location import StoreLocation
 
     # A bad store fails here, with its own message (a URL's index lands where serve looks).
     cache = TierConfig(disk_dir=args.disk).index_cache()
-    Index(StoreLocation.of(args.store).index_file(cache)).close()
+    StoreLocation.of(args.store).open_index(cache).close()
     mountpoint = check_mountpoint(args.mountpoint, args.nonempty)
 
     argv = [sys.executable, "-m", "tierfeed", "mount", args.store, mountpoint, "--foreground"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
-from tierfeed.publish import publishing
+from tierfeed.publish import PendingFile
 from tierfeed.telemetry.counters import Counters
 
 __all__ = ["GET_BLOCK", "Driver", "OpCounters"]
@@ -105,9 +105,12 @@ class Driver(ABC):
         """
         return False
 
-    def get_file(self, path: str, local: Path, fsync: bool = False) -> int:
+    def get_file(
+        self, path: str, local: Path, fsync: bool = False, dir_fd: int | None = None
+    ) -> int:
         """Copy object ``path`` to the file ``local`` (temporary name, then rename: whole or
-        absent), in ranged reads of `GET_BLOCK`; returns its size.
+        absent), in ranged reads of `GET_BLOCK`; returns its size. With ``dir_fd`` (a checked
+        cache directory), ``local`` is relative to it (`tierfeed.publish.PendingFile`).
 
         Raises:
             StorageError: a read returned fewer bytes than the object's size says (it changed
@@ -115,7 +118,7 @@ class Driver(ABC):
             OSError: ``local`` could not be written (the caller names it).
         """
         size = self.size(path)
-        with publishing(local, mode=0o600, fsync=fsync) as out:
+        with PendingFile(local, mode=0o600, fsync=fsync, dir_fd=dir_fd) as out:
             for offset in range(0, size, GET_BLOCK):
                 want = min(GET_BLOCK, size - offset)
                 data = self.read_range(path, offset, want)
