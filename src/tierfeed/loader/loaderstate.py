@@ -16,8 +16,9 @@ from tierfeed.loader.resume import (
     rank_state,
     resume_from,
 )
+from tierfeed.loader.statecheck import StateBounds, check_states, state_list, state_name
 from tierfeed.loader.streamstate import StreamState
-from tierfeed.plan import EpochProgress
+from tierfeed.plan import EpochProgress, Plan
 
 __all__ = ["STATE_VERSION", "resume_of", "state_of"]
 
@@ -55,13 +56,19 @@ def state_of(
 def resume_of(feed: Feed, state: dict[str, Any] | Sequence[dict[str, Any]]) -> Resume:
     """Where ``feed`` resumes a state (or every rank's, from another world size).
 
+    Every field is checked (`tierfeed.loader.statecheck`) before anything is computed from
+    it: a state is input, perhaps edited by hand.
+
     Raises:
-        ConfigError: no state, a damaged one, or one saved on another store, plan, selection,
-            batch size or drop_last.
+        ConfigError: no state, a damaged one (naming the field at fault), or one saved on
+            another store, plan, selection, batch size or drop_last.
     """
-    states = [state] if isinstance(state, dict) else list(state)
-    if not states:
-        raise ConfigError("load_state_dict got no state")
+    bounds = StateBounds(_plan_samples(feed), feed.world.world_size, feed.batch_size, STATE_VERSION)
+    states = state_list(state, bounds)
+    for i, one in enumerate(states):
+        _check_layout(one)
+        check_store(one, feed.store_id(), state_name(i, len(states)))  # before any bound
+    check_states(states, bounds)
     try:
         states = [_upgraded(feed, s) for s in states]
         resume = resume_from(states, feed.world, feed.exchange)
@@ -84,9 +91,17 @@ def resume_of(feed: Feed, state: dict[str, Any] | Sequence[dict[str, Any]]) -> R
     return resume
 
 
-def _upgraded(feed: Feed, state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` checked against ``feed``, in the current layout (a state of the previous
-    layout lists each worker's cursor in its slice of the whole epoch)."""
+def _plan_samples(feed: Feed) -> int:
+    """No rank's order is longer: the samples ``feed``'s plan orders (a selection's, where it
+    reads one)."""
+    if isinstance(feed.plan, Plan):
+        return feed.plan.shape.num_samples
+    # Another plan's orders may be longer than the store has samples (drawn with replacement).
+    return max(feed.store_id().samples, feed.rank_size())
+
+
+def _check_layout(state: Mapping[str, Any]) -> None:
+    """Refuse a state of a layout that cannot resume exactly."""
     # A worker's slice is whole batches of the rank's order: its positions depend on the
     # batch size and drop_last. A state without them (an older tierfeed's workers read
     # every num_workers-th sample) would skip the wrong samples.
@@ -96,13 +111,18 @@ def _upgraded(feed: Feed, state: dict[str, Any]) -> dict[str, Any]:
             "the plan, so it cannot resume exactly; call set_epoch() to read that epoch "
             "from its start"
         )
+
+
+def _upgraded(feed: Feed, state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``state`` (checked: `check_states`) checked against ``feed``, in the current layout (a
+    state of the previous layout lists each worker's cursor in its slice of the whole
+    epoch)."""
     for key, ours in (("batch_size", feed.batch_size), ("drop_last", feed.drop_last)):
         if key in state and state[key] != ours:
             raise ConfigError(
                 f"the state was saved with {key}={state[key]}, this loader's dataset has "
                 f"{ours}; resume with the same {key}"
             )
-    check_store(state, feed.store_id())
     check_plan(state, feed.plan, feed.selection)
     if "done" in state:
         return state

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader.batching import read_positions, worker_slice
+from tierfeed.loader.statecheck import store_entry
 from tierfeed.loader.stream import StreamState
 from tierfeed.plan import Plan
 from tierfeed.plan.plan import PLANS, plans_match
@@ -72,21 +73,19 @@ class StoreId:
         return {"samples": self.samples, "index": self.index, "where": self.where}
 
     def said(self) -> str:
-        return f"{self.where} ({self.samples} samples, index checksum {self.index})"
+        # One line whatever the path holds (a saved state's may have been edited).
+        where = "".join(c if c.isprintable() else repr(c)[1:-1] for c in self.where)
+        return f"{where} ({self.samples} samples, index checksum {self.index})"
 
 
-def check_store(state: Mapping[str, Any], store: StoreId) -> None:
+def check_store(state: Mapping[str, Any], store: StoreId, name: str = "") -> None:
     """Refuse a state saved on another store: its positions would name other samples. A state
-    saved before states recorded their store (no ``store`` entry) is taken as it is."""
-    saved = state.get("store")
+    saved before states recorded their store (no ``store`` entry) is taken as it is.
+    ``name``: how messages name the state (`state_name`)."""
+    saved = store_entry(state, name)
     if saved is None:
         return
-    if not isinstance(saved, Mapping):
-        raise ConfigError(f"the loader state's store entry is damaged ({saved!r})")
-    try:
-        was = StoreId(int(saved["samples"]), str(saved["index"]), str(saved["where"]))
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"the loader state's store entry is damaged ({saved!r})") from None
+    was = StoreId(*saved)
     if (was.samples, was.index) != (store.samples, store.index):
         raise ConfigError(
             f"the state was saved on another store: {was.said()}; this loader reads "
@@ -184,6 +183,10 @@ def check_plan(state: Mapping[str, Any], plan: object, selection: str | None = N
         )
 
 
+def _segments_of(state: Mapping[str, Any]) -> Any:
+    return state["plan"]["segments"] if "plan" in state else state.get("segments", [])
+
+
 def _progress_of(state: Mapping[str, Any]) -> EpochProgress:
     if "plan" in state:
         return PlanState.from_state_dict(state["plan"]).progress
@@ -193,7 +196,8 @@ def _progress_of(state: Mapping[str, Any]) -> EpochProgress:
 def resume_from(
     states: Sequence[Mapping[str, Any]], world: World, exchange: object | None = None
 ) -> Resume:
-    """Where this rank resumes from saved loader states (``Loader.state_dict()`` values).
+    """Where this rank resumes from saved loader states (``Loader.state_dict()`` values,
+    checked: `tierfeed.loader.statecheck.check_states`).
 
     One state: this rank's own, saved in a world of the same size. Every old rank's state: the
     epoch goes on in ``world`` whatever its size (each new rank takes an equal share of what
@@ -206,15 +210,16 @@ def resume_from(
         )
     epoch = epochs.pop()
     old_world = {int(s.get("world_size", world.world_size)) for s in states}
-    progress = {repr(_progress_of(s).to_list()) for s in states}
-    if len(old_world) != 1 or len(progress) != 1:
+    # Every rank's progress is the same list: compared as saved, read once.
+    segments = _segments_of(states[0])
+    if len(old_world) != 1 or any(_segments_of(s) != segments for s in states[1:]):
         raise ConfigError("the states come from different jobs (world sizes or restarts differ)")
     size = old_world.pop()
     before = _progress_of(states[0])
     by_rank = {int(s.get("rank", world.rank)): s for s in states}
     if size == world.world_size and world.rank in by_rank:
         return Resume(epoch, before, Done.from_list(by_rank[world.rank]["done"]))
-    if sorted(by_rank) != list(range(size)):
+    if len(by_rank) != size or sorted(by_rank) != list(range(size)):
         have = ", ".join(str(r) for r in sorted(by_rank))
         raise ConfigError(
             f"the state was saved by rank(s) {have} of a job of {size} ranks; this is rank "

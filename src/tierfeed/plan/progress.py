@@ -132,12 +132,26 @@ class PlanState:
         return cls(spec, int(d["epoch"]), EpochProgress.from_list(d["segments"]), plans)
 
 
+def _unpadded_shares(plan: Plan, epoch: int, world_size: int) -> list[IntArray]:
+    """Every rank's unpadded order of ``epoch`` (`Plan._unpadded` of each rank). A global plan's
+    are cut from one pass over its permutation: a world of many ranks costs O(samples), not a
+    permutation call per rank."""
+    if plan.spec.policy != "global":
+        return [plan._unpadded(epoch, r, world_size) for r in range(world_size)]
+    per = plan._per_rank(world_size)
+    positions = np.arange(min(plan.shape.num_samples, per * world_size), dtype=np.int64)
+    permutation = plan._global_at(epoch, positions) if len(positions) else positions
+    if plan.spec.window:  # chunk-wise: rank r reads positions [r*per, (r+1)*per)
+        return [permutation[r * per : (r + 1) * per] for r in range(world_size)]
+    return [permutation[r::world_size] for r in range(world_size)]  # r, r+M, ...
+
+
 def _left_over(plan: Plan, epoch: int, progress: EpochProgress) -> IntArray | None:
     """Undelivered samples of the epoch in a deterministic sequence, or None if untouched."""
     left: IntArray | None = None
     for world_size, consumed in progress.segments:
         if left is None:
-            unpadded = [plan._unpadded(epoch, r, world_size) for r in range(world_size)]
+            unpadded = _unpadded_shares(plan, epoch, world_size)
         else:
             unpadded = [left[r::world_size] for r in range(world_size)]
         if isinstance(consumed, int):
