@@ -6,7 +6,7 @@ that misses its deadline (`tierfeed.loader.stream`: the second read goes another
 sample) and a piece of a chunk copy that stalls (`tierfeed.storage.piecefetch`: the second
 request goes to the origin through a way of its own). Both submit to the process's one pool
 through a `Hedges`, which keeps its own requests: closing it cancels those still queued and
-waits for those running, so nothing a closed owner holds is read after its close.
+waits a bounded time for those running (a hedge stuck in the kernel is left to its thread).
 """
 
 from __future__ import annotations
@@ -14,26 +14,29 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_for
 from typing import Any, TypeVar
+
+from tierfeed.daemonpool import DaemonPool
 
 __all__ = ["HEDGE_THREADS", "Hedges"]
 
 HEDGE_THREADS = 4  # at most this many hedges run at once in a process, both levels together
+CLOSE_WAIT_S = 1.0  # closing an owner waits this long for its hedges running
 
 T = TypeVar("T")
 
-_pool: ThreadPoolExecutor | None = None
+_pool: DaemonPool | None = None
 _pool_lock = threading.Lock()
 
 
-def _process_pool() -> ThreadPoolExecutor:
+def _process_pool() -> DaemonPool:
     """The process's hedge threads, made on first use (a forked child makes its own)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(HEDGE_THREADS, thread_name_prefix="tierfeed-hedge")
+            _pool = DaemonPool(HEDGE_THREADS, "tierfeed-hedge")
         return _pool
 
 
@@ -75,7 +78,8 @@ class Hedges(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more hedges; cancel the queued ones (``cancel_futures``) and wait for the rest
-        (``wait``). The process's threads stay for other owners."""
+        (``wait``), at most `CLOSE_WAIT_S`: a hedge the origin holds (a hung mount) is left
+        to its thread, its result unread. The process's threads stay for other owners."""
         with self._lock:
             self._closed = True
             mine = list(self._mine)
@@ -83,7 +87,7 @@ class Hedges(Executor):
             for future in mine:
                 future.cancel()
         if wait:
-            wait_for(mine)
+            wait_for(mine, timeout=CLOSE_WAIT_S)
 
     def close(self) -> None:
         """Cancel this owner's queued hedges and wait for its running ones; idempotent."""

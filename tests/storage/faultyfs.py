@@ -2,8 +2,9 @@
 ``python -m tests.storage.faultyfs SRC MNT --fault KIND:NAME:TIMES ...``.
 
 KIND is an errno name (EAGAIN, ETIMEDOUT, ESTALE, EIO: the read answers that error), ``half``
-(the read answers half the bytes asked for) or ``empty`` (it answers none, before the end of the
-file); NAME is a substring of the path; TIMES how many matching reads it applies to. Files are
+(the read answers half the bytes asked for), ``empty`` (it answers none, before the end of the
+file) or ``stall`` (an open of the file hangs until the mount goes away: a server that never
+answers); NAME is a substring of the path; TIMES how many matching reads it applies to. Files are
 opened direct_io, so a short answer reaches the reader as a short read.
 """
 
@@ -43,6 +44,8 @@ class FaultyFS(mfusepy.Operations):  # type: ignore[misc]
         return [".", "..", *os.listdir(self._real(path))]
 
     def open(self, path: str, fi: Any) -> int:
+        if self._take(path, opens=True):
+            threading.Event().wait()  # never answered: unmounting ends the request (ENOTCONN)
         fi.fh = os.open(self._real(path), os.O_RDONLY)
         fi.direct_io = 1
         return 0
@@ -59,10 +62,10 @@ class FaultyFS(mfusepy.Operations):  # type: ignore[misc]
             raise mfusepy.FuseOSError(getattr(errno, kind))
         return os.pread(fi.fh, size, offset)
 
-    def _take(self, path: str) -> str:
+    def _take(self, path: str, opens: bool = False) -> str:
         with self.lock:
             for fault in self.faults:
-                if fault[2] > 0 and fault[1] in path:
+                if fault[2] > 0 and fault[1] in path and (fault[0] == "stall") == opens:
                     fault[2] -= 1
                     return str(fault[0])
         return ""

@@ -69,7 +69,7 @@ def test_no_copy_thread_of_the_main_process_runs_when_workers_are_forked(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at_fork: list[list[str]] = []
-    start = loader_module._start
+    start = loader_module.start_workers
     before = set(threading.enumerate())  # e.g. the process's hedge pool, of earlier tests
 
     def watched(dataloader: Any) -> Any:
@@ -77,7 +77,7 @@ def test_no_copy_thread_of_the_main_process_runs_when_workers_are_forked(
         at_fork.append([t.name for t in new if t.name.startswith("tierfeed")])
         return start(dataloader)
 
-    monkeypatch.setattr(loader_module, "_start", watched)
+    monkeypatch.setattr(loader_module, "start_workers", watched)
     tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
     ds = Dataset(store, "global", batch_size=32, decode=length, tiers=tiers)
     with Loader(ds, num_workers=2) as loader:

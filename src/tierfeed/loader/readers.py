@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tierfeed.daemonpool import DaemonPool
 from tierfeed.hedging import Hedges
 from tierfeed.loader.decode import decode_sample
 from tierfeed.storage.store import Sample, Store
@@ -20,7 +20,7 @@ class Readers:
 
     def __init__(self, threads: int, decode: Callable[[Sample], Any]) -> None:
         self.pid = os.getpid()
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tierfeed-read")
+        self.pool = DaemonPool(threads, "tierfeed-read")
         self.hedges = Hedges()  # on the process's hedge threads, which the tier stack shares
         self._decode = decode
         self._second: Store | None = None
@@ -37,7 +37,8 @@ class Readers:
         return lambda i: decode_sample(self._decode, second, i)
 
     def close(self) -> None:
-        """Cancel queued reads and join the threads (a stalled read is waited for here)."""
+        """Cancel queued reads and wait a bounded time for running ones (a read stuck in the
+        kernel is left to its daemon thread: see `tierfeed.daemonpool`)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.hedges.close()
         if self._second is not None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.daemonpool import DaemonPool
 from tierfeed.errors import StuckReadError
 from tierfeed.hedging import Hedges
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
@@ -85,7 +86,7 @@ class GuardedStream(Generic[T]):
         state: where to resume in ``order``.
         pool: a shared reader pool; by default the stream owns one. With a shared pool,
             `close` does not wait for reads already running (a stalled read finishes on its
-            own); an owned pool is joined.
+            own); an owned pool (a `DaemonPool`) waits a bounded time for them.
         hedge_pool: where hedges run (by default the stream's own `Hedges`, on the process's
             hedge threads).
     """
@@ -103,7 +104,7 @@ class GuardedStream(Generic[T]):
         prefetch: PrefetchOptions | None = None,
         deadline: DeadlineOptions | None = None,
         state: StreamState | None = None,
-        pool: ThreadPoolExecutor | None = None,
+        pool: Executor | None = None,
         hedge_pool: Executor | None = None,
     ) -> None:
         self.order = order
@@ -125,9 +126,7 @@ class GuardedStream(Generic[T]):
         self._deferred: set[int] = set()
         self._due: dict[int, float] = {}  # position -> when it became late; fixed once set
         self._own_pool = pool is None
-        self._pool = pool or ThreadPoolExecutor(
-            self.prefetch.threads, thread_name_prefix="tierfeed-read"
-        )
+        self._pool = pool or DaemonPool(self.prefetch.threads, "tierfeed-read")
         # Hedges get threads of their own: queued behind the window they would land late.
         hedging = hedge is not None and self.deadline.hedge_after_ms is not None
         self._own_hedge_pool = hedging and hedge_pool is None

@@ -197,10 +197,11 @@ class Copier:
             time.sleep(0.005)
         raise StorageError(f"tier copies still running after {timeout} s")
 
-    def close(self) -> None:
-        """Drop the queued copies, let the running ones finish, and join the threads;
-        idempotent."""
+    def close(self, wait_s: float | None = None) -> None:
+        """Drop the queued copies, let the running ones finish, and join the threads, for at
+        most ``wait_s`` seconds (None: as long as they take); idempotent."""
         if self._closed:
+            self.join(wait_s)
             return
         self._closed = True
         with contextlib.suppress(queue.Empty):  # queued copies are dropped, not waited for
@@ -210,13 +211,22 @@ class Copier:
                     if dropped not in self._running:
                         self._inflight.discard(dropped)
         with self._lock:
-            started, extra = self._started, list(self._extra)
+            started = self._started
             self._started = True  # no thread starts from now on
         threads = self.threads if started else []
         for _ in threads:
             self._queue.put((2, next(self._order), -1))  # after anything queued meanwhile
-        for t in [*threads, *extra]:
-            t.join()
+        self.join(wait_s)
+
+    def join(self, wait_s: float | None = None) -> bool:
+        """Wait for the copy threads to end, at most ``wait_s`` seconds in all; whether they
+        have."""
+        with self._lock:
+            threads = [t for t in [*self.threads, *self._extra] if t.ident is not None]
+        until = None if wait_s is None else time.monotonic() + wait_s
+        for t in threads:
+            t.join(None if until is None else max(0.0, until - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     def __enter__(self) -> Copier:
         return self

@@ -18,6 +18,9 @@ from tierfeed.format.relpath import path_under, safe_chunk_path
 
 __all__ = ["FdCache", "path_under", "pread", "safe_chunk_path"]
 
+_STOP_POLL_S = 0.1  # how often a wait for another thread's open looks whether it was closed
+_CLOSE_WAIT_S = 0.05  # `close` waits this long for an open ahead that is running
+
 
 class _Fd:
     __slots__ = ("evicted", "fd", "refs")
@@ -110,7 +113,11 @@ class FdCache:
                 if opening is None:
                     opening = self._opening[path] = threading.Event()
                     break
-            opening.wait()  # another thread opens it; look again once it is done (or failed)
+            # Another thread opens it: look again once it is done (or failed). Its open may
+            # hang as long as the file system does; a close ends the wait.
+            while not opening.wait(_STOP_POLL_S):
+                if self._stop.is_set():
+                    raise OSError(errno.ECANCELED, "closed while another thread opened", path)
         try:
             fd = self._open_file(path)
         except BaseException:
@@ -119,6 +126,11 @@ class FdCache:
             opening.set()
             raise
         with self._mutex:
+            if self._stop.is_set():  # closed while this open hung: nobody is left to close it
+                del self._opening[path]
+                os.close(fd)
+                opening.set()
+                raise OSError(errno.ECANCELED, "closed while this file opened", path)
             self.opens += 1
             entry = self._open[path] = _Fd(fd)
             entry.refs += 1
@@ -149,12 +161,13 @@ class FdCache:
 
     def close(self) -> None:
         """Stop opening ahead and close every descriptor not in use (those in use close on
-        release)."""
+        release). Waits at most `_CLOSE_WAIT_S` for an open ahead in progress: one the file
+        system holds is left to its daemon thread, which closes what it opens late."""
         with self._mutex:
             self._stop.set()
             ahead = self._ahead
         if ahead is not None:
-            ahead.join()
+            ahead.join(_CLOSE_WAIT_S)
         with self._mutex:
             for entry in self._open.values():
                 entry.evicted = True

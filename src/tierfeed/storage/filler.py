@@ -319,7 +319,10 @@ class Filler:
             self.landing.end(arrival)  # after placing: readers go from one to the other
 
     def _copy_failed(self, chunk: int, exc: Exception) -> None:
-        """A copy raised: the read path still serves from the origin; count it, log it once."""
+        """A copy raised: the read path still serves from the origin; count it, log it once
+        (not one stopped by the close of its stack)."""
+        if self._fetch.stopped:
+            return
         self._fetch.origin_counters.add(copy_failures=1)
         name = self._h.chunks[chunk].name
         self._h.warn("copy", f"copy of chunk {name} from the origin failed: {exc!r}")
@@ -340,6 +343,7 @@ class Filler:
         """
         self.copier.drain(timeout)
 
-    def close(self) -> None:
-        """Drop queued copies and join the copy threads (running copies finish)."""
-        self.copier.close()
+    def close(self, wait_s: float | None = None) -> None:
+        """Drop queued copies and join the copy threads (running copies finish), for at most
+        ``wait_s`` seconds."""
+        self.copier.close(wait_s)

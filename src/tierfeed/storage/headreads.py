@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
+from tierfeed.daemonpool import DaemonPool
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.storage.originfetch import OriginFetch
 
@@ -38,7 +39,7 @@ class HeadReads:
 
     def __init__(self, fetch: OriginFetch) -> None:
         self._fetch = fetch
-        self._pool = ThreadPoolExecutor(HEAD_THREADS, thread_name_prefix="tierfeed-head")
+        self._pool = DaemonPool(HEAD_THREADS, "tierfeed-head")  # a stuck read holds no close
         self._lock = threading.Lock()
         self._spans: dict[int, list[_Span]] = {}  # chunk -> its samples read ahead
         self._closed = False
@@ -99,7 +100,8 @@ class HeadReads:
             return sum(len(s) for s in self._spans.values())
 
     def close(self) -> None:
-        """Cancel head reads not begun and join the running ones; idempotent."""
+        """Cancel head reads not begun and wait a bounded time for the running ones;
+        idempotent."""
         with self._lock:
             self._closed = True
             self._spans.clear()

@@ -14,12 +14,12 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.daemonpool import DaemonPool
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.hedging import Hedges
 from tierfeed.storage.copier import Gate
@@ -76,7 +76,11 @@ class OriginFetch:
         # flight (an object store), threads to spare let the next request start meanwhile.
         most = self.tuner.limits.max_inflight
         threads = most * (2 if origin.parallel_requests > 0 else 1) if copies else 1
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tierfeed-fetch")
+        # Daemon threads, waited for a bounded time at close: a request the origin holds (a
+        # hung mount's open) neither holds the close nor the process's exit; what it returns
+        # late lands nothing (`PieceFetch`).
+        self._pool = DaemonPool(threads, "tierfeed-fetch")
+        self._stop = threading.Event()
         self._hedges = Hedges()
         self._hedge_origin = origin.for_hedges() if copies else origin
         self._mutex = threading.Lock()
@@ -145,6 +149,7 @@ class OriginFetch:
             self._may_hedge,
             self.counters,
             self.gate.set_aside,
+            self._stop,
         )
         positions, offsets, ends = reads
         order = piece_order(positions, offsets, arrival.piece, arrival.pieces, first, ends)
@@ -199,8 +204,19 @@ class OriginFetch:
             origin_mbps=round(self.tuner.rate / 1e6, 1),
         )
 
+    @property
+    def stopped(self) -> bool:
+        """Whether `stop` was called."""
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        """End the copies under way now (each raises StorageError); no more can start."""
+        self._stop.set()
+
     def close(self) -> None:
-        """Stop the fetch threads and the hedges, close the origin's ways."""
+        """Stop the copies under way and the fetch threads and hedges (a bounded wait for
+        requests running), close the origin's ways."""
+        self.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._hedges.close()
         self.origin.close()

@@ -19,12 +19,13 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.errors import StorageError
 from tierfeed.format.indexcheck import concat_ranges
 from tierfeed.storage.landing import Arrival, FetchCounters
 
@@ -51,18 +52,20 @@ class PieceFetch:
         counters: pieces landed, hedges made and won.
         set_aside: told of requests found late (+n) and of late ones that ended (-n): they
             no longer count against the requests in flight (`Gate.set_aside`).
+        stop: set when the copy is to end now, whatever it waits for (its owner closes).
     """
 
     def __init__(
         self,
         arrival: Arrival,
         read: Callable[[int, Callable[[], None], bool], bytes],
-        pool: ThreadPoolExecutor,
+        pool: Executor,
         hedge_pool: Executor,
         late_after: Callable[[], float | None],
         may_hedge: Callable[[int], bool],
         counters: FetchCounters,
         set_aside: Callable[[int], None] = lambda n: None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.arrival = arrival
         self._read = read
@@ -70,6 +73,7 @@ class PieceFetch:
         self._late_after, self._may_hedge = late_after, may_hedge
         self._counters = counters
         self._set_aside = set_aside
+        self._stop = stop or threading.Event()
         self._lock = threading.Lock()
         self._landed: set[int] = set()
         self._running: dict[int, float] = {}  # piece -> when its first request began
@@ -85,6 +89,7 @@ class PieceFetch:
         Raises:
             Exception: what the request for a piece raised, once no other request for it is
                 left (the rest of the copy is cancelled).
+            StorageError: ``stop`` was set (a request the origin holds is not waited for).
         """
         todo = deque(order)
         requests: dict[Future[None], int] = {}  # first requests and hedges not ended yet
@@ -103,6 +108,8 @@ class PieceFetch:
             ask()
             while len(self._landed) < self.arrival.pieces:
                 done, _ = wait(list(requests), timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                if self._stop.is_set():
+                    raise StorageError(f"{self.arrival.info.name}: copy stopped: its owner closed")
                 for future in done:
                     index = requests.pop(future)
                     if firsts.get(index) is future:

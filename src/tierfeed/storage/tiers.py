@@ -41,6 +41,7 @@ from tierfeed.storage.tieroptions import TierOptions
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
+_COPY_GRACE_S = 1.0  # at close, running copies get this long to finish before they are stopped
 
 
 class TierStack(ChunkSource):
@@ -291,11 +292,14 @@ class TierStack(ChunkSource):
         return out
 
     def close(self) -> None:
-        """Stop and join the copy threads; idempotent."""
+        """Stop and join the copy threads; idempotent. Running copies get `_COPY_GRACE_S`
+        to finish, then are stopped: a copy the origin holds (a hung mount) holds no close."""
         if self._closed:
             return
         self._closed = True
-        self.filler.close()  # queued copies are dropped, running ones finish
+        self.filler.close(_COPY_GRACE_S)  # queued copies are dropped, running ones finish
+        self.fetch.stop()  # or end now
+        self.filler.close(_COPY_GRACE_S)
         self.head.close()
         self.fetch.close()
         for tier in self.tiers:

@@ -184,8 +184,8 @@ def freeze_inherited() -> None:
     what the worker made. Garbage cycles the parent left behind are not collected in the
     worker (they were the parent's), and the collector no longer writes to the inherited
     objects' pages, which fork shares. A `Loader` freezes them already for the fork
-    (`tierfeed.torch.loader._start`), before the worker's own start-up allocates; this covers
-    a Dataset handed to a plain DataLoader."""
+    (`tierfeed.torch.workers.start_workers`), before the worker's own start-up allocates;
+    this covers a Dataset handed to a plain DataLoader."""
     global _frozen_in
     if _frozen_in != os.getpid():
         gc.freeze()

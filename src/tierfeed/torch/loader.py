@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 import warnings
@@ -19,6 +18,7 @@ from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, sinc
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 from tierfeed.torch.handover import accelerator_available, pin, restore
+from tierfeed.torch.workers import FAILED_STOP_S, STOP_S, start_workers, stop_workers
 
 __all__ = ["Loader"]
 
@@ -189,16 +189,9 @@ class Loader:
             self._tier_base = {}
         return self._loader
 
-    def _stop_workers(self) -> None:
-        """Shut the DataLoader's persistent workers down now. Dropping the last references
-        would too, unless they sit in a reference cycle (a traceback's, after an error): the
-        garbage collector then closes the workers' queues before the iterator's shutdown
-        tells them to stop, and PyTorch waits 5 s for each worker before it kills it (the
-        same with a plain DataLoader; pytorch/pytorch#81794)."""
-        running = getattr(self._loader, "_iterator", None)
-        shutdown = getattr(running, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
+    def _stop_workers(self, wait_s: float = STOP_S) -> None:
+        """Shut the DataLoader's persistent workers down now (`stop_workers`)."""
+        stop_workers(self._loader, wait_s)
         self._iter, self._iter_epoch, self._ahead = None, -1, []
         self._loader = None
 
@@ -241,8 +234,8 @@ class Loader:
             raise
         except BaseException:
             # The epoch failed (a worker's error, an interrupt): its workers stop now, and
-            # the next iteration starts new ones.
-            self._stop_workers()
+            # the next iteration starts new ones; the error is not held behind a stuck one.
+            self._stop_workers(FAILED_STOP_S)
             raise
         finally:
             if not finished:
@@ -259,7 +252,7 @@ class Loader:
         if forks:  # no copy thread of this process runs across a fork
             ColdStart.stop_if_any(self._cold)
         cold = self._view.cold_start() if forks and self._view else None
-        self._iter, self._ahead = _start(loader), []
+        self._iter, self._ahead = start_workers(loader), []
         self._cold = cold.start() if cold is not None else self._cold
 
     def _epoch_batches(self, epoch: int) -> Iterator[Batch]:
@@ -383,18 +376,3 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _start(loader: DataLoader[Batch]) -> Iterator[Batch]:
-    """``iter(loader)``, which forks its workers, with this process's objects frozen for the
-    fork (`gc.freeze`, then unfrozen here at once): each worker then starts with everything it
-    inherited out of its garbage collector's reach. Otherwise a full collection in a new worker
-    walks all of it, holding the GIL, as the first epoch starts (docs/BENCHMARKS.md).
-    Left as it is where this process froze objects itself (an unfreeze would undo that)."""
-    if loader.num_workers == 0 or gc.get_freeze_count():
-        return iter(loader)
-    gc.freeze()
-    try:
-        return iter(loader)
-    finally:
-        gc.unfreeze()
