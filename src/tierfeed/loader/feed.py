@@ -243,6 +243,7 @@ class Feed:
         resume, self._resume = self._resume, None
         stream = self._stream(epoch, worker, num_workers, resume)
         following: GuardedStream[Any] | None = None
+        shut = False  # a worker's DataLoader shuts it down (not an error)
         try:
             while True:
                 for batch in self._batches(stream, worker, epoch):
@@ -260,10 +261,18 @@ class Feed:
                     # last batch is sent, off the path of any batch.
                     following = self._stream(epoch + 1, worker, num_workers, None)
                 stream, following, epoch = following, None, epoch + 1
+        except GeneratorExit:
+            shut = in_worker and self.continuous
+            raise
         finally:
             stream.close()
             if following is not None:
                 following.close()
+            if shut:
+                # The iteration ends with the worker: its copies end (boundedly,
+                # `TierStack.close`) before the process does, none cut off inside a file. Not
+                # after an error: that is sent at once, the worker is stopped from outside.
+                self.close()
         if not self.config.read_across_epochs and in_worker:
             # The worker process ends with its epoch: let its copies reach the disk tier.
             with contextlib.suppress(StorageError):
