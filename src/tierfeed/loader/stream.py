@@ -297,9 +297,11 @@ class GuardedStream(Generic[T]):
             self._settle(head)
         if entry.done():
             return head  # in time (the common case): no deadline to work out
-        if not self.deadline.enabled:
+        if not self.deadline.enabled:  # the exact order: wait for the head, hedged if late
             while not entry.done():
-                self._check_stuck(head, time.monotonic())
+                now = time.monotonic()
+                self._check_stuck(head, now)
+                self._hedge_late(now)
                 self._wait([entry], _POLL_S * 20)
             return head
         # A sample's deadline counts from when its read started (or from now, if it is still

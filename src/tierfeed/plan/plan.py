@@ -303,6 +303,8 @@ class Plan:
         generator of its own.
         """
         n = self.shape.num_samples
+        if not self.spec.shuffle:  # sequential: the store's order
+            return np.asarray(positions, dtype=np.int64).copy()
         if not self.spec.window:
             return feistel_permute(positions, n, self._order_words(epoch))
         chunks, window_start, starts = self._windows(epoch)

@@ -30,7 +30,9 @@ def plans_match(generation: int, policy: str) -> bool:
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """A sampling policy: ``global``, ``local`` or ``partial`` with fraction ``q``.
+    """A sampling policy: ``global``, ``local`` or ``partial`` with fraction ``q``, or
+    ``sequential`` (global without a shuffle: the store's order, dealt to the ranks as
+    DistributedSampler(shuffle=False) deals it, for evaluation).
 
     Attributes:
         policy: global, local or partial.
@@ -38,6 +40,7 @@ class PlanSpec:
         window: chunk-wise shuffle in windows of this many chunks; 0 shuffles samples fully.
         drop_last: cut every rank to the smallest count instead of padding by wrapping.
         seed: the seed of every random choice.
+        shuffle: False reads the store's order (global only, no window): ``sequential``.
     """
 
     policy: str = "global"
@@ -45,6 +48,7 @@ class PlanSpec:
     window: int = 0
     drop_last: bool = False
     seed: int = 0
+    shuffle: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -53,27 +57,36 @@ class PlanSpec:
             raise ConfigError(f"partial fraction q must lie in [0, 1], got {self.q}")
         if self.window < 0:
             raise ConfigError(f"chunkwise window must be >= 0, got {self.window}")
+        if not self.shuffle and (self.policy != "global" or self.window):
+            raise ConfigError(
+                f"a sequential plan reads the store's order: it cannot be {self.policy} or "
+                "chunk-wise; write 'sequential' alone"
+            )
 
     @classmethod
     def parse(cls, text: str, seed: int = 0, drop_last: bool = False) -> PlanSpec:
-        """Read ``global``, ``local``, ``partial:0.3``, ``chunkwise:8`` (global + window) or
-        combinations such as ``partial:0.1,chunkwise:4``."""
-        policy, q, window = "global", 0.0, 0
+        """Read ``global``, ``local``, ``partial:0.3``, ``chunkwise:8`` (global + window),
+        ``sequential`` or combinations such as ``partial:0.1,chunkwise:4``."""
+        policy, q, window, shuffle = "global", 0.0, 0, True
         for part in filter(None, (p.strip() for p in text.split(","))):
-            m = re.fullmatch(r"(global|local|partial|chunkwise)(?::([0-9.]+))?", part)
+            m = re.fullmatch(r"(global|local|partial|chunkwise|sequential)(?::([0-9.]+))?", part)
             if m is None:
                 raise ConfigError(
-                    f"cannot read plan {text!r}: write global, local, partial:Q, chunkwise:K "
-                    "or a policy and a window joined by a comma"
+                    f"cannot read plan {text!r}: write global, local, partial:Q, chunkwise:K, "
+                    "sequential, or a policy and a window joined by a comma"
                 )
             name, arg = m.group(1), m.group(2)
-            if name == "chunkwise":
+            if name == "sequential":
+                shuffle = False
+            elif name == "chunkwise":
                 window = int(arg or 8)
             else:
                 policy = name
                 q = float(arg) if name == "partial" and arg else q
-        return cls(policy, q, window, drop_last, seed)
+        return cls(policy, q, window, drop_last, seed, shuffle)
 
     def __str__(self) -> str:
+        if not self.shuffle:
+            return "sequential"
         text = self.policy + (f":{self.q:g}" if self.policy == "partial" else "")
         return text + (f",chunkwise:{self.window}" if self.window else "")

@@ -28,6 +28,7 @@ from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPl
 from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.processstore import ProcessStore
 from tierfeed.loader.resume import Resume
+from tierfeed.loader.statecheck import SEED_LIMIT
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
@@ -48,7 +49,8 @@ class Dataset(Feed, IterableDataset[Batch]):
         store: a store directory or URL (``s3://bucket/ds``), or a function returning a
             ChunkSource-backed Store for this process (e.g. over a tier stack).
         plan: the sampling plan: a `PlanSpec`, its text (``"global"``, ``"local"``,
-            ``"partial:0.1"``, ``"global,chunkwise:8"``) or any object with ``order()``.
+            ``"partial:0.1"``, ``"global,chunkwise:8"``, ``"sequential"``: the store's order,
+            unshuffled, for evaluation) or any object with ``order()``.
         batch_size: samples per batch.
         decode: Sample -> what the batch holds per sample (e.g. (tensor, label)). A `Sample`
             has ``key``, ``label`` (-1 when unlabelled) and ``fields``, the bytes of its files
@@ -85,6 +87,12 @@ class Dataset(Feed, IterableDataset[Batch]):
         cache_dir: a local-disk tier here, of the default size (the whole store, or the free
             space less a margin): ``tiers=TierConfig(disk_dir=cache_dir)`` in short, as
             MosaicML Streaming's ``local=``.
+        seed: the seed of the plan's shuffles (by default the spec's own, 0 for a plan given
+            as text): the same seed, epoch, rank and world give the same planned order on any
+            machine. The delivered order is exactly that plan with the guard's deferral off
+            (``deadline=DeadlineOptions(enabled=False)``; prefetch and hedges stay on); with
+            it on (the default) a late read is delivered after ready ones, so the order
+            depends on the storage's timing.
 
     Raises:
         ConfigError: ``samples`` names ids outside the store, one twice, or none, or is a
@@ -112,6 +120,7 @@ class Dataset(Feed, IterableDataset[Batch]):
         storage_options: Mapping[str, Any] | None = None,
         samples: npt.ArrayLike | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        seed: int | None = None,
     ) -> None:
         if samples is not None and not isinstance(plan, (str, PlanSpec)):
             raise ConfigError("samples= selects what a plan spec plans: give plan as its text")
@@ -137,7 +146,7 @@ class Dataset(Feed, IterableDataset[Batch]):
             exchange=exchange,
         )
         process, index = _opened(opener, tiers)
-        order, selected = _planned(plan, samples, process, index)
+        order, selected = _planned(_seeded(plan, seed), samples, process, index)
         super().__init__(process, order, config, selected)
         # A Loader's view sends each batch as a `Batch`, tensors of at most so many bytes
         # inside the pickle (`for_loader`); alone, the Dataset yields the data itself.
@@ -230,6 +239,19 @@ def _opened(
     store_bytes = int(index.chunks().mean_size() * index.num_chunks)
     opener = dataclasses.replace(opener, tiers=tiers.sized(store_bytes))
     return ProcessStore(opener, index, origin), index
+
+
+def _seeded(plan: OrderPlan | PlanSpec | str, seed: int | None) -> OrderPlan | PlanSpec | str:
+    """``plan`` with ``seed`` (None: its own)."""
+    if seed is None:
+        return plan
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"seed must be a whole number from 0 to 2**128 - 1, got {seed!r}")
+    if isinstance(plan, str):
+        return PlanSpec.parse(plan, seed=seed)
+    if isinstance(plan, PlanSpec):
+        return dataclasses.replace(plan, seed=seed)
+    raise ConfigError("seed= seeds a plan spec: give plan as its text, or seed your own plan")
 
 
 def _planned(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 import warnings
@@ -256,11 +257,14 @@ class Loader:
         self._cold = cold.start() if cold is not None else self._cold
 
     def _epoch_batches(self, epoch: int) -> Iterator[Batch]:
-        """The running iteration's batches of ``epoch``.
+        """The running iteration's batches of ``epoch``, in the plan's order.
 
         A continuous iteration does not stop at the end of an epoch: the epoch ends when every
         worker has sent its last batch of it, and batches of the next epoch that arrive before
-        that (a worker that finished first) are kept for it.
+        that (a worker that finished first) are kept for it. Worker ``w`` builds the epoch's
+        batches ``w``, ``w + W``, ...; the DataLoader hands them over in its own turn, which
+        runs on across epochs (after an epoch of an odd number of batches, worker 1's comes
+        first), so they are put back in turn: batch ``k`` of the epoch is the ``k``-th given.
         """
         assert self._iter is not None and self._view is not None
         running = self._iter
@@ -268,25 +272,35 @@ class Loader:
             yield from running  # the workers' iterators end with the epoch
             self._iter = None
             return
-        waiting = set(range(max(1, self.num_workers)))
-        while waiting:
-            batch = self._kept(epoch)
-            if batch is None:
-                try:
-                    batch = next(running)
-                except StopIteration:
-                    raise LoaderError(
-                        f"the workers stopped before the end of epoch {epoch} "
-                        f"(workers {sorted(waiting)} had not sent their last batch)"
-                    ) from None
+        workers = max(1, self.num_workers)
+        waiting = set(range(workers))
+        queued: dict[int, collections.deque[Batch]] = {w: collections.deque() for w in waiting}
+        turn = 0
+        while waiting or any(queued.values()):
+            worker = turn % workers
+            while not queued[worker] and worker in waiting:
+                batch = self._kept(epoch) or self._next_of(running, epoch, waiting)
                 if batch.epoch != epoch:
                     self._ahead.append(batch)
                     continue
-            if batch.last:
-                waiting.discard(batch.worker)
-            if batch.data is not None:
-                yield batch
+                if batch.last:
+                    waiting.discard(batch.worker)
+                if batch.data is not None:
+                    queued[batch.worker].append(batch)
+            turn += 1
+            if queued[worker]:
+                yield queued[worker].popleft()
         self._iter_epoch = epoch + 1  # the workers have gone on to the next epoch
+
+    @staticmethod
+    def _next_of(running: Iterator[Batch], epoch: int, waiting: set[int]) -> Batch:
+        try:
+            return next(running)
+        except StopIteration:
+            raise LoaderError(
+                f"the workers stopped before the end of epoch {epoch} "
+                f"(workers {sorted(waiting)} had not sent their last batch)"
+            ) from None
 
     def _kept(self, epoch: int) -> Batch | None:
         """The first kept batch of ``epoch``, taken out of the kept ones."""

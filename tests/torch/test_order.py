@@ -1,0 +1,131 @@
+"""An order you can reproduce: `seed=`, the unshuffled ``sequential`` plan, and the exact order
+(the guard's deferral off) with its hedges still on."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DistributedSampler
+
+from tests.torch.conftest import N
+from tierfeed.config import world_for
+from tierfeed.errors import ConfigError
+from tierfeed.format.index import Index
+from tierfeed.loader import DeadlineOptions, GuardedStream
+from tierfeed.plan import PlanSpec
+from tierfeed.storage.store import Sample
+from tierfeed.torch import Dataset, Loader
+
+pytestmark = pytest.mark.timeout(120)
+
+EXACT = DeadlineOptions(enabled=False)
+
+
+def key(sample: Sample) -> str:
+    return sample.key
+
+
+def delivered(store_dir: Path, workers: int = 0, epochs: int = 1, **kw: object) -> list[str]:
+    ds = Dataset(store_dir, batch_size=8, decode=key, collate=list, deadline=EXACT, **kw)
+    out: list[str] = []
+    with Loader(ds, num_workers=workers) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            out += [k for batch in loader for k in batch]
+    return out
+
+
+def store_order(store_dir: Path) -> list[str]:
+    with Index(store_dir) as index:
+        return [index.key(i) for i in range(index.num_samples)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sequential_reads_the_store_in_its_order(store_dir: Path, workers: int) -> None:
+    assert delivered(store_dir, workers, plan="sequential") == store_order(store_dir)
+
+
+@pytest.mark.parametrize("world_size", [2, 7])
+def test_sequential_deals_ranks_what_distributed_sampler_deals_them(
+    store_dir: Path, world_size: int
+) -> None:
+    keys = store_order(store_dir)
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(N), num_replicas=world_size, rank=rank, shuffle=False)
+        got = delivered(store_dir, plan="sequential", world=world_for(rank, world_size))
+        assert got == [keys[i] for i in sampler]
+
+
+def test_the_same_seed_gives_the_same_order_and_another_seed_another(store_dir: Path) -> None:
+    first = delivered(store_dir, workers=2, epochs=2, seed=7)
+    assert delivered(store_dir, workers=2, epochs=2, seed=7) == first
+    assert delivered(store_dir, workers=0, epochs=2, seed=7) == first  # workers change nothing
+    # Epoch 1 of a longer run is epoch 1 of a shorter one (15 batches an epoch: the
+    # DataLoader's turn of 2 workers starts epoch 1 at worker 1; the Loader restores the plan's).
+    assert delivered(store_dir, workers=2, epochs=3, seed=7)[: 2 * N] == first
+    assert sorted(first[:N]) == sorted(first[N:]) == sorted(store_order(store_dir))
+    assert first[:N] != first[N:]  # epochs are shuffled anew
+    assert delivered(store_dir, epochs=2, seed=8) != first
+    assert delivered(store_dir, epochs=2) == delivered(store_dir, epochs=2, seed=0)
+    assert delivered(store_dir, plan=PlanSpec(seed=7), epochs=2) == first
+
+
+@pytest.mark.parametrize(
+    ("plan", "seed", "match"),
+    [
+        ("global", -1, "seed must be a whole number"),
+        ("global", 2**128, "seed must be a whole number"),
+        ("global", True, "seed must be a whole number"),
+        ("global", "7", "seed must be a whole number"),
+        ("sequential,chunkwise:4", None, "sequential plan reads the store's order"),
+        ("local,sequential", None, "sequential plan reads the store's order"),
+    ],
+)
+def test_a_bad_seed_or_sequential_mix_is_refused(
+    store_dir: Path, plan: str, seed: object, match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Dataset(store_dir, plan=plan, seed=seed)  # type: ignore[arg-type]
+
+
+def test_a_seed_for_a_plan_of_ones_own_is_refused(store_dir: Path) -> None:
+    class Mine:
+        def order(self, epoch: int, rank: int, world_size: int) -> list[int]:
+            return list(range(N))
+
+    with pytest.raises(ConfigError, match="seed= seeds a plan spec"):
+        Dataset(store_dir, plan=Mine(), seed=3)  # type: ignore[arg-type]
+
+
+def test_a_sequential_run_resumes_where_it_stopped(store_dir: Path) -> None:
+    ds = Dataset(store_dir, "sequential", batch_size=8, decode=key, collate=list, deadline=EXACT)
+    with Loader(ds, num_workers=0) as loader:
+        it = iter(loader)
+        head = [k for _ in range(3) for k in next(it)]
+        state = loader.state_dict()
+    again = Dataset(store_dir, "sequential", batch_size=8, decode=key, collate=list)
+    with Loader(again, num_workers=0) as loader:
+        loader.load_state_dict(state)
+        rest = [k for batch in loader for k in batch]
+    assert head + rest == store_order(store_dir)
+    assert state["plan"]["spec"] == "sequential"
+
+
+@pytest.mark.timeout(30)
+def test_the_exact_order_still_hedges_a_late_read() -> None:
+    stalled = threading.Event()
+
+    def read(i: int) -> str:
+        if i == 3:
+            stalled.wait(timeout=20)  # the first way to sample 3 hangs
+        return f"v{i}"
+
+    options = DeadlineOptions(enabled=False, hedge_after_ms=20, hard_timeout_s=20)
+    stream = GuardedStream(list(range(8)), read, hedge=lambda i: f"h{i}", deadline=options)
+    with stream:
+        got = list(stream)
+        stalled.set()
+    assert [i for i, _ in got] == list(range(8))  # the plan's order, exactly
+    assert dict(got)[3] == "h3" and stream.counters.hedge_wins == 1
