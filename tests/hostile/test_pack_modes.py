@@ -178,3 +178,25 @@ def test_skipped_member_does_not_widen_its_chunk(
     assert [path for path, _ in report.skipped] == ["a/pub.bin"]
     assert mode_of(chunk_of(store, b"a/own.bin")) == 0o600
     assert mode_of(store / INDEX_NAME) == 0o600
+
+
+@pytest.mark.parametrize(("modes", "want"), [((0o600, 0o600), 0o600), ((0o600, 0o640), 0o640)])
+def test_an_index_of_shards_in_place_is_no_wider_than_the_shards(
+    tmp_path: Path, modes: tuple[int, int], want: int
+) -> None:
+    import io
+    import tarfile
+
+    from tierfeed.format.shards import index_shards
+
+    shards = []
+    for i, mode in enumerate(modes):
+        shard = tmp_path / f"shard-{i}.tar"
+        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+            info = tarfile.TarInfo(f"s{i}.txt")
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"hello"))
+        shard.chmod(mode)
+        shards.append(shard)
+    report = index_shards(shards, tmp_path, progress=False)
+    assert stat.S_IMODE(Path(report.index).stat().st_mode) == want  # was 0644, whatever they were

@@ -414,3 +414,14 @@ def test_the_real_states_load(store_dir: Path, real: dict[str, tuple[World, Stat
         with loader_of(store_dir, world) as loader:
             loader.load_state_dict(state)
             assert sum(len(batch[0]) for batch in loader) > 0
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**31, 2**70, True, 1.0, "2", None])
+def test_set_epoch_refuses_what_would_wrap_or_is_no_epoch(store_dir: Path, epoch: Any) -> None:
+    # The epoch is shared with the workers as an int64: 2**70 wrapped and restarted the plan.
+    ds = Dataset(store_dir, batch_size=8, decode=decode)
+    with Loader(ds, num_workers=0) as loader:
+        with pytest.raises(ConfigError, match=r"set_epoch: the epoch is a whole number"):
+            loader.set_epoch(epoch)
+        loader.set_epoch(np.int64(3))  # numpy's ints are epochs too
+        assert ds.epoch == 3

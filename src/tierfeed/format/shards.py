@@ -32,6 +32,7 @@ from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
+from tierfeed.format.packplan import OWNER_BITS
 from tierfeed.format.tarscan import TarMember, open_shard, scan_tar_fd
 
 __all__ = ["IndexReport", "index_shards"]
@@ -62,6 +63,7 @@ class _Collected:
     seen_keys: set[bytes] = field(default_factory=set)
     want_cls: bool = False  # read .cls/.cls2 members as labels
     cls: dict[int, dict[bytes, int]] = field(default_factory=dict)  # sample -> {ext: label}
+    shared: int = 0  # the group and other read bits of the shards (the index's, as pack's)
 
     def labels_of_cls(self) -> list[int | None]:
         """Each sample's cls label (``.cls`` before ``.cls2``), None where it has none."""
@@ -144,7 +146,8 @@ def _add_shard(
     fd = open_shard(shard)  # non-blocking open; refuses anything but a regular file
     try:
         _add_members(got, chunk, shard, fd, skip_bad, skipped)  # a bad header fails first
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size, got.shared = st.st_size, got.shared | (st.st_mode & 0o044)
         checksum = _checksum_range(fd, 0, size, str(shard), on_block)
     finally:
         os.close(fd)
@@ -316,7 +319,8 @@ def index_shards(
     )
     content = _content(got, label_of, class_names, names, sizes, sums, len(skipped))
     try:
-        write_index(index_path, content)
+        # No wider than the shards: the index names every member (pack's rule, `packplan`).
+        write_index(index_path, content, mode=OWNER_BITS | got.shared)
     except OSError as exc:
         raise PackError(f"{index_path}: cannot write the index: {exc.strerror or exc}") from None
     return IndexReport(

@@ -36,6 +36,7 @@ from tierfeed.loader.feedconfig import EpochExchange, FeedConfig, OrderPlan
 from tierfeed.loader.latency import DeadlineOptions
 from tierfeed.loader.processstore import ProcessStore
 from tierfeed.loader.resume import Resume, StoreId, run_positions
+from tierfeed.loader.statecheck import checked_epoch
 from tierfeed.loader.stream import GuardedStream, PrefetchOptions
 from tierfeed.plan import Plan, remaining_order
 from tierfeed.storage import DirectoryChunks
@@ -142,8 +143,10 @@ class Feed:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration reads (as DistributedSampler.set_epoch); worker
-        processes that outlive an epoch see it too."""
-        self._epoch.value = epoch
+        processes that outlive an epoch see it too. ConfigError: not an int below
+        `epoch_bound` (a larger one would wrap in the value the workers share)."""
+        samples = self.plan.shape.num_samples if isinstance(self.plan, Plan) else 1
+        self._epoch.value = checked_epoch(epoch, samples)
 
     def store(self) -> Store:
         """This process's store (opened lazily; workers open their own)."""
@@ -268,11 +271,8 @@ class Feed:
             stream.close()
             if following is not None:
                 following.close()
-            if shut:
-                # The iteration ends with the worker: its copies end (boundedly,
-                # `TierStack.close`) before the process does, none cut off inside a file. Not
-                # after an error: that is sent at once, the worker is stopped from outside.
-                self.close()
+            if shut:  # copies end (bounded) before the worker does, none cut off in a file;
+                self.close()  # not after an error: that is sent at once
         if not self.config.read_across_epochs and in_worker:
             # The worker process ends with its epoch: let its copies reach the disk tier.
             with contextlib.suppress(StorageError):

@@ -10,6 +10,7 @@ and the positions walked in all are bounded by what an epoch of the store can li
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -23,6 +24,8 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "StateBounds",
     "check_states",
+    "checked_epoch",
+    "epoch_bound",
     "state_list",
     "state_name",
     "store_entry",
@@ -58,9 +61,32 @@ class StateBounds:
 
     @property
     def epochs(self) -> int:
-        """Epochs lie below this: the plans compute ``epoch * samples`` in int64 and the epoch
-        is shared with workers as one."""
-        return min(2**31, 2**62 // max(1, self.samples))
+        """Epochs lie below this (`epoch_bound`)."""
+        return epoch_bound(self.samples)
+
+
+def epoch_bound(samples: int) -> int:
+    """Epochs of a plan of ``samples`` lie below this: the plans compute ``epoch * samples`` in
+    int64 and the epoch is shared with workers as one."""
+    return min(2**31, 2**62 // max(1, samples))
+
+
+def checked_epoch(epoch: int, samples: int) -> int:
+    """``epoch`` given to ``set_epoch`` (an int, or numpy's), as an int.
+
+    Raises:
+        ConfigError: not a whole number from 0 to below `epoch_bound`.
+    """
+    bound = epoch_bound(samples)
+    try:
+        value = -1 if isinstance(epoch, bool) else operator.index(epoch)
+    except TypeError:
+        value = -1
+    if not 0 <= value < bound:
+        raise ConfigError(
+            f"set_epoch: the epoch is a whole number from 0 to {bound - 1}, got {epoch!r}"
+        )
+    return value
 
 
 def state_name(index: int, count: int) -> str:

@@ -123,10 +123,11 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (as DistributedSampler.set_epoch); clears any resume position."""
-        if epoch != self.dataset.epoch:
+        changed = epoch != self.dataset.epoch
+        self.dataset.set_epoch(epoch)  # checked there first
+        if changed:
             self._resume = None
             self._states = {}
-        self.dataset.set_epoch(epoch)
 
     def state_dict(self, mark: LoaderMark | None = None) -> dict[str, Any]:
         """A few plain values: the epoch, and the positions of this rank's order delivered so
