@@ -7,6 +7,7 @@ hang, a traceback, an unbounded allocation or a write to the origin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -67,3 +68,16 @@ def nobody_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def empty_mountpoint(path: Path) -> Iterator[Path]:
+    """``path`` made an empty directory to mount on, unmounted (lazily) whatever the test did."""
+    from tierfeed.fuse.process import is_mounted, unmount
+
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        if is_mounted(path):
+            unmount(path, lazy=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.format.conftest import QUIET, write_tree
+from tests.hostile.conftest import empty_mountpoint
 from tests.hostile.edits import flip
 from tierfeed.format.index import Index
 from tierfeed.format.pack import pack
@@ -83,13 +84,8 @@ def store(tmp_path: Path) -> Path:
 @pytest.fixture
 def mnt(tmp_path: Path) -> Iterator[Path]:
     """An empty mountpoint, unmounted (lazily) whatever the test did."""
-    path = tmp_path / "mnt"
-    path.mkdir()
-    try:
+    with empty_mountpoint(tmp_path / "mnt") as path:
         yield path
-    finally:
-        if is_mounted(path):
-            unmount(path, lazy=True)
 
 
 def serve_argv(store: Path, mnt: Path, *extra: str) -> list[str]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.format.conftest import QUIET, write_tree
-from tests.hostile.conftest import NOBODY
+from tests.hostile.conftest import NOBODY, empty_mountpoint
 from tierfeed.format.pack import pack
-from tierfeed.fuse.process import FuseProcess, is_mounted, unmount
+from tierfeed.fuse.process import FuseProcess, is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -74,13 +74,8 @@ def private_store(tmp_path: Path) -> Path:
 @pytest.fixture
 def shared_mnt(nobody_dir: Path) -> Iterator[Path]:
     """An empty mountpoint nobody can reach, unmounted (lazily) whatever the test did."""
-    path = nobody_dir / "mnt"
-    path.mkdir()
-    try:
+    with empty_mountpoint(nobody_dir / "mnt") as path:
         yield path
-    finally:
-        if is_mounted(path):
-            unmount(path, lazy=True)
 
 
 def test_allow_other_mount_enforces_shown_modes(private_store: Path, shared_mnt: Path) -> None:
