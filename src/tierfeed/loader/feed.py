@@ -246,7 +246,8 @@ class Feed:
         resume, self._resume = self._resume, None
         stream = self._stream(epoch, worker, num_workers, resume)
         following: GuardedStream[Any] | None = None
-        shut = False  # a worker's DataLoader shuts it down (not an error)
+        if in_worker and self.continuous:
+            self._process.close_at_exit()
         try:
             while True:
                 for batch in self._batches(stream, worker, epoch):
@@ -264,15 +265,10 @@ class Feed:
                     # last batch is sent, off the path of any batch.
                     following = self._stream(epoch + 1, worker, num_workers, None)
                 stream, following, epoch = following, None, epoch + 1
-        except GeneratorExit:
-            shut = in_worker and self.continuous
-            raise
         finally:
             stream.close()
             if following is not None:
                 following.close()
-            if shut:  # copies end (bounded) before the worker does, none cut off in a file;
-                self.close()  # not after an error: that is sent at once
         if not self.config.read_across_epochs and in_worker:
             # The worker process ends with its epoch: let its copies reach the disk tier.
             with contextlib.suppress(StorageError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from multiprocessing import util as mp_util
 from typing import Any
 
 from tierfeed.format.index import Index
@@ -33,6 +34,7 @@ class ProcessStore:
         self._pid = -1
         self._readers: Readers | None = None
         self._store_id: StoreId | None = None
+        self._exit_pid = -1  # the process in which `close_at_exit` was asked for
 
     def store(self) -> Store:
         """This process's store."""
@@ -75,6 +77,14 @@ class ProcessStore:
             )
             self._store_id = StoreId.of(self.plan_index(), where)
         return self._store_id
+
+    def close_at_exit(self) -> None:
+        """Close this process's store as the process ends: a DataLoader worker ends without a
+        close, and its copies then end (boundedly, `TierStack.close`) before the process does,
+        none cut off inside a file. Once per process; a no-op for a store closed before."""
+        if self._exit_pid != os.getpid():
+            self._exit_pid = os.getpid()
+            mp_util.Finalize(None, self.close, exitpriority=0)  # run by the worker's exit
 
     def close(self) -> None:
         """Stop this process's reads and close its store."""
