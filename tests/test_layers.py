@@ -118,8 +118,13 @@ def test_no_import_circle_inside_a_package() -> None:
 
 
 # Modules over 400 lines (docs/architecture.md asks for one idea a module, split past ~400):
-# none. A module that must pass it is listed here with its length and a reason.
-OVER_400: dict[str, int] = {}
+# a module that must pass it is listed here with its length and a reason.
+OVER_400: dict[str, int] = {
+    # The Feed is one class, a rank's plan turned into batches: the resume and the replay it
+    # applies once per iteration act on the same streams, and cutting either off would hand
+    # the feed's state to a second place (STYLE: small is not simple).
+    "loader/feed.py": 413,
+}
 
 
 def test_no_module_passes_400_lines_or_grows_past_it() -> None:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import DistributedSampler
@@ -129,3 +132,46 @@ def test_the_exact_order_still_hedges_a_late_read() -> None:
         stalled.set()
     assert [i for i, _ in got] == list(range(8))  # the plan's order, exactly
     assert dict(got)[3] == "h3" and stream.counters.hedge_wins == 1
+
+
+def slow_on(name: str) -> Any:
+    def decode(sample: Sample) -> str:
+        if sample.key == name:
+            time.sleep(0.3)  # a read past its deadline: the guard delivers others first
+        return sample.key
+
+    return decode
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fast_runs_order_is_recorded_and_replayed_exactly(store_dir: Path, workers: int) -> None:
+    guard = DeadlineOptions(fixed_ms=20, hard_timeout_s=30)
+    keys = store_order(store_dir)
+
+    def run(slow: str, record: Any = None) -> tuple[list[str], Any]:
+        ds = Dataset(store_dir, batch_size=8, decode=slow_on(slow), collate=list, deadline=guard)
+        with Loader(ds, num_workers=workers) as loader:
+            if record is not None:
+                loader.replay(record)
+            got = [k for batch in loader for k in batch]
+            assert loader.last_epoch is not None
+            return got, loader.last_epoch["order"]
+
+    first, record = run(keys[40])
+    assert sorted(first) == sorted(keys)
+    assert record["swaps"] and record["workers"] == workers and record["batch_size"] == 8
+    second, _ = run(keys[70])  # other timing, no replay: another order
+    assert second != first
+    replayed, again = run(keys[70], json.loads(json.dumps(record)))  # as a run file holds it
+    assert replayed == first and again == record
+
+
+def test_a_record_of_other_workers_or_no_record_is_refused(store_dir: Path) -> None:
+    ds = Dataset(store_dir, batch_size=8, decode=key, collate=list)
+    record = {"workers": 2, "batch_size": 8, "swaps": {"0": [[3, 5]]}}
+    with Loader(ds, num_workers=0) as loader:
+        with pytest.raises(ConfigError, match="recorded with 2 workers and batch size 8"):
+            loader.replay(record)
+        for bad in ({}, {**record, "workers": 0, "swaps": {"0": [[3, -5]]}}, [1, 2]):
+            with pytest.raises(ConfigError, match="replay:"):
+                loader.replay(bad)  # type: ignore[arg-type]

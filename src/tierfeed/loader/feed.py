@@ -18,7 +18,7 @@ import ctypes
 import dataclasses
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,9 +43,12 @@ from tierfeed.storage import DirectoryChunks
 from tierfeed.storage.store import Store
 from tierfeed.world import World
 
-__all__ = ["Batch", "EpochExchange", "Feed", "FeedConfig", "OrderPlan"]
+__all__ = ["Batch", "EpochExchange", "Feed", "FeedConfig", "OrderPlan", "Replay"]
 
 IntArray = npt.NDArray[np.int64]
+# An epoch's order as a Loader recorded it: each worker's positions delivered out of turn, by
+# delivery number (`GuardedStream.swaps`).
+Replay = Mapping[int, Mapping[int, int]]
 _F = TypeVar("_F", bound="Feed")
 
 
@@ -60,6 +63,7 @@ class Batch:
     counters: dict[str, float]
     tiers: dict[str, dict[str, Any]] | None = None
     last: bool = False  # the worker's last batch of the epoch
+    swaps: tuple[tuple[int, int], ...] = ()  # on the last: its stream's (`GuardedStream.swaps`)
 
 
 _DRAIN_S = 30.0  # how long an exiting worker waits for its queued copies
@@ -96,14 +100,16 @@ class Feed:
         # The epoch lives in shared memory: persistent DataLoader workers see set_epoch().
         self._epoch = multiprocessing.get_context("fork").RawValue(ctypes.c_int64, 0)
         self._resume = resume  # applied by the next iteration, once
+        self._replay: Replay | None = None  # likewise: each worker's swaps to deliver
 
-    def for_loader(self: _F, resume: Resume | None) -> _F:
+    def for_loader(self: _F, resume: Resume | None, replay: Replay | None = None) -> _F:
         """This feed as a `tierfeed.torch.Loader` reads it: its iteration runs on across epochs
-        (``read_across_epochs``) and starts at ``resume``. The view shares this feed's plan,
-        epoch, store and reader threads; this feed is left as it is."""
+        (``read_across_epochs``) and starts at ``resume``; its first epoch delivers the order
+        ``replay`` recorded (each worker's `GuardedStream.swaps`), if given. The view shares
+        this feed's plan, epoch, store and reader threads; this feed is left as it is."""
         view = copy.copy(self)
         view.config = dataclasses.replace(self.config, read_across_epochs=True)
-        view._resume = resume
+        view._resume, view._replay = resume, replay
         return view
 
     @property
@@ -244,7 +250,9 @@ class Feed:
         epoch = self.epoch
         # A resume is applied once: a persistent worker's next iteration starts fresh.
         resume, self._resume = self._resume, None
-        stream = self._stream(epoch, worker, num_workers, resume)
+        replay, self._replay = self._replay, None
+        mine = None if replay is None else replay.get(worker, {})
+        stream = self._stream(epoch, worker, num_workers, resume, mine)
         following: GuardedStream[Any] | None = None
         if in_worker and self.continuous:
             self._process.close_at_exit()
@@ -275,7 +283,12 @@ class Feed:
                 self.store().source.drain(timeout=_DRAIN_S)
 
     def _stream(
-        self, epoch: int, worker: int, num_workers: int, resume: Resume | None
+        self,
+        epoch: int,
+        worker: int,
+        num_workers: int,
+        resume: Resume | None,
+        replay: Mapping[int, int] | None = None,
     ) -> GuardedStream[Any]:
         """This worker's guarded read stream over its slice of ``epoch``: the path of its
         samples through the feed, from the plan to the reads behind the guard."""
@@ -293,9 +306,11 @@ class Feed:
             # copy fetches its pieces in this order and the first batch would wait for them.
             tell_future(store, rank[run], [order, *later])
         tell_head(store, order[: HEAD_BATCHES * self.batch_size])
-        return self._guarded(store, order)
+        return self._guarded(store, order, replay)
 
-    def _guarded(self, store: Store, order: IntArray) -> GuardedStream[Any]:
+    def _guarded(
+        self, store: Store, order: IntArray, replay: Mapping[int, int] | None = None
+    ) -> GuardedStream[Any]:
         """The deadline guard over reads of ``order`` (rows checked) on this process's reader
         threads: a run of local samples read at once, a late read hedged a second way."""
         config, decode = self.config, self.config.decode
@@ -318,6 +333,7 @@ class Feed:
             deadline=config.deadline,
             pool=readers.pool,
             hedge_pool=readers.hedges,
+            replay=replay,
         )
 
     def _hedge_reader(self, store: Store) -> Store | None:
@@ -381,7 +397,9 @@ class Feed:
         }
         tiers = self.store().source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
-        return Batch(self.config.collate(items), worker, epoch, state, counters, tiers, last)
+        swaps = tuple(stream.swaps) if last else ()
+        data = self.config.collate(items)
+        return Batch(data, worker, epoch, state, counters, tiers, last, swaps)
 
 
 def _of_epoch(resume: Resume | None, epoch: int) -> Resume | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from typing import Any, Generic, TypeVar
 
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.daemonpool import DaemonPool
-from tierfeed.errors import StuckReadError
+from tierfeed.errors import ConfigError, StuckReadError
 from tierfeed.hedging import Hedges
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
 from tierfeed.loader.streamstate import PrefetchOptions, StreamCounters, StreamState
@@ -89,7 +89,13 @@ class GuardedStream(Generic[T]):
             own); an owned pool (a `DaemonPool`) waits a bounded time for them.
         hedge_pool: where hedges run (by default the stream's own `Hedges`, on the process's
             hedge threads).
-    """
+        replay: deliver exactly the order of an earlier run of the same stream: the
+            positions it delivered out of turn, by delivery number (its `swaps`); every other
+            delivery takes the oldest position not yet delivered. Late reads are waited for
+            (and hedged), not deferred.
+
+    `swaps` records the positions delivered out of turn, ``(delivery number, position)``: few
+    (what the guard deferred), and enough to replay the order."""
 
     def __init__(
         self,
@@ -106,8 +112,11 @@ class GuardedStream(Generic[T]):
         state: StreamState | None = None,
         pool: Executor | None = None,
         hedge_pool: Executor | None = None,
+        replay: Mapping[int, int] | None = None,
     ) -> None:
         self.order = order
+        self._replay = replay
+        self.swaps: list[tuple[int, int]] = []
         self._read, self._hedge = read, hedge
         self.prefetch = prefetch or PrefetchOptions()
         self._local = local if self.prefetch.inline_local else None
@@ -227,6 +236,8 @@ class GuardedStream(Generic[T]):
         self.counters.inline += len(run)
 
     def _take(self, pos: int) -> tuple[int, T]:
+        if pos != self._cursor:
+            self.swaps.append((self.counters.delivered, pos))
         entry = self._window.pop(pos)
         self._due.pop(pos, None)
         self._inflight_bytes -= entry.nbytes
@@ -287,17 +298,28 @@ class GuardedStream(Generic[T]):
                 return pos
         return None
 
+    def _replayed(self, replay: Mapping[int, int]) -> int:
+        """The position a replay delivers next: as recorded, else the oldest not delivered."""
+        pos = replay.get(self.counters.delivered, self._cursor)
+        if pos not in self._window:
+            raise ConfigError(
+                f"cannot replay: position {pos} of the order is not among the reads ahead at "
+                f"delivery {self.counters.delivered}; replay with the prefetch window, batch "
+                "size and workers of the run recorded"
+            )
+        return pos
+
     def _pick(self) -> int:
         """The position to deliver next: the head if in time, else the oldest ready one."""
         # The window holds exactly the positions of [cursor, next) not yet delivered, and the
         # cursor is never a delivered one: the head is the cursor (no scan of the window).
-        head = self._cursor
+        head = self._cursor if self._replay is None else self._replayed(self._replay)
         entry = self._window[head]
         if entry.pending:
             self._settle(head)
         if entry.done():
             return head  # in time (the common case): no deadline to work out
-        if not self.deadline.enabled:  # the exact order: wait for the head, hedged if late
+        if not self.deadline.enabled or self._replay is not None:  # an order given: wait
             while not entry.done():
                 now = time.monotonic()
                 self._check_stuck(head, now)

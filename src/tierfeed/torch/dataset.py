@@ -24,7 +24,7 @@ from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
-from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPlan
+from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPlan, Replay
 from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.processstore import ProcessStore
 from tierfeed.loader.resume import Resume
@@ -153,12 +153,17 @@ class Dataset(Feed, IterableDataset[Batch]):
         self._by_value_bytes = 0
         self._wrapped = False
 
-    def for_loader(self: _D, resume: Resume | None, by_value_bytes: int = BY_VALUE_BYTES) -> _D:
+    def for_loader(
+        self: _D,
+        resume: Resume | None,
+        replay: Replay | None = None,
+        by_value_bytes: int = BY_VALUE_BYTES,
+    ) -> _D:
         """This dataset as a `Loader`'s DataLoader reads it (`Feed.for_loader`): each batch a
         `Batch` (the data with the worker's place in the plan and its counters), which the
         Loader unwraps; a worker sends tensors of at most ``by_value_bytes`` bytes inside the
         pickle, not through shared memory (0: torch's way for all)."""
-        view = super().for_loader(resume)
+        view = super().for_loader(resume, replay)
         view._by_value_bytes, view._wrapped = by_value_bytes, True
         return view
 

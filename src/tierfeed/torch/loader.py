@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import os
 import time
 import warnings
@@ -11,15 +10,23 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from tierfeed.errors import ConfigError, LoaderError
+from tierfeed.errors import ConfigError
 from tierfeed.loader.coldstart import ColdStart
+from tierfeed.loader.feed import Replay
 from tierfeed.loader.loaderstate import resume_of, state_of
+from tierfeed.loader.replay import order_record, replay_of
 from tierfeed.loader.resume import Resume
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 from tierfeed.torch.handover import accelerator_available, pin, restore
-from tierfeed.torch.workers import FAILED_STOP_S, STOP_S, start_workers, stop_workers
+from tierfeed.torch.workers import (
+    FAILED_STOP_S,
+    STOP_S,
+    epoch_in_turn,
+    start_workers,
+    stop_workers,
+)
 
 __all__ = ["Loader"]
 
@@ -105,6 +112,8 @@ class Loader:
         self._iter_epoch = -1  # the epoch that iteration delivers next
         self._ahead: list[Batch] = []  # batches of the next epoch that came before its turn
         self._resume: Resume | None = None  # where the next iteration starts (load_state_dict)
+        self._replay: Replay | None = None  # the order the next epoch delivers (`replay`)
+        self._swaps: dict[int, tuple[tuple[int, int], ...]] = {}  # the epoch's, by worker
         self._view: Dataset | None = None  # the dataset as its DataLoader reads it
         self._cold: ColdStart | None = None  # this process's copies while the workers start
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
@@ -159,6 +168,21 @@ class Loader:
         dist.all_gather_object(states, self.state_dict())
         return states
 
+    def replay(self, record: Mapping[str, Any]) -> None:
+        """Deliver the next epoch in the order a run recorded (``last_epoch["order"]``, or the
+        ``order`` of that epoch in the run file): the same samples in the same order, whatever
+        the storage's timing is now; a late read is waited for (and hedged), not deferred. It
+        needs what that run had: the plan (spec, seed), epoch (`set_epoch` it first), world,
+        workers, batch size and prefetch window, from the epoch's start.
+
+        Raises:
+            ConfigError: not a recorded order, one of other workers or batch size, or asked
+                after `load_state_dict` (a replay starts at the epoch's start).
+        """
+        if self._resume is not None:
+            raise ConfigError("replay: an epoch is replayed from its start, not after a resume")
+        self._replay = replay_of(record, self.num_workers, self.dataset.batch_size)
+
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Resume from a `state_dict()`: the next iteration delivers the rest of the epoch.
 
@@ -178,9 +202,10 @@ class Loader:
     def _dataloader(self) -> DataLoader[Batch]:
         """The DataLoader for the next epoch: the running one, unless workers must start anew
         from a resume position (it is given to them when they start)."""
-        if self._loader is None or self._resume is not None:
+        if self._loader is None or self._resume is not None or self._replay is not None:
             self._stop_workers()
-            self._view = self.dataset.for_loader(self._resume)
+            self._view = self.dataset.for_loader(self._resume, self._replay)
+            self._replay = None
             self._loader = DataLoader(
                 self._view,
                 batch_size=None,
@@ -227,6 +252,8 @@ class Loader:
                     next_live = time.perf_counter() + self.live_every_s
                 self._states[batch.worker] = batch.state
                 self._counters[batch.worker] = batch.counters
+                if batch.last:
+                    self._swaps[batch.worker] = batch.swaps
                 if batch.tiers is not None:
                     self._tiers[batch.worker] = batch.tiers
                 yield data
@@ -258,57 +285,16 @@ class Loader:
         self._cold = cold.start() if cold is not None else self._cold
 
     def _epoch_batches(self, epoch: int) -> Iterator[Batch]:
-        """The running iteration's batches of ``epoch``, in the plan's order.
-
-        A continuous iteration does not stop at the end of an epoch: the epoch ends when every
-        worker has sent its last batch of it, and batches of the next epoch that arrive before
-        that (a worker that finished first) are kept for it. Worker ``w`` builds the epoch's
-        batches ``w``, ``w + W``, ...; the DataLoader hands them over in its own turn, which
-        runs on across epochs (after an epoch of an odd number of batches, worker 1's comes
-        first), so they are put back in turn: batch ``k`` of the epoch is the ``k``-th given.
-        """
+        """The running iteration's batches of ``epoch``, in the plan's order
+        (`epoch_in_turn`)."""
         assert self._iter is not None and self._view is not None
         running = self._iter
         if not self._view.continuous:
             yield from running  # the workers' iterators end with the epoch
             self._iter = None
             return
-        workers = max(1, self.num_workers)
-        waiting = set(range(workers))
-        queued: dict[int, collections.deque[Batch]] = {w: collections.deque() for w in waiting}
-        turn = 0
-        while waiting or any(queued.values()):
-            worker = turn % workers
-            while not queued[worker] and worker in waiting:
-                batch = self._kept(epoch) or self._next_of(running, epoch, waiting)
-                if batch.epoch != epoch:
-                    self._ahead.append(batch)
-                    continue
-                if batch.last:
-                    waiting.discard(batch.worker)
-                if batch.data is not None:
-                    queued[batch.worker].append(batch)
-            turn += 1
-            if queued[worker]:
-                yield queued[worker].popleft()
+        yield from epoch_in_turn(running, epoch, max(1, self.num_workers), self._ahead)
         self._iter_epoch = epoch + 1  # the workers have gone on to the next epoch
-
-    @staticmethod
-    def _next_of(running: Iterator[Batch], epoch: int, waiting: set[int]) -> Batch:
-        try:
-            return next(running)
-        except StopIteration:
-            raise LoaderError(
-                f"the workers stopped before the end of epoch {epoch} "
-                f"(workers {sorted(waiting)} had not sent their last batch)"
-            ) from None
-
-    def _kept(self, epoch: int) -> Batch | None:
-        """The first kept batch of ``epoch``, taken out of the kept ones."""
-        for i, batch in enumerate(self._ahead):
-            if batch.epoch == epoch:
-                return self._ahead.pop(i)
-        return None
 
     def _resumed_positions(self) -> int:
         """Positions of the rank's order read before a resume (a prefix: a lower bound).
@@ -348,6 +334,7 @@ class Loader:
             "system": self.system,
             "guard": totals,
             "tiers": since(tiers, self._tier_base),
+            "order": order_record(self._swaps, self.num_workers, self.dataset.batch_size),
         }
         self._tier_base = tiers  # the processes persist: their counters accumulate
         self.last_epoch = meter.record()
@@ -355,6 +342,7 @@ class Loader:
             self.recorder.write(self.last_epoch)
         # The epoch is complete: a state_dict taken now resumes at the next epoch.
         self._resume, self._states, self._counters, self._tiers = None, {}, {}, {}
+        self._swaps = {}
         self.dataset.set_epoch(self.dataset.epoch + 1)
 
     def _progress(self, meter: EpochMeter) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""Starting and stopping a DataLoader's worker processes, neither held by what they inherit."""
+"""A DataLoader's worker processes: started and stopped, neither held by what they inherit, and
+their batches put back in the plan's turn."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import threading
 from collections.abc import Iterator
@@ -9,7 +11,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-__all__ = ["FAILED_STOP_S", "STOP_S", "start_workers", "stop_workers"]
+from tierfeed.errors import LoaderError
+from tierfeed.loader.feed import Batch
+
+__all__ = ["FAILED_STOP_S", "STOP_S", "epoch_in_turn", "start_workers", "stop_workers"]
 
 STOP_S = 10.0  # stopping the workers holds its caller at most this long
 FAILED_STOP_S = 0.25  # after an epoch failed: its error is raised then
@@ -47,3 +52,53 @@ def stop_workers(loader: DataLoader[Any] | None, wait_s: float = STOP_S) -> None
         stopper = threading.Thread(target=shutdown, name="tierfeed-stop-workers", daemon=True)
         stopper.start()
         stopper.join(wait_s)
+
+
+def epoch_in_turn(
+    running: Iterator[Batch], epoch: int, workers: int, ahead: list[Batch]
+) -> Iterator[Batch]:
+    """The batches of ``epoch`` from a continuous iteration of ``workers`` persistent workers,
+    in the plan's order.
+
+    The epoch ends when every worker has sent its last batch of it; batches of the next epoch
+    that arrive before that (a worker that finished first) are kept in ``ahead``, and taken
+    from there first. Worker ``w`` builds the epoch's batches ``w``, ``w + W``, ...; the
+    DataLoader hands them over in its own turn, which runs on across epochs (after an epoch of
+    an odd number of batches, worker 1's comes first), so they are put back in turn: batch
+    ``k`` of the epoch is the ``k``-th given.
+    """
+    waiting = set(range(workers))
+    queued: dict[int, collections.deque[Batch]] = {w: collections.deque() for w in waiting}
+    turn = 0
+    while waiting or any(queued.values()):
+        worker = turn % workers
+        while not queued[worker] and worker in waiting:
+            batch = _kept(ahead, epoch) or _next_of(running, epoch, waiting)
+            if batch.epoch != epoch:
+                ahead.append(batch)
+                continue
+            if batch.last:
+                waiting.discard(batch.worker)
+            if batch.data is not None:
+                queued[batch.worker].append(batch)
+        turn += 1
+        if queued[worker]:
+            yield queued[worker].popleft()
+
+
+def _kept(ahead: list[Batch], epoch: int) -> Batch | None:
+    """The first kept batch of ``epoch``, taken out of ``ahead``."""
+    for i, batch in enumerate(ahead):
+        if batch.epoch == epoch:
+            return ahead.pop(i)
+    return None
+
+
+def _next_of(running: Iterator[Batch], epoch: int, waiting: set[int]) -> Batch:
+    try:
+        return next(running)
+    except StopIteration:
+        raise LoaderError(
+            f"the workers stopped before the end of epoch {epoch} "
+            f"(workers {sorted(waiting)} had not sent their last batch)"
+        ) from None
