@@ -78,20 +78,16 @@ def verify_location(location: StoreLocation, progress: bool = True) -> list[str]
     """`verify_store` for a store by path or URL: the problems found (empty: good)."""
     if not location.remote:
         return verify_store(location.text, progress)
-    try:
-        index = location.open_index()  # through the checked cache directory, never a path
+    try:  # through the checked cache directory; no stamp spares its checks (bit rot)
+        index = location.open_index(recheck=True)
     except TierfeedError as exc:
         return [str(exc)]
-    with contextlib.ExitStack() as held:
-        held.callback(index.close)  # verify_store closes it too; a second close is a no-op
-        try:
-            index.check_checksum()  # checked when fetched: verify checks it again
-        except TierfeedError as exc:
-            return [str(exc)]
-        origin = held.enter_context(location.origin())
-        tmp = held.enter_context(
-            tempfile.TemporaryDirectory(dir=default_cache_dir(), prefix=".verify-")
-        )  # the user's cache: made 0700 and checked
+    scratch = default_cache_dir()  # made 0700 and checked
+    with (
+        index,  # verify_store closes it too; a second close is a no-op
+        location.origin() as origin,
+        tempfile.TemporaryDirectory(dir=scratch, prefix=".verify-") as tmp,
+    ):
         return verify_store(index, progress, _fetcher(origin, location.root, Path(tmp)))
 
 

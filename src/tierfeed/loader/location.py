@@ -92,36 +92,19 @@ class StoreLocation:
             return driver_for(self.text, read_only=True, **self.storage_options)
         return PosixDriver(self.root, read_only=True)
 
-    def index_file(
-        self,
-        cache_dir: str | os.PathLike[str] | CacheFolder | None = None,
-        origin: Driver | None = None,
-    ) -> Path:
-        """A local file holding the store's index: the store's own, or, for a URL, the copy in
-        ``cache_dir`` (see `open_index`). A caller that maps the index uses `open_index`:
-        this path is only as safe as the directories above the cache.
-
-        Raises:
-            IndexFormatError: the store has no index (nothing packed there, or a wrong URL).
-            StorageError: the store cannot be read (access denied, unreachable).
-            ConfigError: the cache, or something in it, is a link or another user's.
-        """
-        if not self.remote:
-            return Path(self.text)
-        with self.open_index(cache_dir, origin) as index:
-            return index.path
-
     def open_index(
         self,
         cache_dir: str | os.PathLike[str] | CacheFolder | None = None,
         origin: Driver | None = None,
         lazy: bool = False,
+        recheck: bool = False,
     ) -> Index:
         """The store's index, open: the store's own file, or, for a URL, the copy in
         ``cache_dir`` (default: the user's cache, see `tierfeed.config.default_cache_dir`),
         fetched if this host has none of the store's current index, through ``origin`` if
         given (else a driver of its own). ``lazy`` applies to a store's own file (`Index`);
-        a URL's copy was checked in full once, when fetched, and is stamped.
+        a URL's copy was checked in full once, when fetched, and is stamped. ``recheck``: no
+        stamp spares the checks (`tierfeed verify`).
 
         Raises:
             IndexFormatError: the store has no index (nothing packed there, or a wrong URL).
@@ -129,25 +112,29 @@ class StoreLocation:
             ConfigError: the cache, or something in it, is a link or another user's.
         """
         if not self.remote:
-            return Index(self.text, lazy=lazy)
+            return Index(self.text, recheck=recheck, lazy=lazy)
         if origin is not None:  # the caller's own driver, which it goes on using
-            return fetch_index(origin, self.text, cache_dir)
+            return fetch_index(origin, self.text, cache_dir, recheck)
         with self.origin() as own:
-            return fetch_index(own, self.text, cache_dir)
+            return fetch_index(own, self.text, cache_dir, recheck)
 
     def __str__(self) -> str:
         return self.text
 
 
 def fetch_index(
-    origin: Driver, url: str, cache: str | os.PathLike[str] | CacheFolder | None = None
+    origin: Driver,
+    url: str,
+    cache: str | os.PathLike[str] | CacheFolder | None = None,
+    recheck: bool = False,
 ) -> Index:
     """The index of the store at ``url`` (read through ``origin``), open from its copy in
     ``cache`` (default: the user's cache): one file per URL, named by the index's ETag and
     size, fetched by one process of the host while the others wait for it (boundedly), then
     published whole (temporary name, rename). The folder is opened, and checked, once: every
     file in it is then made, opened, locked and removed relative to that descriptor, never
-    through a link, and only if it is this user's.
+    through a link, and only if it is this user's. ``recheck``: no stamp spares the checks of
+    a copy cached before.
 
     Raises:
         IndexFormatError: no index at ``url``.
@@ -158,7 +145,7 @@ def fetch_index(
     name = hashlib.sha256(url.encode()).hexdigest()[:24]
     folder_fd = folder.open(name)  # before any request: a refused cache costs no GET
     try:
-        return _fetch_into(origin, url, folder_fd, folder.path / name)
+        return _fetch_into(origin, url, folder_fd, folder.path / name, recheck)
     finally:
         os.close(folder_fd)
 
@@ -171,7 +158,9 @@ def _cache_folder(cache: str | os.PathLike[str] | CacheFolder | None) -> CacheFo
     return CacheFolder(Path(cache).absolute())
 
 
-def _fetch_into(origin: Driver, url: str, folder_fd: int, folder: Path) -> Index:
+def _fetch_into(
+    origin: Driver, url: str, folder_fd: int, folder: Path, recheck: bool = False
+) -> Index:
     """`fetch_index` in the folder open as ``folder_fd`` (``folder`` names it)."""
     try:
         size = origin.size(INDEX_NAME)
@@ -181,11 +170,11 @@ def _fetch_into(origin: Driver, url: str, folder_fd: int, folder: Path) -> Index
         ) from None
     version = hashlib.sha256(f"{origin.etag(INDEX_NAME)}:{size}".encode()).hexdigest()[:16]
     target = folder / f"{version}-{INDEX_NAME}"
-    index = _open_cached(folder_fd, target, size)
+    index = _open_cached(folder_fd, target, size, recheck)
     if index is not None:
         return index
     with _host_lock(folder_fd, folder / ".lock", url):
-        index = _open_cached(folder_fd, target, size)  # another process fetched it meanwhile
+        index = _open_cached(folder_fd, target, size, recheck)  # another process fetched it
         if index is None:
             _download(origin, url, folder_fd, target)
             index = _check_fetched(folder_fd, target, url)
@@ -193,7 +182,7 @@ def _fetch_into(origin: Driver, url: str, folder_fd: int, folder: Path) -> Index
     return index
 
 
-def _open_cached(folder_fd: int, path: Path, size: int) -> Index | None:
+def _open_cached(folder_fd: int, path: Path, size: int, recheck: bool = False) -> Index | None:
     """The cached copy ``path`` (in the folder open as ``folder_fd``), open, if it is whole
     and opens; None if there is none. One damaged in place (bit rot, another hand) is
     removed, to be fetched again.
@@ -208,7 +197,7 @@ def _open_cached(folder_fd: int, path: Path, size: int) -> Index | None:
     try:
         if os.fstat(fd).st_size != size:
             return None
-        return Index(path, fd=fd)
+        return Index(path, recheck=recheck, fd=fd)
     except IndexFormatError:
         with contextlib.suppress(OSError):
             os.unlink(path.name, dir_fd=folder_fd)
