@@ -22,11 +22,11 @@ import xxhash
 from tierfeed.format.source import SourceDir, SourceFile, SourceTree
 from tierfeed.format.tarchunk import BLOCK, header_length, member_header, padding
 
-__all__ = ["OWNER_BITS", "PackPlan", "plan_pack", "shared_bits"]
+__all__ = ["OWNER_BITS", "SHARED_READ", "PackPlan", "plan_pack", "shared_bits"]
 
 END_BYTES = 2 * BLOCK
 OWNER_BITS = 0o600  # the packer reads (verify, resume) and replaces what it wrote
-_SHARED_READ = 0o044  # all a store file may grant its group and others: reading
+SHARED_READ = 0o044  # all a store file may grant its group and others: reading
 
 
 @dataclass
@@ -136,7 +136,7 @@ def shared_bits(files: list[SourceFile], dirs: list[SourceDir]) -> npt.NDArray[n
         path = [rel]
         while path[-1] and path[-1] not in through:
             path.append(path[-1].rpartition(b"/")[0])
-        bits = _SHARED_READ
+        bits = SHARED_READ
         for at in reversed(path):
             if at in through:
                 bits = through[at]
@@ -148,7 +148,7 @@ def shared_bits(files: list[SourceFile], dirs: list[SourceDir]) -> npt.NDArray[n
         return bits
 
     return np.fromiter(
-        (f.mode & _SHARED_READ & reach(f.rel.rpartition(b"/")[0]) for f in files),
+        (f.mode & SHARED_READ & reach(f.rel.rpartition(b"/")[0]) for f in files),
         dtype=np.uint16,
         count=len(files),
     )

@@ -32,7 +32,7 @@ from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
-from tierfeed.format.packplan import OWNER_BITS
+from tierfeed.format.packplan import OWNER_BITS, SHARED_READ
 from tierfeed.format.tarscan import TarMember, open_shard, scan_tar_fd
 
 __all__ = ["IndexReport", "index_shards"]
@@ -147,7 +147,7 @@ def _add_shard(
     try:
         _add_members(got, chunk, shard, fd, skip_bad, skipped)  # a bad header fails first
         st = os.fstat(fd)
-        size, got.shared = st.st_size, got.shared | (st.st_mode & 0o044)
+        size, got.shared = st.st_size, got.shared | (st.st_mode & SHARED_READ)
         checksum = _checksum_range(fd, 0, size, str(shard), on_block)
     finally:
         os.close(fd)

@@ -201,7 +201,6 @@ class Copier:
         """Drop the queued copies, let the running ones finish, and join the threads, for at
         most ``wait_s`` seconds (None: as long as they take); idempotent."""
         if self._closed:
-            self.join(wait_s)
             return
         self._closed = True
         with contextlib.suppress(queue.Empty):  # queued copies are dropped, not waited for
@@ -218,15 +217,13 @@ class Copier:
             self._queue.put((2, next(self._order), -1))  # after anything queued meanwhile
         self.join(wait_s)
 
-    def join(self, wait_s: float | None = None) -> bool:
-        """Wait for the copy threads to end, at most ``wait_s`` seconds in all; whether they
-        have."""
+    def join(self, wait_s: float | None = None) -> None:
+        """Wait for the copy threads to end, at most ``wait_s`` seconds in all."""
         with self._lock:
             threads = [t for t in [*self.threads, *self._extra] if t.ident is not None]
         until = None if wait_s is None else time.monotonic() + wait_s
         for t in threads:
             t.join(None if until is None else max(0.0, until - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
 
     def __enter__(self) -> Copier:
         return self

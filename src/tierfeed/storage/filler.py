@@ -347,3 +347,7 @@ class Filler:
         """Drop queued copies and join the copy threads (running copies finish), for at most
         ``wait_s`` seconds."""
         self.copier.close(wait_s)
+
+    def join(self, wait_s: float) -> None:
+        """Wait at most ``wait_s`` more seconds for the copy threads (after `close`)."""
+        self.copier.join(wait_s)

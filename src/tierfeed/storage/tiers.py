@@ -299,7 +299,7 @@ class TierStack(ChunkSource):
         self._closed = True
         self.filler.close(_COPY_GRACE_S)  # queued copies are dropped, running ones finish
         self.fetch.stop()  # or end now
-        self.filler.close(_COPY_GRACE_S)
+        self.filler.join(_COPY_GRACE_S)
         self.head.close()
         self.fetch.close()
         for tier in self.tiers:
