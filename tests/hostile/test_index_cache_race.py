@@ -208,6 +208,17 @@ def cached_copy(under: Path) -> Path:
     return copy
 
 
+def opener_caching_in(
+    victim: Path, url: str, cache: str, monkeypatch: pytest.MonkeyPatch
+) -> StoreOpener:
+    """An opener of ``url`` whose index cache lies in ``victim``: the user's cache
+    (``cache == "default"``) or a disk tier's."""
+    if cache == "default":
+        monkeypatch.setenv("TIERFEED_CACHE", str(victim))
+        return StoreOpener(url)
+    return StoreOpener(url, TierConfig(disk_dir=str(victim), disk_bytes=2**24))
+
+
 def forge_beside(attacker: Attacker, victim: Path, evil: Path, local: Path) -> None:
     """The forged index in the attacker's ``evil``, where the victim's copy is in ``victim``."""
     relative = cached_copy(victim).relative_to(victim)
@@ -229,11 +240,7 @@ def test_a_cache_directory_swapped_after_its_check_never_serves_a_forged_index(
     # Failed before: the copy was stat'ed, opened and mapped by path after the directory's
     # check, through the link swapped in: the Dataset planned with the forged labels.
     victim = nobody_dir / "cache"
-    if cache == "default":
-        monkeypatch.setenv("TIERFEED_CACHE", str(victim))
-        opener = StoreOpener(url)
-    else:
-        opener = StoreOpener(url, TierConfig(disk_dir=str(victim), disk_bytes=2**24))
+    opener = opener_caching_in(victim, url, cache, monkeypatch)
     truth = true_labels(local)
     opener.index().close()  # the victim's own copy, fetched before the attack
     evil = nobody_dir / "evil"
@@ -305,11 +312,7 @@ def test_a_link_or_another_users_entry_in_the_index_cache_is_refused(
     if os.geteuid() != 0:
         pytest.skip("needs root to make files of user nobody")
     victim = nobody_dir / "victim"
-    if cache == "default":
-        monkeypatch.setenv("TIERFEED_CACHE", str(victim))
-        opener = StoreOpener(url)
-    else:
-        opener = StoreOpener(url, TierConfig(disk_dir=str(victim), disk_bytes=2**24))
+    opener = opener_caching_in(victim, url, cache, monkeypatch)
     opener.index().close()
     copy = cached_copy(victim)  # <cache>/.index (or index)/<url's folder>/<copy>
     where = {"index-dir": copy.parent.parent, "folder": copy.parent, "copy": copy}[at]

@@ -109,20 +109,6 @@ ISSUE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("base", "path", "value", "field"), ISSUE_CASES)
-def test_the_issue_cases_are_refused_naming_the_field(
-    store_dir: Path,
-    real: dict[str, tuple[World, State]],
-    base: str,
-    path: str,
-    value: Any,
-    field: str,
-) -> None:
-    world, state = real[base]
-    message = refused(store_dir, world, edited(state, path, value))
-    assert names(message, field), message
-
-
 # Every whole-number field of the states (the elastic one holds a segment of done positions;
 # its first rank's done gets an extra position so that one is there to damage too).
 INT_FIELDS = [
@@ -166,10 +152,7 @@ def with_extras(state: State) -> State:
 def test_a_whole_number_field_takes_nothing_else(
     store_dir: Path, real: dict[str, tuple[World, State]], base: str, field: str, value: Any
 ) -> None:
-    world, state = real[base]
-    if base == "elastic":
-        state = with_extras(state)
-    message = refused(store_dir, world, edited(state, field, value))
+    message = refused_naming(store_dir, real, base, field, value)
     assert names(message, field_of(field)), message
 
 
@@ -240,8 +223,19 @@ BAD_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(("base", "path", "value", "field"), BAD_SHAPES)
-def test_a_bad_shape_or_size_is_refused_in_time(
+def refused_naming(
+    store: Path, real: dict[str, tuple[World, State]], base: str, path: str, value: Any
+) -> str:
+    """The refusal of the ``base`` state (an elastic one with extra done positions, still
+    valid) edited at ``path`` (`refused`: in time, in one line)."""
+    world, state = real[base]
+    if base == "elastic":
+        state = with_extras(state)
+    return refused(store, world, edited(state, path, value))
+
+
+@pytest.mark.parametrize(("base", "path", "value", "field"), ISSUE_CASES + BAD_SHAPES)
+def test_an_issue_case_or_a_bad_shape_or_size_is_refused_in_time_naming_the_field(
     store_dir: Path,
     real: dict[str, tuple[World, State]],
     base: str,
@@ -249,10 +243,7 @@ def test_a_bad_shape_or_size_is_refused_in_time(
     value: Any,
     field: str,
 ) -> None:
-    world, state = real[base]
-    if base == "elastic":
-        state = with_extras(state)
-    message = refused(store_dir, world, edited(state, path, value))
+    message = refused_naming(store_dir, real, base, path, value)
     assert names(message, field), message
 
 
