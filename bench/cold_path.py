@@ -1,10 +1,14 @@
 """The cold epoch alone: tierfeed's first epoch through slowfs, as in `bench/compare.py`.
 
 Builds compare.py's data once (4,000 JPEGs, lognormal sizes, median 64 KB, packed in 64 MB
-chunks) under ``--work``, mounts it with slowfs under a latency model, and runs ``--runs``
-cold epochs, each in a fresh process with an empty disk tier: 2 DataLoader workers, batch
-64, the global plan. Per run: samples/s, when the first batch came, and origin bytes over
-store bytes (slowfs's counters). To compare two versions of the code in the same window,
+chunks; or ``--images``/``--median-kb`` of them: ``--images 20000 --median-kb 101`` is issue
+45's user-sized store, 2.1 GB in 32 chunks) under ``--work``, mounts it with slowfs under a
+latency model, and runs ``--runs`` cold epochs, each in a fresh process with an empty disk
+tier: 2 DataLoader workers, batch 64, the global plan. Per run: samples/s, when the first
+batch came, the batch waits after it (p99 and max), and origin bytes over store bytes
+(slowfs's counters). With ``--limit``, the origin's own limit through the same mount after
+the runs (N parallel 8 MiB reads of the chunk files, the best N: `bench/compare.py`'s row).
+To compare two versions of the code in the same window,
 run it with ``--code DIR`` (a ``src`` directory put first on the path, e.g. an older commit's
 ``git archive`` output), interleaved with the current code.
 
@@ -17,6 +21,7 @@ Usage:
     python bench/cold_path.py --latency nfs --runs 3
     python bench/cold_path.py --latency heavy-tail --runs 3 --code /tmp/old/src
     python bench/cold_path.py --latency nfs --runs 3 --resume-at 30
+    python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --limit
 """
 
 from __future__ import annotations
@@ -35,16 +40,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
-def build(work: Path) -> Path:
-    """compare.py's data, packed once: the origin directory holding ``tierfeed/``."""
+def build(work: Path, images: int = 4000, median_kb: float = 64) -> Path:
+    """compare.py's data (``images`` JPEGs of median ``median_kb``), packed once: the origin
+    directory holding ``tierfeed/``."""
     from tierfeed.format.pack import PackOptions, pack
     from tierfeed.synth import SynthSpec, make_imagefolder
 
-    origin = work / "origin"
+    default = (images, median_kb) == (4000, 64)
+    origin = work / ("origin" if default else f"origin-{images}-{median_kb:g}")
     if not (origin / "tierfeed").exists():
         spec = SynthSpec(
-            classes=20, per_class=200, median_bytes=64_000, sigma=0.6, jpeg=True, seed=1
-        )
+            classes=20, per_class=images // 20, median_bytes=int(median_kb * 1000), sigma=0.6,
+            jpeg=True, seed=1,
+        )  # fmt: skip
         make_imagefolder(origin / "raw", spec)
         pack(origin / "raw", origin / "tierfeed", PackOptions(chunk_size=64 * 2**20))
     return origin
@@ -75,18 +83,26 @@ def one_epoch(
         started = time.perf_counter()
         first = None
         samples = 0
+        waits: list[float] = []
+        asked = started
         for batch in loader:
-            first = first if first is not None else time.perf_counter() - started
+            now = time.perf_counter()
+            first = first if first is not None else now - started
+            waits.append(now - asked)
             samples += len(batch[0])
             if stop_at and samples >= stop_at * 64:
                 torch.save(loader.state_dict(), save)
                 break
+            asked = time.perf_counter()
         seconds = time.perf_counter() - started
         read = origin_counters(mnt)["bytes_read"] - before
     store = sum(f.stat().st_size for f in (mnt / "tierfeed").rglob("*") if f.is_file())
+    after = sorted(waits[1:]) or [0.0]
     return {
         "samples_per_s": samples / seconds,
         "first_batch_s": first or 0.0,
+        "wait_p99_after_first_s": after[min(len(after) - 1, int(0.99 * len(after)))],
+        "wait_max_after_first_s": after[-1],
         "origin_over_store": read / store,
     }
 
@@ -99,6 +115,9 @@ def main() -> None:
     p.add_argument("--code", type=Path, help="a src directory to run instead of this one's")
     p.add_argument("--work", type=Path, default=Path("bench-out/cold_path"))
     p.add_argument("--resume-at", type=int, default=0, help="restart after this many batches")
+    p.add_argument("--images", type=int, default=4000)
+    p.add_argument("--median-kb", type=float, default=64)
+    p.add_argument("--limit", action="store_true", help="then the origin's own limit")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -112,7 +131,7 @@ def main() -> None:
     from tierfeed.slowfs import SlowFS
 
     args.work.mkdir(parents=True, exist_ok=True)
-    origin = build(args.work)
+    origin = build(args.work, args.images, args.median_kb)
     mnt = args.work / f"mnt-{args.latency}"
     mnt.mkdir(exist_ok=True)
     env = dict(os.environ)
@@ -130,6 +149,12 @@ def main() -> None:
                 rows.append(_child(child, mnt, env))
                 row = rows[-1]
                 print(json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
+        if args.limit:
+            from bench.compare import parallel
+
+            chunks = sorted((mnt / "tierfeed" / "chunks").glob("*.tar"))
+            limit = parallel(chunks, args.images // 20 * 20, mnt, (4, 8, 16))
+            print(json.dumps({k: v for k, v in limit.items() if not k.startswith("origin_")}))
     summary = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
     print(json.dumps({"latency": args.latency, "code": str(args.code or "."), "median": summary}))
 

@@ -5,6 +5,11 @@ Usage (in the benchmark environment, `make bench-env`):
     .venv-bench/bin/python bench/compare.py [--images 4000] [--median-kb 64] [--epochs 3]
         [--configs nfs:full,nfs:half,heavy-tail:full] [--out bench-out/compare]
 
+A user-sized store (issue 45: 20,000 JPEGs of ~106 KB, 2.1 GB, 32 chunks of 64 MiB) on a busy
+shared file system (`stalls`: 2 s on one operation in 10,000, 150 ms on one open in 100):
+    .venv-bench/bin/python bench/compare.py --images 20000 --median-kb 101 --epochs 2 \
+        --configs stalls:full
+
 Steps: generate an ImageFolder tree of real JPEGs (lognormal sizes, ImageNet's shape scaled by
 ``--median-kb``); convert it with each system's own tool (timed); mount the converted datasets
 with `tierfeed slowfs` under a latency model; run each system's loader in a fresh process for
@@ -57,11 +62,16 @@ def last_json(text: str) -> dict[str, Any]:
 
 
 def convert_all(raw: Path, origin: Path, systems: list[str]) -> dict[str, Any]:
-    """Each system's own conversion of the raw tree (timed by the runner)."""
+    """Each system's own conversion of the raw tree (timed by the runner); one kept from an
+    earlier run (``--data``) is reused, with the figures of its conversion."""
     out = {}
     for system in systems:
         runner, name = SYSTEMS[system]
         if name is None:
+            continue
+        kept = origin / f"{name}.converted.json"
+        if kept.exists():
+            out[system] = json.loads(kept.read_text())
             continue
         argv = [sys.executable, str(HERE / "peers" / runner), "convert"]
         argv += ["--src", str(raw), "--out", str(origin / name)]
@@ -69,6 +79,7 @@ def convert_all(raw: Path, origin: Path, systems: list[str]) -> dict[str, Any]:
         if done.returncode != 0:
             raise SystemExit(f"{system} convert failed:\n{done.stderr[-3000:]}")
         out[system] = last_json(done.stdout)
+        kept.write_text(json.dumps(out[system]))
         print(json.dumps(out[system]), flush=True)
     return out
 
@@ -182,6 +193,11 @@ def main() -> None:
     p.add_argument(
         "--work", type=Path, default=None, help="scratch directory (default: a temp dir)"
     )
+    p.add_argument(
+        "--data", type=Path, default=None,
+        help="keep the generated tree and the conversions here, and reuse them when present "
+        "(runs of the same --images and --median-kb)",
+    )  # fmt: skip
     args = p.parse_args()
     systems = args.systems.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -190,11 +206,18 @@ def main() -> None:
 
 
 def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
-    origin, raw = work / "origin", work / "origin" / "raw"
+    origin = args.data or work / "origin"
+    raw = origin / "raw"
     median = int(args.median_kb * 1000)
     spec = SynthSpec(classes=20, per_class=args.images // 20, median_bytes=median, sigma=0.6,
                      jpeg=True, seed=1)  # fmt: skip
-    raw_bytes = make_imagefolder(raw, spec)
+    made = origin / "raw.json"
+    if made.exists() and json.loads(made.read_text())["spec"] == repr(spec):
+        raw_bytes = json.loads(made.read_text())["bytes"]
+    else:
+        shutil.rmtree(origin, ignore_errors=True)
+        raw_bytes = make_imagefolder(raw, spec)
+        made.write_text(json.dumps({"spec": repr(spec), "bytes": raw_bytes}))
     samples = spec.classes * spec.per_class
     converted = convert_all(raw, origin, systems)
     result: dict[str, Any] = {
@@ -233,15 +256,16 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
 def render(result: dict[str, Any]) -> str:
     """Markdown: per configuration and system, cold (epoch 1) and warm (median of the rest)."""
     lines = ["| config | system | epoch 1 samples/s | warm samples/s | p50 / p99 / p99.99 / max "
-             "wait ms (epoch 1) | origin opens / stats / reads / MB (epoch 1) | origin MB warm "
-             "| peak RSS MB (main / worker) | cache MB |", "|" + "---|" * 9]  # fmt: skip
+             "wait ms (epoch 1) | first batch ms; after it, p99 / max wait ms | origin opens / "
+             "stats / reads / MB (epoch 1) | origin MB warm | peak RSS MB (main / worker) "
+             "| cache MB |", "|" + "---|" * 10]  # fmt: skip
     for config in dict.fromkeys(r["config"] for r in result["rows"]):
         for system in dict.fromkeys(r["system"] for r in result["rows"]):
             rows = [r for r in result["rows"] if r["config"] == config and r["system"] == system]
             if not rows:
                 continue
             if "failed" in rows[0]:
-                lines.append(f"| {config} | {system} | failed | | | | | | |")
+                lines.append(f"| {config} | {system} | failed | | | | | | | |")
                 continue
             cold, warm = rows[0], rows[1:] or rows
             warm_sps = statistics.median(r["samples_per_s"] for r in warm)
@@ -250,6 +274,8 @@ def render(result: dict[str, Any]) -> str:
                 f"| {config} | {system} | {cold['samples_per_s']:,.0f} | {warm_sps:,.0f} | "
                 f"{cold['wait_p50_ms']:.1f} / {cold['wait_p99_ms']:.1f} / "
                 f"{cold['wait_p9999_ms']:.0f} / {cold['wait_max_ms']:.0f} | "
+                f"{cold['first_batch_ms']:.0f}; {cold['wait_p99_after_first_ms']:.0f} / "
+                f"{cold['wait_max_after_first_ms']:.0f} | "
                 f"{cold['origin_opens']:,} / {cold['origin_stats']:,} / {cold['origin_reads']:,} / "
                 f"{cold['origin_bytes_read'] / 1e6:,.0f} | {warm_mb:,.1f} | "
                 f"{max(r['peak_rss_mb'] for r in rows):,.0f} / "
@@ -258,7 +284,7 @@ def render(result: dict[str, Any]) -> str:
             )
     for limit in result["limits"]:
         lines.append(f"| {limit['config']} | {limit['system']} | {limit['samples_per_s']:,.0f} "
-                     f"({limit['MB_per_s']:,.0f} MB/s) | | | | | | |")  # fmt: skip
+                     f"({limit['MB_per_s']:,.0f} MB/s) | | | | | | | |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -77,3 +77,19 @@ def test_a_job_that_never_returns_does_not_hold_the_process_exit() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout == "submitted\n", done.stderr
+
+
+def test_ranked_jobs_start_lowest_rank_first() -> None:
+    """`submit_ranked`: the queued job of the lowest rank starts next, equal ranks in the
+    order they came; plain `submit` jobs are rank 0, in order."""
+    pool = DaemonPool(1, "test-ranked")
+    gate = threading.Event()
+    pool.submit(gate.wait, 10)  # the one thread is busy while the others queue
+    started: list[str] = []
+    for rank, name in [(5, "e"), (1, "b1"), (9, "z"), (1, "b2"), (0, "a")]:
+        pool.submit_ranked(rank, started.append, name)
+    last = pool.submit_ranked(10, started.append, "last")
+    gate.set()
+    last.result(timeout=10)
+    pool.shutdown()
+    assert started == ["a", "b1", "b2", "e", "z", "last"]

@@ -15,6 +15,8 @@ dropped, not writes that must land before the owner closes.
 
 from __future__ import annotations
 
+import itertools
+import math
 import queue
 import threading
 import time
@@ -27,6 +29,7 @@ __all__ = ["DaemonPool"]
 T = TypeVar("T")
 
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_Queued = tuple[float, int, _Job | None]  # (rank, order of submission, job; None: stop)
 
 
 class DaemonPool(Executor):
@@ -36,20 +39,36 @@ class DaemonPool(Executor):
         threads: the most jobs that run at once.
         name: the threads' name prefix.
         join_s: how long `shutdown` (with ``wait``) waits for running jobs, all together.
+
+    Jobs start in the order they were submitted, or with `submit_ranked` by rank (lowest
+    first; equal ranks in order of submission): the pieces of many copies, the one needed
+    soonest first.
     """
 
     def __init__(self, threads: int, name: str, join_s: float = 0.5) -> None:
         if threads < 1:
             raise ValueError(f"a pool needs at least 1 thread, got {threads}")
         self._most, self._name, self.join_s = threads, name, join_s
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.PriorityQueue[_Queued] = queue.PriorityQueue()
+        self._submitted = itertools.count()
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads waiting for a job
         self._lock = threading.Lock()
         self._shut = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Run ``fn(*args, **kwargs)`` on a pool thread.
+        """Run ``fn(*args, **kwargs)`` on a pool thread, after the jobs submitted before it.
+
+        Raises:
+            RuntimeError: after `shutdown`.
+        """
+        return self.submit_ranked(0.0, fn, *args, **kwargs)
+
+    def submit_ranked(
+        self, rank: float, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> Future[T]:
+        """Run ``fn(*args, **kwargs)`` on a pool thread, before the queued jobs of a higher
+        ``rank``.
 
         Raises:
             RuntimeError: after `shutdown`.
@@ -58,7 +77,7 @@ class DaemonPool(Executor):
         with self._lock:
             if self._shut:
                 raise RuntimeError("cannot schedule new jobs after shutdown")
-            self._jobs.put((future, fn, args, kwargs))
+            self._jobs.put((rank, next(self._submitted), (future, fn, args, kwargs)))
             if self._idle == 0 and len(self._threads) < self._most:
                 thread = threading.Thread(
                     target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
@@ -71,9 +90,9 @@ class DaemonPool(Executor):
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
+            job = self._jobs.get()[2]
             if job is None:
-                self._jobs.put(None)  # pass the stop on to the next thread
+                self._stop()  # pass the stop on to the next thread
                 return
             future, fn, args, kwargs = job
             if future.set_running_or_notify_cancel():
@@ -96,16 +115,20 @@ class DaemonPool(Executor):
         if cancel_futures:
             while True:
                 try:
-                    job = self._jobs.get_nowait()
+                    job = self._jobs.get_nowait()[2]
                 except queue.Empty:
                     break
                 if job is not None:
                     job[0].cancel()
-        self._jobs.put(None)
+        self._stop()
         if wait:
             until = time.monotonic() + self.join_s
             for thread in threads:
                 thread.join(max(0.0, until - time.monotonic()))
+
+    def _stop(self) -> None:
+        """Queue the stop, after every job queued."""
+        self._jobs.put((math.inf, next(self._submitted), None))
 
     def stuck(self) -> int:
         """Threads still running after `shutdown` (each in a job that has not returned)."""

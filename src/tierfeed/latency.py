@@ -29,6 +29,9 @@ class LatencyModel:
         stall_ms: duration of a stall, in ms.
         bandwidth_mbps: bandwidth cap for reads in MB/s (10**6 bytes); 0 means none.
         seed: seed of the latency sequence.
+        open_tail_prob: probability that an open stalls, on top of its latency and of the
+            tail every operation has (a metadata server's slow answer).
+        open_stall_ms: duration of an open's stall, in ms.
     """
 
     median_ms: float = 0.0
@@ -37,24 +40,39 @@ class LatencyModel:
     stall_ms: float = 0.0
     bandwidth_mbps: float = 0.0
     seed: int = 0
+    open_tail_prob: float = 0.0
+    open_stall_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.median_ms < 0 or self.sigma < 0 or self.stall_ms < 0 or self.bandwidth_mbps < 0:
+        times = (self.median_ms, self.sigma, self.stall_ms, self.bandwidth_mbps, self.open_stall_ms)
+        if min(times) < 0:
             raise ConfigError(f"latency model parameters must be >= 0: {self}")
-        if not 0.0 <= self.tail_prob <= 1.0:
-            raise ConfigError(f"tail_prob must lie in [0, 1], got {self.tail_prob}")
+        for name in ("tail_prob", "open_tail_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
 
     @classmethod
     def parse(cls, spec: str) -> LatencyModel:
         """Parse ``"median_ms=2,sigma=0.5,tail_prob=1e-4,stall_ms=2000,bandwidth_mbps=500,seed=1"``.
 
-        Also accepts the names ``none`` (no delay), ``nfs`` and ``heavy-tail``.
+        Also accepts the names ``none`` (no delay), ``nfs``, ``heavy-tail`` and ``stalls``
+        (``nfs`` with a 2 s stall on one operation in 10,000 and 150 ms on one open in 100:
+        a busy shared file system as a large job meets it).
         """
         presets = {
             "none": cls(),
             "nfs": cls(median_ms=1.0, sigma=0.5, bandwidth_mbps=400.0),
             "heavy-tail": cls(
                 median_ms=1.0, sigma=0.5, tail_prob=1e-3, stall_ms=1000.0, bandwidth_mbps=400.0
+            ),
+            "stalls": cls(
+                median_ms=1.0,
+                sigma=0.5,
+                tail_prob=1e-4,
+                stall_ms=2000.0,
+                bandwidth_mbps=400.0,
+                open_tail_prob=0.01,
+                open_stall_ms=150.0,
             ),
         }
         spec = spec.strip()
@@ -82,6 +100,7 @@ class LatencyModel:
         return (
             self.median_ms == 0
             and (self.tail_prob == 0 or self.stall_ms == 0)
+            and (self.open_tail_prob == 0 or self.open_stall_ms == 0)
             and (self.bandwidth_mbps == 0)
         )
 
@@ -97,14 +116,24 @@ class LatencySampler:
         self._rng = np.random.Generator(np.random.PCG64(model.seed))
         self._lock = threading.Lock()
 
-    def delay(self, nbytes: int = 0) -> float:
-        """Seconds one operation moving ``nbytes`` should take under the model."""
+    def delay(self, nbytes: int = 0, opening: bool = False) -> float:
+        """Seconds one operation moving ``nbytes`` should take under the model (an open:
+        ``opening``)."""
+        return self.draw(nbytes, opening)[0]
+
+    def draw(self, nbytes: int = 0, opening: bool = False) -> tuple[float, bool]:
+        """Seconds one operation should take, and whether it stalled (an open may stall as
+        every operation does, and apart from that as opens do)."""
         m = self.model
         with self._lock:
             base = m.median_ms * math.exp(m.sigma * float(self._rng.standard_normal()))
             stalled = m.tail_prob > 0 and float(self._rng.random()) < m.tail_prob
-        ms = base + (m.stall_ms if stalled else 0.0)
+            slow_open = (
+                opening and m.open_tail_prob > 0 and (float(self._rng.random()) < m.open_tail_prob)
+            )
+        ms = base + (m.stall_ms if stalled else 0.0) + (m.open_stall_ms if slow_open else 0.0)
+        stalled = (stalled and m.stall_ms > 0) or (slow_open and m.open_stall_ms > 0)
         seconds = ms / 1000.0
         if m.bandwidth_mbps > 0 and nbytes > 0:
             seconds += nbytes / (m.bandwidth_mbps * 1e6)
-        return seconds
+        return seconds, stalled

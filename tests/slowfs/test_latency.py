@@ -125,3 +125,17 @@ def test_stalls_are_counted(slowfs: Callable[..., SlowFS]) -> None:
     s = fs.stats()
     assert s.stalls == s.ops > 0
     assert s.max_delay_s >= 0.005
+
+
+def test_opens_stall_apart_from_reads(slowfs: Callable[..., SlowFS]) -> None:
+    """``open_tail_prob`` stalls opens only (a metadata server's slow answer); the ``stalls``
+    preset is the shared file system of the start-up benchmarks."""
+    fs = slowfs(LatencyModel(open_tail_prob=1.0, open_stall_ms=50.0))
+    t0 = time.monotonic()
+    read_all(fs.mountpoint, ["a/two.bin", "top.txt"])
+    s = fs.stats()
+    assert time.monotonic() - t0 >= 2 * 0.05
+    assert s.stalls == s.opens == 2 and s.reads > 0
+    stalls = LatencyModel.parse("stalls")
+    assert (stalls.tail_prob, stalls.stall_ms) == (1e-4, 2000.0)
+    assert (stalls.open_tail_prob, stalls.open_stall_ms) == (0.01, 150.0)

@@ -39,7 +39,7 @@ class SlowPieces(PosixDriver):
 
 def _stack(store_dir: Path, origin: PosixDriver) -> TierStack:
     ram = Tier(MemoryDriver(), quota=10**9, name="ram")
-    options = TierOptions(threads=1, piece_bytes=PIECE, landing_wait_s=5)
+    options = TierOptions(threads=1, urgent_copies=8, piece_bytes=PIECE, landing_wait_s=5)
     return TierStack(Index(store_dir).chunks(), origin, [ram], options=options)
 
 
@@ -103,13 +103,23 @@ def test_a_failed_head_read_is_read_again_the_ordinary_way(store_dir: Path) -> N
         assert origin.fail == 0
 
 
-def test_an_origin_that_bills_requests_reads_no_head(store_dir: Path) -> None:
-    class Billed(PosixDriver):
-        costly_requests = True  # as an object store's: one GET a piece, none beside
+def test_an_origin_that_bills_requests_reads_its_head_too(store_dir: Path) -> None:
+    """An object store's copies make one GET a piece; the head's GETs (one a sample) go
+    first, the pieces waiting for them, and the first batch does not wait for whole pieces."""
+
+    class Billed(SlowPieces):
+        costly_requests = True  # as an object store's: one GET a piece
 
     billed = Billed(store_dir, read_only=True)
+    billed.piece_s = 1.0
     with _stack(store_dir, billed) as stack, open_store(store_dir, source=stack) as store:
-        assert tell_head(store, np.arange(store.index.num_samples, dtype=np.int64)) == 0
+        every = _every(store_dir)
+        assert tell_head(store, every) == len(every)
+        started = time.monotonic()
+        reference = open_store(store_dir)
+        for i in _late(store_dir, stack):
+            assert store.read_sample(int(i)).fields == reference.read_sample(int(i)).fields
+        assert time.monotonic() - started < 0.5  # not a piece's second
 
 
 def test_head_spans_cover_each_sample_and_count_its_members(store_dir: Path) -> None:
@@ -139,3 +149,39 @@ def test_close_joins_the_head_reads(store_dir: Path) -> None:
         tell_head(store, np.arange(store.index.num_samples, dtype=np.int64))
     stack.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("tierfeed-head")]
+
+
+def test_a_head_spread_over_large_pieces_is_read_ahead(store_dir: Path) -> None:
+    """Every copy may start at once, but the head's samples fall in pieces many times their
+    own bytes (one sample per chunk, pieces of a whole chunk): the copies would fetch all of
+    them before the batch is whole, so the head is read as exact ranges."""
+    origin = PosixDriver(store_dir, read_only=True)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    options = TierOptions(threads=1, urgent_copies=1000, piece_bytes=1 << 20)
+    chunks = Index(store_dir).chunks()
+    with (
+        TierStack(chunks, origin, [ram], options=options) as stack,
+        open_store(store_dir, source=stack) as store,
+    ):
+        chunk_of = np.asarray(store.index.sample_chunk)
+        assert chunk_of.max() + 1 <= stack.filler.copies_at_once
+        firsts = np.unique(chunk_of, return_index=True)[1].astype(np.int64)  # one a chunk
+        assert tell_head(store, firsts) == len(firsts)
+
+
+def test_pieces_wait_for_the_head_reads_in_flight_within_a_bound(store_dir: Path) -> None:
+    """A copy's pieces share the link with the head reads, and the first batch waits for all
+    of them: a piece starts after the head reads end, or after their bound at most."""
+    origin = SlowPieces(store_dir, read_only=True)
+    with _stack(store_dir, origin) as stack:
+        fetch = stack.fetch
+        fetch.heads_begin(1)
+        started = time.monotonic()
+        threading.Timer(0.1, fetch.heads_end).start()
+        fetch._after_heads()  # a piece's request waits here
+        assert 0.08 <= time.monotonic() - started < 0.25
+        fetch.heads_begin(1)  # never ends: the bound (0.3 s) lets pieces go
+        started = time.monotonic()
+        fetch._after_heads()
+        assert 0.25 <= time.monotonic() - started < 1.0
+        fetch.heads_end()

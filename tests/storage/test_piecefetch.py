@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tierfeed.daemonpool import DaemonPool
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
@@ -23,7 +24,7 @@ from tierfeed.storage.disktier import cache_key
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.files import FdCache
 from tierfeed.storage.landing import FetchCounters, MemoryLanding
-from tierfeed.storage.piecefetch import PieceFetch, piece_order
+from tierfeed.storage.piecefetch import PieceFetch, piece_order, piece_ranks
 from tierfeed.storage.tiers import TierOptions, disk_tier
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,9 +123,9 @@ def _fetch_of(
     read: Callable[[int, Callable[[], None], bool], bytes],
     may_hedge: Callable[[int], bool],
     late_after: float = 0.02,
-) -> tuple[PieceFetch, FetchCounters, ThreadPoolExecutor, ThreadPoolExecutor]:
+) -> tuple[PieceFetch, FetchCounters, DaemonPool, ThreadPoolExecutor]:
     counters = FetchCounters()
-    pool, hedges = ThreadPoolExecutor(4), ThreadPoolExecutor(2)
+    pool, hedges = DaemonPool(4, "test-fetch"), ThreadPoolExecutor(2)
     arrival = MemoryLanding().begin(info, PIECE)
     fetch = PieceFetch(arrival, read, pool, hedges, lambda: late_after, may_hedge, counters)
     return fetch, counters, pool, hedges
@@ -368,3 +369,46 @@ def test_a_copy_fetches_both_pieces_of_a_read_across_a_boundary_first(
     asked, pieces = copied_in_order(store_dir, tmp_path, reads)
     assert asked[:3] == [PIECE, 2 * PIECE, 0]
     assert len(asked) == pieces
+
+
+def test_ranked_pieces_of_two_copies_are_fetched_by_need() -> None:
+    """Two copies share one fetch thread: their pieces are fetched by when the reads need
+    them (`piece_ranks`), interleaved across the copies, not one copy's pieces first."""
+    size = 8 * PIECE
+    data = {name: os.urandom(size) for name in ("a", "b")}
+    infos = {name: ChunkInfo(i, f"{name}.tar", size, 0) for i, name in enumerate(data)}
+    fetched: list[tuple[str, int]] = []
+    gate = threading.Event()
+    pool = DaemonPool(1, "test-ranked")
+    pool.submit(gate.wait, 10)  # holds the one thread until both copies queued their pieces
+    # Chunk a's reads come at even positions, b's at odd ones: the need order alternates.
+    positions = {"a": np.arange(0, 16, 2), "b": np.arange(1, 17, 2)}
+    offsets = np.arange(8) * PIECE
+    fetches = []
+    for name in data:
+        arrival = MemoryLanding().begin(infos[name], PIECE)
+
+        def read(index: int, begun: Callable[[], None], hedge: bool, name: str = name) -> bytes:
+            begun()
+            fetched.append((name, index))
+            return data[name][index * PIECE : (index + 1) * PIECE]
+
+        fetch = PieceFetch(arrival, read, pool, ThreadPoolExecutor(1), lambda: None,
+                           lambda n: False, FetchCounters())  # fmt: skip
+        ranks = piece_ranks(positions[name], offsets, PIECE, 8)
+        order = piece_order(positions[name], offsets, PIECE, 8)
+        fetches.append(threading.Thread(target=fetch.run, args=(order, 8, ranks.tolist())))
+    for thread in fetches:
+        thread.start()
+    time.sleep(0.2)  # both copies queued their 8 pieces
+    gate.set()
+    for thread in fetches:
+        thread.join(10)
+    pool.shutdown()
+    assert fetched == [(name, i) for i in range(8) for name in ("a", "b")]
+
+
+def test_piece_ranks_are_first_needs() -> None:
+    ranks = piece_ranks(np.array([5, 2, 9]), np.array([0, 0, 3 * PIECE]), PIECE, 4, first=1)
+    assert ranks[0] == 2 and ranks[1] == -1 and ranks[3] == 9
+    assert ranks[2] == np.iinfo(np.int64).max  # no read needs it

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfeed.storage.tuning import FetchLimits, FetchTuner, LookAhead, lead_reads
+from tierfeed.storage.tuning import _PIECE_S, FetchLimits, FetchTuner, LookAhead, lead_reads
 
 MiB = 2**20
 
@@ -52,7 +52,24 @@ def test_the_piece_makes_latency_a_small_share(latency: float, per_stream: float
     assert fitted[0] == pytest.approx(latency, rel=0.05, abs=1e-5)
     assert fitted[1] == pytest.approx(per_stream, rel=0.05)
     share = latency / origin.seconds(tuner.piece, 1)
-    assert 0.05 <= share <= 0.1 + 1e-3 or tuner.piece in (limits.min_piece, limits.max_piece)
+    # Latency a tenth of a piece's time, unless that piece's bytes would take longer than
+    # _PIECE_S at a request's share of the throughput: then that is the piece.
+    capped = tuner.piece <= per_stream * _PIECE_S + 64 * 1024 and share > 0.1
+    assert (
+        0.05 <= share <= 0.1 + 1e-3 or capped or tuner.piece in (limits.min_piece, limits.max_piece)
+    )
+
+
+def test_a_shared_link_does_not_make_pieces_of_seconds() -> None:
+    """Sixteen requests share a 400 MB/s link, and each waits behind the others' transfers:
+    the fit takes the queueing for latency, which alone would ask for the largest piece.
+    The piece stays one a request's share of the link moves in about `_PIECE_S`."""
+    limits = FetchLimits(min_inflight=16, max_inflight=16)
+    tuner = FetchTuner(limits, piece=1 * MiB, inflight=16)
+    queueing = ModelOrigin(0.2, 400e6 / 16, 400e6)  # 0.2 s: the transfers queued ahead
+    run(tuner, queueing, 512, [20_000, 1 * MiB, 300_000, 4 * MiB])
+    assert tuner.fitted is not None and tuner.fitted[0] > 0.1
+    assert tuner.piece <= 400e6 / 16 * _PIECE_S * 1.5
 
 
 def test_stalled_requests_do_not_move_the_fit() -> None:

@@ -66,16 +66,13 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
         # The kernel resolves "..", "." and symlinks itself, so paths arrive normalised.
         return os.path.join(self.root, path.lstrip("/"))
 
-    def _delay(self, nbytes: int = 0) -> None:
+    def _delay(self, nbytes: int = 0, opening: bool = False) -> None:
         if self._sampler is None:
             return
-        seconds = self._sampler.delay(nbytes)
+        seconds, stalled = self._sampler.draw(nbytes, opening)
         m = self.model
         transfer = nbytes / (m.bandwidth_mbps * 1e6) if m.bandwidth_mbps > 0 and nbytes else 0.0
         latency = seconds - transfer
-        # The sampler does not say whether it drew a stall; an operation whose latency
-        # (transfer time excluded) reaches stall_ms is one, by this definition.
-        stalled = m.stall_ms > 0 and latency * 1000.0 >= m.stall_ms * (1 - 1e-9)
         if transfer <= 0 or not self.options.shared_bandwidth:
             self.counters.delayed(seconds, stalled)
             if seconds > 0:
@@ -186,7 +183,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
             fi.direct_io = 1  # its size changes all the time: never cache, never cut at st_size
             return 0
         self.counters.count("opens")
-        self._delay()
+        self._delay(opening=True)
         real = self._real(path)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:

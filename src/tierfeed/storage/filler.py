@@ -39,7 +39,6 @@ from tierfeed.storage.tieroptions import TierOptions
 
 __all__ = ["Filler"]
 
-_URGENT_COPIES = 8  # copies a read waits for, started beside the copy threads when all are busy
 _WAIT_MAX_S = 5.0  # a read waits for its piece of a copy in flight at most this long
 # A process that claims a copy writes its arrival's map at once: a claim found taken more than
 # this long ago is over (its copy placed, refused or failed), not about to begin.
@@ -74,7 +73,7 @@ class Filler:
             options.queue,
             needed=self._needed,
             failed=self._copy_failed,
-            urgent_threads=_URGENT_COPIES if copies else 0,
+            urgent_threads=options.urgent_copies if copies else 0,
         )
 
     # --- the reads made and to come ------------------------------------------------------
@@ -88,7 +87,7 @@ class Filler:
     @property
     def copies_at_once(self) -> int:
         """How many copies start together: the copy threads and the urgent ones beside them."""
-        return self._options.threads + _URGENT_COPIES if self._h.tiers else 0
+        return self._options.threads + self._options.urgent_copies if self._h.tiers else 0
 
     def seen(self, reads: int) -> None:
         """``reads`` reads were made: a clairvoyant stack prefetches when it is due."""
@@ -294,7 +293,13 @@ class Filler:
             if self._h.shared is not None and not self._needed(info.id, fresh=True):
                 return None
             try:
-                return self.landing.begin(info, self._fetch.tuner.piece)
+                return self.landing.begin(
+                    info,
+                    min(
+                        self._fetch.tuner.piece,
+                        int(__import__("os").environ.get("XPIECE", 1 << 40)),
+                    ),
+                )
             except OSError as exc:
                 self._landing_failed(info, exc)
                 return None

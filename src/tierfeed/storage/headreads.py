@@ -61,7 +61,10 @@ class HeadReads:
                 spans = self._spans.setdefault(info.id, [])
                 if any(s.start <= start and end <= s.end for s in spans):
                     continue  # read ahead already (a sample twice in a head)
+                # The copies' pieces wait for it (a bounded time): the batch waits for all.
+                self._fetch.heads_begin(1)
                 future = self._pool.submit(self._fetch.read, info, start, end - start)
+                future.add_done_callback(lambda _: self._fetch.heads_end())
                 spans.append(_Span(start, end, count, future))
                 began += 1
         return began

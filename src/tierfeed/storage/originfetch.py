@@ -27,7 +27,7 @@ from tierfeed.storage.disktier import TierCounters
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import damaged_chunk, short_chunk
 from tierfeed.storage.landing import Arrival, FetchCounters
-from tierfeed.storage.piecefetch import PieceFetch, piece_order
+from tierfeed.storage.piecefetch import PieceFetch, piece_ranks
 from tierfeed.storage.tuning import FetchTuner
 
 __all__ = ["OriginFetch"]
@@ -46,6 +46,9 @@ _HEDGE_EARNED = 4
 # request is cheap (a late one is hedged at little cost), larger where requests are billed.
 _FIRST_PIECE = 512 * 1024
 _FIRST_PIECE_COSTLY = 4 * 2**20
+# While a worker's head reads (its first batch, as exact ranges) are in flight, the pieces of
+# copies wait for them, this long at most: they share the link, and the batch waits for all.
+_HEADS_FIRST_S = 0.3
 
 Reads = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
@@ -86,6 +89,8 @@ class OriginFetch:
         self._mutex = threading.Lock()
         self._hedged_bytes = self._begun_bytes = self._hedges_granted = 0
         self._splits = 0  # pieces read as halves for the tuner's fit (a few)
+        self._heads = threading.Condition()
+        self._heads_left, self._heads_until = 0, 0.0
         # ``hits``: reads served from the origin; ``bytes``: every byte it gave (reads, the
         # pieces of copies, hedges); ``copies``, ``copy_failures``: whole-chunk copies.
         self.origin_counters = TierCounters()
@@ -108,6 +113,8 @@ class OriginFetch:
         """
         piece = begun is not None
         gated = piece and not hedge
+        if gated:
+            self._after_heads()
         with self.gate.held(self.tuner.inflight) if gated else contextlib.nullcontext():
             if begun is not None:
                 begun()
@@ -123,6 +130,29 @@ class OriginFetch:
         else:
             self.origin_counters.add(hits=1, bytes=length)
         return data
+
+    def heads_begin(self, reads: int) -> None:
+        """``reads`` head reads began: pieces of copies wait until they end, or at most
+        `_HEADS_FIRST_S` from now."""
+        with self._heads:
+            self._heads_left += reads
+            self._heads_until = time.monotonic() + _HEADS_FIRST_S
+
+    def heads_end(self) -> None:
+        """One head read ended (landed or failed)."""
+        with self._heads:
+            self._heads_left -= 1
+            if self._heads_left <= 0:
+                self._heads.notify_all()
+
+    def _after_heads(self) -> None:
+        """Wait while head reads are in flight, at most until their bound (or a stop)."""
+        with self._heads:
+            while self._heads_left > 0 and not self._stop.is_set():
+                left = self._heads_until - time.monotonic()
+                if left <= 0:
+                    return
+                self._heads.wait(min(left, 0.05))
 
     def fetch(self, arrival: Arrival, reads: Reads, first: int | None) -> None:
         """Every piece of ``arrival``'s chunk, in parallel on the fetch threads: piece
@@ -152,8 +182,9 @@ class OriginFetch:
             self._stop,
         )
         positions, offsets, ends = reads
-        order = piece_order(positions, offsets, arrival.piece, arrival.pieces, first, ends)
-        pieces.run(order, self.tuner.limits.max_inflight)
+        ranks = piece_ranks(positions, offsets, arrival.piece, arrival.pieces, first, ends)
+        order = np.lexsort((np.arange(arrival.pieces), ranks)).tolist()
+        pieces.run(order, self.tuner.limits.max_inflight, ranks.tolist())
         info = arrival.info
         size, checksum = arrival.digest()
         if size != info.size or checksum != info.checksum:

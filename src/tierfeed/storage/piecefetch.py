@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tierfeed.daemonpool import DaemonPool
 from tierfeed.errors import StorageError
 from tierfeed.format.indexcheck import concat_ranges
 from tierfeed.storage.landing import Arrival, FetchCounters
 
-__all__ = ["PieceFetch", "piece_order"]
+__all__ = ["PieceFetch", "piece_order", "piece_ranks"]
 
 _POLL_S = 0.01  # how often a copy looks for late pieces while it waits
 
@@ -43,7 +44,9 @@ class PieceFetch:
             calls ``begun()`` once its first request is under way (past any limit on requests
             in flight): a piece is late by the time its request runs, not by its time queued.
             ``hedge``: the second request for a late piece.
-        pool: the fetch threads.
+        pool: the fetch threads (a `DaemonPool`: pieces go to it ranked by when they are
+            needed, so that of the pieces of every copy in flight the one needed soonest is
+            fetched first).
         hedge_pool: threads for second requests (behind the fetch threads, they would start
             late).
         late_after: seconds after which a running piece is late; None: not known yet (no
@@ -59,7 +62,7 @@ class PieceFetch:
         self,
         arrival: Arrival,
         read: Callable[[int, Callable[[], None], bool], bytes],
-        pool: Executor,
+        pool: DaemonPool,
         hedge_pool: Executor,
         late_after: Callable[[], float | None],
         may_hedge: Callable[[int], bool],
@@ -80,11 +83,11 @@ class PieceFetch:
         self._hedged: set[int] = set()
         self._over = False
 
-    def run(self, order: Sequence[int], queued: int) -> None:
+    def run(self, order: Sequence[int], queued: int, ranks: Sequence[int] | None = None) -> None:
         """Fetch the pieces in ``order``; returns once every one has landed. At most
         ``queued`` wait on the fetch threads at once (the next one is asked for as one ends),
-        so that copies of several chunks share the threads, each in its own order, rather
-        than one chunk's pieces queued ahead of the next chunk's.
+        so that copies of several chunks share the threads; with ``ranks`` (`piece_ranks`),
+        the threads take the queued piece of any copy that is needed soonest.
 
         Raises:
             Exception: what the request for a piece raised, once no other request for it is
@@ -99,7 +102,8 @@ class PieceFetch:
         def ask() -> None:
             while todo and len(firsts) < max(1, queued):
                 index = todo.popleft()
-                future = self._pool.submit(self._fetch, index, False)
+                rank = 0 if ranks is None else ranks[index]
+                future = self._pool.submit_ranked(rank, self._fetch, index, False)
                 requests[future] = index
                 firsts[index] = future
                 left[index] += 1
@@ -187,7 +191,23 @@ def piece_order(
 ) -> list[int]:
     """The order to fetch a chunk's ``pieces`` of ``piece`` bytes in: piece ``first`` if any (a
     read waits for it), then by when the plan reads them first, then the ones it does not
-    read, in offset order.
+    read, in offset order (the arguments are `piece_ranks`').
+    """
+    rank = piece_ranks(positions, offsets, piece, pieces, first, ends)
+    return [int(i) for i in np.lexsort((np.arange(pieces), rank))]
+
+
+def piece_ranks(
+    positions: npt.NDArray[np.integer[Any]],
+    offsets: npt.NDArray[np.integer[Any]],
+    piece: int,
+    pieces: int,
+    first: int | None = None,
+    ends: npt.NDArray[np.integer[Any]] | None = None,
+) -> npt.NDArray[np.int64]:
+    """When each of a chunk's ``pieces`` of ``piece`` bytes is needed: the place of the first
+    read of it in the order of consumption; -1 for piece ``first`` (a read waits for it);
+    the int64 maximum for a piece no read needs.
 
     Args:
         positions: where in the order of consumption each read of this chunk comes.
@@ -211,4 +231,4 @@ def piece_order(
     np.minimum.at(rank, at, when)
     if first is not None:
         rank[min(max(first, 0), pieces - 1)] = -1
-    return [int(i) for i in np.lexsort((np.arange(pieces), rank))]
+    return rank

@@ -15,6 +15,10 @@ class TierOptions:
 
     Attributes:
         threads: copy and prefetch threads.
+        urgent_copies: copies that a read waits for, started beside the ``threads`` when all
+            of them are busy, each on a thread of its own. A global shuffle's first batches
+            ask for every chunk at once; with every one of those copies in flight, the fetch
+            threads take the piece any of them needs soonest (docs/architecture.md).
         queue: the most copies waiting; further misses are served but not queued.
         verify_cached: check a disk-cached chunk's checksum on first use in this process.
         fetch_threads: origin reads in flight at once while copying chunks (pieces of one
@@ -34,6 +38,7 @@ class TierOptions:
     """
 
     threads: int = 4
+    urgent_copies: int = 32
     queue: int = 256
     verify_cached: bool = True
     fetch_threads: int = 8
@@ -42,5 +47,5 @@ class TierOptions:
 
     def __post_init__(self) -> None:
         piece = 1 if self.piece_bytes is None else self.piece_bytes
-        if self.fetch_threads < 1 or piece < 1 or self.landing_wait_s < 0:
+        if self.fetch_threads < 1 or piece < 1 or self.landing_wait_s < 0 or self.urgent_copies < 0:
             raise ConfigError(f"bad tier options: {self}")

@@ -41,6 +41,7 @@ from tierfeed.storage.tieroptions import TierOptions
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
+_HEAD_SPREAD = 4  # head reads when the first batch's pieces are this many times its bytes
 _COPY_GRACE_S = 1.0  # at close, running copies get this long to finish before they are stopped
 
 
@@ -177,17 +178,23 @@ class TierStack(ChunkSource):
         members: Sequence[int],
     ) -> int:
         """Read at once, each as one exact range (`HeadReads`), the samples a worker delivers
-        first, when their chunks not held here outnumber the copies that start together
-        (`Filler.copies_at_once`): the first batch's reads would otherwise wait for copy
-        threads, then for pieces behind the other copies'. Where they do not, the copies'
-        first pieces serve them as soon, and no byte is read twice. Not from an origin that
-        bills requests (an object store): there a cold epoch makes one GET a piece, and a head
-        read's GET competes with the copies' for the endpoint's connections
-        (docs/BENCHMARKS.md). Returns how many reads began."""
-        if not self.tiers or self.origin.costly_requests:
+        first, when the copies' first pieces would not serve them as soon: their chunks not
+        held here outnumber the copies that start together (`Filler.copies_at_once`), or the
+        pieces they fall in are more than `_HEAD_SPREAD` times their own bytes (a shuffled
+        first batch touches a piece per sample, and the copies would fetch them all before
+        it is whole). The copies' pieces wait for the head reads in flight, a bounded time
+        (`OriginFetch.heads_begin`), so that they do not contend for the link or, on an
+        object store, for the endpoint's connections: there the head's GETs (one a sample of
+        it) are beside the copies' one GET a piece. Returns how many reads began."""
+        if not self.tiers:
             return 0  # no copies: every read is the origin's already, in parallel
         cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
-        if len({int(chunks[i]) for i in cold}) <= self.filler.copies_at_once:
+        piece = self.fetch.tuner.piece
+        pieces = {(int(chunks[i]), int(starts[i]) // piece) for i in cold}
+        spread = len(pieces) * piece > _HEAD_SPREAD * sum(
+            int(ends[i]) - int(starts[i]) for i in cold
+        )
+        if len({int(chunks[i]) for i in cold}) <= self.filler.copies_at_once and not spread:
             return 0
         return self.head.start(
             [self.chunks[int(chunks[i])] for i in cold],

@@ -34,6 +34,9 @@ _LATE_FACTOR = 3.0
 _LATE_MIN_S = 0.05
 _LATE_SEEN = 8
 _STALLED = 4.0  # a request this many times slower than the fit says stalled: not fitted
+# A piece's bytes take at most this long at a request's fitted bandwidth: a read waiting for
+# its piece waits for all of it, and a need-ordered cold epoch delivers at the pace pieces land.
+_PIECE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -201,9 +204,14 @@ class FetchTuner:
         self._inflight = min(max(self._inflight + self._step, lo), hi)
 
     def _piece_for(self, latency: float, per_request: float) -> int:
-        """The smallest piece whose fixed latency is at most ``overhead`` of its time."""
+        """The smallest piece whose fixed latency is at most ``overhead`` of its time, and
+        whose bytes take no longer than `_PIECE_S` at a request's share of the measured
+        throughput (a latency that is mostly queueing on a shared link makes the first rule
+        ask for pieces of seconds). Called under the lock."""
         o = self.limits.overhead
-        want = latency * per_request * (1 - o) / o
+        # What a request gets while the others in flight share the link with it.
+        share = min(per_request, self.rate / self._inflight) if self.rate > 0 else per_request
+        want = min(latency * per_request * (1 - o) / o, share * _PIECE_S)
         rounded = math.ceil(want / _ROUND) * _ROUND
         return int(min(max(rounded, self.limits.min_piece), self.limits.max_piece))
 
