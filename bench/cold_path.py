@@ -22,6 +22,7 @@ Usage:
     python bench/cold_path.py --latency heavy-tail --runs 3 --code /tmp/old/src
     python bench/cold_path.py --latency nfs --runs 3 --resume-at 30
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --limit
+    python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --exact
 """
 
 from __future__ import annotations
@@ -59,22 +60,31 @@ def build(work: Path, images: int = 4000, median_kb: float = 64) -> Path:
 
 
 def one_epoch(
-    mnt: Path, cache: Path, workers: int, save: Path | None = None, stop_at: int = 0
+    mnt: Path,
+    cache: Path,
+    workers: int,
+    save: Path | None = None,
+    stop_at: int = 0,
+    exact: bool = False,
 ) -> dict[str, float]:
     """One cold epoch in this process (run as ``--child``). With ``stop_at``, the first
     ``stop_at`` batches only, and the Loader's state then saved to ``save``; with ``save`` an
-    existing file and no ``stop_at``, the epoch resumed from that state."""
+    existing file and no ``stop_at``, the epoch resumed from that state; with ``exact``, in
+    the plan's exact order (the guard's deferral off: `DeadlineOptions(enabled=False)`)."""
     import torch
 
     from bench.peers.common import origin_counters
     from bench.peers.run_tierfeed import length_and_label
+    from tierfeed.loader.latency import DeadlineOptions
     from tierfeed.torch import Dataset, Loader, TierConfig
 
     torch.set_num_threads(1)
     tiers = TierConfig(disk_dir=str(cache))  # room for the whole store
+    deadline = DeadlineOptions(enabled=not exact)
     ds = Dataset(
-        str(mnt / "tierfeed"), "global", batch_size=64, decode=length_and_label, tiers=tiers
-    )
+        str(mnt / "tierfeed"), "global", batch_size=64, decode=length_and_label, tiers=tiers,
+        deadline=deadline,
+    )  # fmt: skip
     loader = Loader(ds, num_workers=workers)
     if save is not None and not stop_at:
         loader.load_state_dict(torch.load(save, weights_only=False))
@@ -118,12 +128,13 @@ def main() -> None:
     p.add_argument("--images", type=int, default=4000)
     p.add_argument("--median-kb", type=float, default=64)
     p.add_argument("--limit", action="store_true", help="then the origin's own limit")
+    p.add_argument("--exact", action="store_true", help="the plan's exact order (no deferral)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         mnt, cache = Path(args.child[0]), Path(args.child[1])
-        row = one_epoch(mnt, cache, args.workers, args.state, args.resume_at)
+        row = one_epoch(mnt, cache, args.workers, args.state, args.resume_at, args.exact)
         print(json.dumps(row))
         return
 
@@ -142,6 +153,7 @@ def main() -> None:
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory(dir=args.work) as scratch:
                 child = [sys.executable, __file__, "--workers", str(args.workers)]
+                child += ["--exact"] if args.exact else []
                 if args.resume_at:  # the part before the restart, in a process of its own
                     state = ["--state", str(Path(scratch) / "state.pt")]
                     _child([*child, *state, "--resume-at", str(args.resume_at)], mnt, env)
@@ -156,7 +168,10 @@ def main() -> None:
             limit = parallel(chunks, args.images // 20 * 20, mnt, (4, 8, 16))
             print(json.dumps({k: v for k, v in limit.items() if not k.startswith("origin_")}))
     summary = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
-    print(json.dumps({"latency": args.latency, "code": str(args.code or "."), "median": summary}))
+    code = str(args.code or ".")
+    print(
+        json.dumps({"latency": args.latency, "code": code, "exact": args.exact, "median": summary})
+    )
 
 
 def _child(command: list[str], mnt: Path, env: dict[str, str]) -> dict[str, float]:

@@ -130,7 +130,13 @@ def test_a_chunk_is_synced_while_the_next_is_written(
         return fd
 
     def next_chunk_written() -> bool:
-        return any(p.name != "000000.tar" and p.stat().st_size for p in chunks.iterdir())
+        def size(p: Path) -> int:
+            try:
+                return p.stat().st_size
+            except FileNotFoundError:  # a temporary name renamed since the listing
+                return 0
+
+        return any(p.name != "000000.tar" and size(p) for p in chunks.iterdir())
 
     def spy_fsync(fd: int) -> None:
         if names.get(fd) == "000000.tar" and not seen:

@@ -4,6 +4,7 @@ again from the head read that gave them."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +20,14 @@ from tierfeed.storage.tiers import TierOptions
 
 
 class DamagesOneRangedRead(PosixDriver):
-    """An origin whose first plain ranged read (a head read) comes back with a byte flipped,
-    as a bad transfer would; every later read is whole."""
+    """An origin whose first head read (on a tierfeed-head thread) comes back with a byte
+    flipped, as a bad transfer would; every later read is whole."""
 
     damaged = 0
 
-    def read_range(self, name: str, offset: int, length: int) -> bytes:
-        data = super().read_range(name, offset, length)
-        if self.damaged:
+    def read_block(self, name: str, offset: int, length: int) -> bytes:
+        data = super().read_block(name, offset, length)
+        if self.damaged or not threading.current_thread().name.startswith("tierfeed-head"):
             return data
         self.damaged += 1
         return bytes([data[0] ^ 0xFF]) + data[1:]

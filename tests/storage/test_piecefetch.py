@@ -266,7 +266,7 @@ def test_piece_order_is_every_piece_once_first_then_by_first_need(
     pieces = -(-size // piece)
     offsets = np.asarray([o % size for o in reads], dtype=np.int64)
     positions = np.arange(len(offsets), dtype=np.int64)[::-1].copy()  # any positions
-    order = piece_order(positions, offsets, piece, pieces, first)
+    order = piece_order(piece_ranks(positions, offsets, piece, pieces, first))
     assert sorted(order) == list(range(pieces))  # a permutation: every piece once
     if first is not None:
         assert order[0] == min(first, pieces - 1)  # the one a read waits for
@@ -296,7 +296,7 @@ def test_piece_order_needs_every_piece_a_read_spans_when_the_read_comes(
     offsets = np.asarray([o % size for o, _ in reads], dtype=np.int64)
     ends = np.minimum(offsets + np.asarray([n for _, n in reads], dtype=np.int64), size)
     positions = np.arange(len(offsets), dtype=np.int64)
-    order = piece_order(positions, offsets, piece, pieces, None, ends)
+    order = piece_order(piece_ranks(positions, offsets, piece, pieces, None, ends))
     assert sorted(order) == list(range(pieces))
     need: dict[int, int] = {}
     for pos, lo, hi in zip(positions.tolist(), offsets.tolist(), ends.tolist(), strict=True):
@@ -307,8 +307,8 @@ def test_piece_order_needs_every_piece_a_read_spans_when_the_read_comes(
     unread = [i for i in order if i not in need]
     assert unread == sorted(unread)
     # Without ends, as before: the piece each read starts in.
-    assert piece_order(positions, offsets, piece, pieces) == piece_order(
-        positions, offsets, piece, pieces, None, offsets + 1
+    assert piece_order(piece_ranks(positions, offsets, piece, pieces)) == piece_order(
+        piece_ranks(positions, offsets, piece, pieces, None, offsets + 1)
     )
 
 
@@ -396,7 +396,7 @@ def test_ranked_pieces_of_two_copies_are_fetched_by_need() -> None:
         fetch = PieceFetch(arrival, read, pool, ThreadPoolExecutor(1), lambda: None,
                            lambda n: False, FetchCounters())  # fmt: skip
         ranks = piece_ranks(positions[name], offsets, PIECE, 8)
-        order = piece_order(positions[name], offsets, PIECE, 8)
+        order = piece_order(ranks)
         fetches.append(threading.Thread(target=fetch.run, args=(order, 8, ranks.tolist())))
     for thread in fetches:
         thread.start()

@@ -63,7 +63,10 @@ class HeadReads:
                     continue  # read ahead already (a sample twice in a head)
                 # The copies' pieces wait for it (a bounded time): the batch waits for all.
                 self._fetch.heads_begin(1)
-                future = self._pool.submit(self._fetch.read, info, start, end - start)
+                # The way a copy's pieces go (`Driver.read_block`): past the page cache on a
+                # file system (no readahead around the range), on the threads' own client
+                # on S3 (not behind the event loop of fsspec).
+                future = self._pool.submit(self._fetch.read, info, start, end - start, block=True)
                 future.add_done_callback(lambda _: self._fetch.heads_end())
                 spans.append(_Span(start, end, count, future))
                 began += 1

@@ -27,7 +27,7 @@ from tierfeed.storage.disktier import TierCounters
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import damaged_chunk, short_chunk
 from tierfeed.storage.landing import Arrival, FetchCounters
-from tierfeed.storage.piecefetch import PieceFetch, piece_ranks
+from tierfeed.storage.piecefetch import PieceFetch, piece_order, piece_ranks
 from tierfeed.storage.tuning import FetchTuner
 
 __all__ = ["OriginFetch"]
@@ -102,11 +102,13 @@ class OriginFetch:
         length: int,
         begun: Callable[[], None] | None = None,
         hedge: bool = False,
+        block: bool = False,
     ) -> bytes:
         """One request, timed for the tuner. A piece of a copy (``begun`` given: told when it
         starts) waits for a place within the tuner's requests in flight, and is read past the
-        page cache where the origin can (`Driver.read_block`); a ``hedge`` goes its own way
-        and past that limit, so it does not queue behind the requests it hedges.
+        page cache where the origin can (`Driver.read_block`), as a ``block`` read is (a head
+        read); a ``hedge`` goes its own way and past that limit, so it does not queue behind
+        the requests it hedges.
 
         Raises:
             ChunkCorruptError: the origin returned fewer bytes than the index says are there.
@@ -120,7 +122,7 @@ class OriginFetch:
                 begun()
             started = time.perf_counter()
             way = self._hedge_origin if hedge else self.origin
-            data = (way.read_block if piece else way.read_range)(info.name, offset, length)
+            data = (way.read_block if piece or block else way.read_range)(info.name, offset, length)
             took = time.perf_counter() - started
         self.tuner.observe(len(data), took, time.monotonic(), piece=piece)
         if len(data) != length:
@@ -183,8 +185,14 @@ class OriginFetch:
         )
         positions, offsets, ends = reads
         ranks = piece_ranks(positions, offsets, arrival.piece, arrival.pieces, first, ends)
-        order = np.lexsort((np.arange(arrival.pieces), ranks)).tolist()
-        pieces.run(order, self.tuner.limits.max_inflight, ranks.tolist())
+        order = piece_order(ranks)
+        # Ranked across copies where the link is the limit (a file system); from an object
+        # store, whose cold epoch is bound by the CPU its GETs and reads take, each copy's
+        # pieces in turn: a chunk whole sooner is read locally sooner, and reads served by
+        # copies in flight cost more (issue 45: 12% fewer samples/s ranked through
+        # `bench/s3_compare.py`'s endpoint, docs/BENCHMARKS.md).
+        ranked = None if self.origin.costly_requests else ranks.tolist()
+        pieces.run(order, self.tuner.limits.max_inflight, ranked)
         info = arrival.info
         size, checksum = arrival.digest()
         if size != info.size or checksum != info.checksum:

@@ -181,20 +181,11 @@ class PieceFetch:
         self._counters.add(pieces=1, piece_bytes=len(data), hedge_wins=int(hedge))
 
 
-def piece_order(
-    positions: npt.NDArray[np.integer[Any]],
-    offsets: npt.NDArray[np.integer[Any]],
-    piece: int,
-    pieces: int,
-    first: int | None = None,
-    ends: npt.NDArray[np.integer[Any]] | None = None,
-) -> list[int]:
-    """The order to fetch a chunk's ``pieces`` of ``piece`` bytes in: piece ``first`` if any (a
-    read waits for it), then by when the plan reads them first, then the ones it does not
-    read, in offset order (the arguments are `piece_ranks`').
-    """
-    rank = piece_ranks(positions, offsets, piece, pieces, first, ends)
-    return [int(i) for i in np.lexsort((np.arange(pieces), rank))]
+def piece_order(ranks: npt.NDArray[np.int64]) -> list[int]:
+    """The order to fetch a chunk's pieces in, by their `piece_ranks`: the piece a read waits
+    for, then by when the plan reads them first, then the ones it does not read, in offset
+    order."""
+    return [int(i) for i in np.lexsort((np.arange(len(ranks)), ranks))]
 
 
 def piece_ranks(

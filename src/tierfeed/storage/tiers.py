@@ -183,10 +183,12 @@ class TierStack(ChunkSource):
         pieces they fall in are more than `_HEAD_SPREAD` times their own bytes (a shuffled
         first batch touches a piece per sample, and the copies would fetch them all before
         it is whole). The copies' pieces wait for the head reads in flight, a bounded time
-        (`OriginFetch.heads_begin`), so that they do not contend for the link or, on an
-        object store, for the endpoint's connections: there the head's GETs (one a sample of
-        it) are beside the copies' one GET a piece. Returns how many reads began."""
-        if not self.tiers:
+        (`OriginFetch.heads_begin`): they share the link. Not from an origin that bills
+        requests (an object store): there a cold epoch makes one GET a piece, and a head's
+        GETs, one a sample, made the first batch no sooner and the cold epoch 9-40% slower
+        through `bench/s3_compare.py`'s endpoint, even with the pieces waiting for them
+        (docs/BENCHMARKS.md). Returns how many reads began."""
+        if not self.tiers or self.origin.costly_requests:
             return 0  # no copies: every read is the origin's already, in parallel
         cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
         piece = self.fetch.tuner.piece
