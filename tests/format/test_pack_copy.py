@@ -120,30 +120,35 @@ def test_a_chunk_is_synced_while_the_next_is_written(
     src = tmp_path / "src"
     write_tree(src, {b"c/f%03d.bin" % i: os.urandom(20_000) for i in range(40)})
     chunks = tmp_path / "store" / "chunks"
-    names: dict[int, str] = {}
+    names: dict[int, tuple[str, int]] = {}  # descriptor -> the name it was opened by, its inode
     seen: list[bool] = []
     real_open, real_fsync = os.open, os.fsync
 
     def spy_open(path: Any, *args: Any, **kw: Any) -> int:
         fd = real_open(path, *args, **kw)
-        names[fd] = os.path.basename(os.fsdecode(path))
+        names[fd] = (os.path.basename(os.fsdecode(path)), os.fstat(fd).st_ino)
         return fd
 
     def next_chunk_written() -> bool:
-        def size(p: Path) -> int:
+        def written(p: Path) -> bool:
             try:
-                return p.stat().st_size
-            except FileNotFoundError:  # a temporary name renamed since the listing
-                return 0
+                return p.stat().st_size > 0
+            except FileNotFoundError:  # a chunk's temporary name, published since the listing
+                return True
 
-        return any(p.name != "000000.tar" and size(p) for p in chunks.iterdir())
+        return any(p.name != "000000.tar" and written(p) for p in chunks.iterdir())
 
     def spy_fsync(fd: int) -> None:
-        if names.get(fd) == "000000.tar" and not seen:
+        # The descriptor may have been closed and reused by a file opened otherwise (the
+        # index, through open()): chunk 0's only while it is still the same file.
+        opened = names.get(fd)
+        if opened and opened[0] == "000000.tar" and opened[1] == os.fstat(fd).st_ino and not seen:
             deadline = time.monotonic() + 10
-            while not next_chunk_written() and time.monotonic() < deadline:
+            written = next_chunk_written()
+            while not written and time.monotonic() < deadline:
                 time.sleep(0.005)
-            seen.append(next_chunk_written())
+                written = next_chunk_written()
+            seen.append(written)
         real_fsync(fd)
 
     monkeypatch.setattr(os, "open", spy_open)

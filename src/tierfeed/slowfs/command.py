@@ -15,8 +15,10 @@ __all__ = ["register"]
 
 _EPILOG = """\
 latency presets: none (plain pass-through); nfs (median 1 ms lognormal, sigma 0.5,
-400 MB/s); heavy-tail (nfs plus a 1 s stall on 1 op in 1000). Or give the fields,
-e.g. --latency median_ms=5,sigma=0.5,tail_prob=1e-3,stall_ms=2000,bandwidth_mbps=200.
+400 MB/s); heavy-tail (nfs plus a 1 s stall on 1 op in 1000); stalls (nfs plus a 2 s
+stall on 1 op in 10,000 and 150 ms on 1 open in 100). Or give the fields, e.g.
+--latency median_ms=5,sigma=0.5,tail_prob=1e-3,stall_ms=2000,bandwidth_mbps=200
+(open_tail_prob and open_stall_ms: the opens' own stalls).
 Live counters: MOUNTPOINT/.slowfs/stats.json. Stop with Ctrl-C, SIGTERM,
 `tierfeed umount MOUNTPOINT` or `fusermount3 -u MOUNTPOINT`; with --background the
 command returns once the mount is live and `tierfeed umount MOUNTPOINT` stops it.
