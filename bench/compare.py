@@ -212,8 +212,9 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
     spec = SynthSpec(classes=20, per_class=args.images // 20, median_bytes=median, sigma=0.6,
                      jpeg=True, seed=1)  # fmt: skip
     made = origin / "raw.json"
-    if made.exists() and json.loads(made.read_text())["spec"] == repr(spec):
-        raw_bytes = json.loads(made.read_text())["bytes"]
+    kept = json.loads(made.read_text()) if made.exists() else {}
+    if kept.get("spec") == repr(spec):
+        raw_bytes = kept["bytes"]
     else:
         shutil.rmtree(origin, ignore_errors=True)
         raw_bytes = make_imagefolder(raw, spec)

@@ -82,7 +82,7 @@ def test_a_job_that_never_returns_does_not_hold_the_process_exit() -> None:
 def test_ranked_jobs_start_lowest_rank_first() -> None:
     """`submit_ranked`: the queued job of the lowest rank starts next, equal ranks in the
     order they came; plain `submit` jobs are rank 0, in order."""
-    pool = DaemonPool(1, "test-ranked")
+    pool = DaemonPool(1, "test-ranked", ranked=True)
     gate = threading.Event()
     pool.submit(gate.wait, 10)  # the one thread is busy while the others queue
     started: list[str] = []

@@ -39,17 +39,19 @@ class DaemonPool(Executor):
         threads: the most jobs that run at once.
         name: the threads' name prefix.
         join_s: how long `shutdown` (with ``wait``) waits for running jobs, all together.
-
-    Jobs start in the order they were submitted, or with `submit_ranked` by rank (lowest
-    first; equal ranks in order of submission): the pieces of many copies, the one needed
-    soonest first.
+        ranked: jobs start by the rank `submit_ranked` gives them (lowest first; equal ranks
+            in order of submission): the pieces of many copies, the one needed soonest first.
+            Otherwise in the order they were submitted (a plain FIFO, cheaper per job: the
+            reader pools take a job a sample).
     """
 
-    def __init__(self, threads: int, name: str, join_s: float = 0.5) -> None:
+    def __init__(self, threads: int, name: str, join_s: float = 0.5, ranked: bool = False) -> None:
         if threads < 1:
             raise ValueError(f"a pool needs at least 1 thread, got {threads}")
         self._most, self._name, self.join_s = threads, name, join_s
-        self._jobs: queue.PriorityQueue[_Queued] = queue.PriorityQueue()
+        self._jobs: queue.PriorityQueue[_Queued] | queue.SimpleQueue[_Queued] = (
+            queue.PriorityQueue() if ranked else queue.SimpleQueue()
+        )
         self._submitted = itertools.count()
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads waiting for a job
@@ -68,7 +70,7 @@ class DaemonPool(Executor):
         self, rank: float, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` on a pool thread, before the queued jobs of a higher
-        ``rank``.
+        ``rank`` (in a ``ranked`` pool; otherwise after the jobs submitted before it).
 
         Raises:
             RuntimeError: after `shutdown`.

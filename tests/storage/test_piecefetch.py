@@ -379,7 +379,7 @@ def test_ranked_pieces_of_two_copies_are_fetched_by_need() -> None:
     infos = {name: ChunkInfo(i, f"{name}.tar", size, 0) for i, name in enumerate(data)}
     fetched: list[tuple[str, int]] = []
     gate = threading.Event()
-    pool = DaemonPool(1, "test-ranked")
+    pool = DaemonPool(1, "test-ranked", ranked=True)
     pool.submit(gate.wait, 10)  # holds the one thread until both copies queued their pieces
     # Chunk a's reads come at even positions, b's at odd ones: the need order alternates.
     positions = {"a": np.arange(0, 16, 2), "b": np.arange(1, 17, 2)}

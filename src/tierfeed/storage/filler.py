@@ -293,13 +293,7 @@ class Filler:
             if self._h.shared is not None and not self._needed(info.id, fresh=True):
                 return None
             try:
-                return self.landing.begin(
-                    info,
-                    min(
-                        self._fetch.tuner.piece,
-                        int(__import__("os").environ.get("XPIECE", 1 << 40)),
-                    ),
-                )
+                return self.landing.begin(info, self._fetch.tuner.piece)
             except OSError as exc:
                 self._landing_failed(info, exc)
                 return None

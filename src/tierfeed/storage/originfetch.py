@@ -82,7 +82,7 @@ class OriginFetch:
         # Daemon threads, waited for a bounded time at close: a request the origin holds (a
         # hung mount's open) neither holds the close nor the process's exit; what it returns
         # late lands nothing (`PieceFetch`).
-        self._pool = DaemonPool(threads, "tierfeed-fetch")
+        self._pool = DaemonPool(threads, "tierfeed-fetch", ranked=True)  # pieces by need
         self._stop = threading.Event()
         self._hedges = Hedges()
         self._hedge_origin = origin.for_hedges() if copies else origin
