@@ -23,6 +23,7 @@ Usage:
     python bench/cold_path.py --latency nfs --runs 3 --resume-at 30
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --limit
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --exact
+    python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --trace out/
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,6 +61,17 @@ def build(work: Path, images: int = 4000, median_kb: float = 64) -> Path:
     return origin
 
 
+def warm_backing(origin: Path) -> None:
+    """Read the origin's files once, so that the disk under slowfs is not part of the model:
+    a run right after other work evicted them read at this machine's disk speed instead
+    (runs of 1,073 and 1,392 samples/s among ~3,100, each the first after a test run)."""
+    for path in sorted((origin / "tierfeed").rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                while f.read(16 << 20):
+                    pass
+
+
 def one_epoch(
     mnt: Path,
     cache: Path,
@@ -66,11 +79,13 @@ def one_epoch(
     save: Path | None = None,
     stop_at: int = 0,
     exact: bool = False,
+    trace: Path | None = None,
 ) -> dict[str, float]:
     """One cold epoch in this process (run as ``--child``). With ``stop_at``, the first
     ``stop_at`` batches only, and the Loader's state then saved to ``save``; with ``save`` an
     existing file and no ``stop_at``, the epoch resumed from that state; with ``exact``, in
-    the plan's exact order (the guard's deferral off: `DeadlineOptions(enabled=False)`)."""
+    the plan's exact order (the guard's deferral off: `DeadlineOptions(enabled=False)`); with
+    ``trace``, each batch's wait, when it came and slowfs's stalls meanwhile written there."""
     import torch
 
     from bench.peers.common import origin_counters
@@ -90,15 +105,18 @@ def one_epoch(
         loader.load_state_dict(torch.load(save, weights_only=False))
     with loader:
         before = origin_counters(mnt)["bytes_read"]
-        started = time.perf_counter()
+        uptime = json.loads((mnt / ".slowfs/stats.json").read_bytes())["uptime_s"]
+        started, wall = time.perf_counter(), time.time()
         first = None
         samples = 0
         waits: list[float] = []
+        at: list[float] = []
         asked = started
         for batch in loader:
             now = time.perf_counter()
             first = first if first is not None else now - started
             waits.append(now - asked)
+            at.append(now - started)
             samples += len(batch[0])
             if stop_at and samples >= stop_at * 64:
                 torch.save(loader.state_dict(), save)
@@ -106,6 +124,12 @@ def one_epoch(
             asked = time.perf_counter()
         seconds = time.perf_counter() - started
         read = origin_counters(mnt)["bytes_read"] - before
+        if trace is not None:  # each batch's wait and when it came, slowfs's stalls beside
+            stalls = json.loads((mnt / ".slowfs/stats.json").read_bytes())["stalls"]
+            stalls = [{**s, "at_s": s["at_s"] - uptime} for s in stalls if s["at_s"] >= uptime]
+            trace.write_text(json.dumps({"waits": waits, "at": at, "stalls": stalls, "t0": wall}))
+    own, workers = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    cpu = own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
     store = sum(f.stat().st_size for f in (mnt / "tierfeed").rglob("*") if f.is_file())
     after = sorted(waits[1:]) or [0.0]
     return {
@@ -114,6 +138,7 @@ def one_epoch(
         "wait_p99_after_first_s": after[min(len(after) - 1, int(0.99 * len(after)))],
         "wait_max_after_first_s": after[-1],
         "origin_over_store": read / store,
+        "cpu_s": cpu,
     }
 
 
@@ -129,12 +154,15 @@ def main() -> None:
     p.add_argument("--median-kb", type=float, default=64)
     p.add_argument("--limit", action="store_true", help="then the origin's own limit")
     p.add_argument("--exact", action="store_true", help="the plan's exact order (no deferral)")
+    p.add_argument("--trace", type=Path, help="write each run's batch waits and stalls here")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         mnt, cache = Path(args.child[0]), Path(args.child[1])
-        row = one_epoch(mnt, cache, args.workers, args.state, args.resume_at, args.exact)
+        row = one_epoch(
+            mnt, cache, args.workers, args.state, args.resume_at, args.exact, args.trace
+        )
         print(json.dumps(row))
         return
 
@@ -143,6 +171,7 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     origin = build(args.work, args.images, args.median_kb)
+    warm_backing(origin)
     mnt = args.work / f"mnt-{args.latency}"
     mnt.mkdir(exist_ok=True)
     env = dict(os.environ)
@@ -150,10 +179,13 @@ def main() -> None:
         env["PYTHONPATH"] = os.pathsep.join([str(args.code.resolve()), env.get("PYTHONPATH", "")])
     rows = []
     with SlowFS(origin, mnt, LatencyModel.parse(args.latency)):
-        for _ in range(args.runs):
+        for run in range(args.runs):
             with tempfile.TemporaryDirectory(dir=args.work) as scratch:
                 child = [sys.executable, __file__, "--workers", str(args.workers)]
                 child += ["--exact"] if args.exact else []
+                if args.trace:
+                    args.trace.mkdir(parents=True, exist_ok=True)
+                    child += ["--trace", str(args.trace.resolve() / f"run-{run + 1}.json")]
                 if args.resume_at:  # the part before the restart, in a process of its own
                     state = ["--state", str(Path(scratch) / "state.pt")]
                     _child([*child, *state, "--resume-at", str(args.resume_at)], mnt, env)

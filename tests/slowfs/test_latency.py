@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -139,3 +140,18 @@ def test_opens_stall_apart_from_reads(slowfs: Callable[..., SlowFS]) -> None:
     stalls = LatencyModel.parse("stalls")
     assert (stalls.tail_prob, stalls.stall_ms) == (1e-4, 2000.0)
     assert (stalls.open_tail_prob, stalls.open_stall_ms) == (0.01, 150.0)
+
+
+def test_the_status_names_each_stall_and_when(slowfs: Callable[..., SlowFS]) -> None:
+    """``stats.json`` lists the latest stalls (what, where, when): a benchmark places its
+    waits against them."""
+    fs = slowfs(LatencyModel(open_tail_prob=1.0, open_stall_ms=20.0))
+    read_all(fs.mountpoint, ["a/two.bin", "top.txt"])
+    status = json.loads((fs.mountpoint / ".slowfs" / "stats.json").read_bytes())
+    assert [(s["op"], s["path"]) for s in status["stalls"]] == [
+        ("open", "/a/two.bin"),
+        ("open", "/top.txt"),
+    ]
+    first, second = status["stalls"]
+    assert 0 <= first["at_s"] <= second["at_s"] <= status["uptime_s"]
+    assert first["seconds"] >= 0.02

@@ -17,6 +17,7 @@ import torch
 from tests.format.conftest import write_tree
 from tierfeed.errors import ConfigError, DecodeError
 from tierfeed.format.pack import PackOptions, pack
+from tierfeed.loader import DeadlineOptions
 from tierfeed.loader.compose import open_store
 from tierfeed.torch import Dataset as TFDataset
 from tierfeed.torch import (
@@ -142,10 +143,13 @@ def test_cpu_decode_in_workers(images_dir: Path, workers: int) -> None:
 
 
 def test_device_decode_matches_cpu_decode(images_dir: Path) -> None:
-    """Bytes handed over raw and decoded a batch at a time equal decoding in the workers."""
+    """Bytes handed over raw and decoded a batch at a time equal decoding in the workers (in
+    the plan's exact order both: the guard would deliver each run's in its own timing)."""
+    exact = DeadlineOptions(enabled=False)
     raw = TFDataset(
-        images_dir, plan="global", batch_size=8, decode=JpegBytes(), collate=collate_jpegs
-    )
+        images_dir, plan="global", batch_size=8, decode=JpegBytes(), collate=collate_jpegs,
+        deadline=exact,
+    )  # fmt: skip
     decoder = DeviceJpegDecoder(CENTER, "cpu", decode_jpeg=pil_decode_jpeg)
     with Loader(raw, num_workers=2) as loader:
         device = [(x, y) for x, y in DevicePrefetcher(loader, "cpu", on_device=decoder)]
@@ -155,6 +159,7 @@ def test_device_decode_matches_cpu_decode(images_dir: Path) -> None:
         batch_size=8,
         decode=ImageDecoder(CENTER),
         collate=collate_images,
+        deadline=exact,
     )
     with Loader(cpu, num_workers=2) as loader:
         reference = list(loader)

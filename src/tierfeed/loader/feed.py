@@ -39,7 +39,7 @@ from tierfeed.loader.resume import Resume, StoreId, run_positions
 from tierfeed.loader.statecheck import checked_epoch
 from tierfeed.loader.stream import GuardedStream, PrefetchOptions
 from tierfeed.plan import Plan, remaining_order
-from tierfeed.storage import DirectoryChunks
+from tierfeed.storage import ChunkSource, DirectoryChunks
 from tierfeed.storage.store import Store
 from tierfeed.world import World
 
@@ -318,10 +318,13 @@ class Feed:
         nbytes = store.index.sample_bytes(order, rows_checked=True)
         sizes = dict(zip(order.tolist(), nbytes.tolist(), strict=True))
         readers = self._process.readers(config.prefetch.threads, decode)
+        second = config.hedge_source or store.second_source
+        deadline = config.deadline.for_origin(store.source.costly_requests, second is not None)
+        hedge = readers.hedge_reader(lambda: self._hedge_reader(store, second))
         return GuardedStream(
             order,
             lambda i: decode_sample(decode, store, i),
-            hedge=readers.hedge_reader(lambda: self._hedge_reader(store)),
+            hedge=hedge if deadline.hedges else None,
             local=store.local,
             read_local=lambda ids: [
                 decode_read(decode, store, i, data)
@@ -330,23 +333,20 @@ class Feed:
             size_of=sizes.__getitem__,
             describe=lambda i: describe_sample(store, i),
             prefetch=config.prefetch,
-            deadline=config.deadline,
+            deadline=deadline,
             pool=readers.pool,
             hedge_pool=readers.hedges,
             replay=replay,
         )
 
-    def _hedge_reader(self, store: Store) -> Store | None:
-        """A second way to the store's samples, for hedged reads (None: no hedging)."""
-        if self.config.deadline.hedge_after_ms is None:
-            return None
-        if self.config.hedge_source is not None:
-            source = self.config.hedge_source()
-        elif store.second_source is not None:
-            source = store.second_source()
-        else:
-            source = DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
-        return Store(store.index, source)
+    def _hedge_reader(self, store: Store, make: Callable[[], ChunkSource] | None) -> Store:
+        """A second way to the store's samples for hedged reads: ``make``'s, else the origin's
+        directory read straight."""
+        if make is not None:
+            return Store(store.index, make())
+        return Store(
+            store.index, DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
+        )
 
     def close(self) -> None:
         """Stop this process's reads and close its store (a Loader does this for its own)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,22 +25,28 @@ class Readers:
         self.hedges = Hedges()  # on the process's hedge threads, which the tier stack shares
         self._decode = decode
         self._second: Store | None = None
-        self._made_second = False
+        self._making = threading.Lock()  # hedge threads make the second store once
 
-    def hedge_reader(self, make: Callable[[], Store | None]) -> Callable[[int], Any] | None:
-        """Reads a sample the second way (the store is made once per process); a decode
-        failure names the sample, as on the first way."""
-        if not self._made_second:
-            self._second, self._made_second = make(), True
-        second = self._second
-        if second is None:
-            return None
-        return lambda i: decode_sample(self._decode, second, i)
+    def hedge_reader(self, make: Callable[[], Store]) -> Callable[[int], Any]:
+        """Reads a sample the second way; the store is made at the first hedge, once per
+        process (no second client or descriptor unless a read is hedged). A decode failure
+        names the sample, as on the first way."""
+
+        def read(i: int) -> Any:
+            with self._making:
+                if self._second is None:
+                    self._second = make()
+                second = self._second
+            return decode_sample(self._decode, second, i)
+
+        return read
 
     def close(self) -> None:
         """Cancel queued reads and wait a bounded time for running ones (a read stuck in the
         kernel is left to its daemon thread: see `tierfeed.daemonpool`)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.hedges.close()
-        if self._second is not None:
-            self._second.source.close()  # the index is the main store's: it stays open
+        with self._making:
+            second, self._second = self._second, None
+        if second is not None:
+            second.source.close()  # the index is the main store's: it stays open

@@ -1,14 +1,14 @@
 """The prefetch window with a deadline guard: dynamic I/O replacement that never drops a sample.
 
 Reads of the plan's next samples run ahead on a thread pool. The consumer gets samples in
-plan order while they arrive in time. When the sample due next misses its deadline, the
-oldest sample that is ready takes its place and the late one is deferred: its read goes on
-(optionally hedged by a second read from another source) and it is delivered as soon as it
-lands, ahead of anything younger. The window spans ``window`` positions from the oldest
-sample not yet delivered, so a sample is overtaken by at most ``window - 1`` others, and the
-epoch ends only when every
-position of the order has been delivered exactly once, or with an error naming the read that
-exceeded the hard timeout.
+plan order while they arrive in time. When the sample due next misses its deadline, or most
+reads ahead are ready while it is not, the oldest sample that is ready takes its place and
+the late one is deferred: its read goes on and it is delivered as soon as it lands, ahead of
+anything younger. While nothing is ready to take its place, it is read a second way (a
+hedge) and the first read to land is delivered. The window spans ``window`` positions from
+the oldest sample not yet delivered, so a sample is overtaken by at most ``window - 1``
+others, and the epoch ends only when every position of the order has been delivered exactly
+once, or with an error naming the read that exceeded the hard timeout.
 """
 
 from __future__ import annotations
@@ -26,42 +26,18 @@ from tierfeed.daemonpool import DaemonPool
 from tierfeed.errors import ConfigError, StuckReadError
 from tierfeed.hedging import Hedges
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
-from tierfeed.loader.streamstate import PrefetchOptions, StreamCounters, StreamState
+from tierfeed.loader.streamstate import (
+    Entry,
+    PrefetchOptions,
+    StreamCounters,
+    StreamState,
+    overtaken,
+)
 
 __all__ = ["GuardedStream", "PrefetchOptions", "StreamCounters", "StreamState"]
 
 T = TypeVar("T")
 _POLL_S = 0.005  # how often a blocked wait re-checks hedges and the hard timeout
-
-
-_READ_INLINE: Future[Any] = Future()  # the primary of an entry read inline: already done
-_READ_INLINE.set_result(None)
-
-
-class _Entry(Generic[T]):
-    __slots__ = (
-        "hedge", "inline", "nbytes", "pending", "primary", "running_since", "submitted", "value"
-    )  # fmt: skip
-
-    def __init__(self, nbytes: int) -> None:
-        self.primary: Future[T] = _READ_INLINE
-        self.hedge: Future[T] | None = None
-        self.submitted = time.monotonic()
-        self.running_since: float | None = None  # set when a thread starts the read
-        self.nbytes = nbytes
-        self.inline = False  # read on the consumer's thread: ``value`` holds the result
-        self.pending = False  # local, read with its neighbours when it is taken
-        self.value: T | None = None
-
-    def futures(self) -> list[Future[T]]:
-        return [self.primary] if self.hedge is None else [self.primary, self.hedge]
-
-    def done(self) -> bool:
-        if self.inline or self.pending:
-            return True
-        return any(f.done() and f.exception() is None for f in self.futures()) or all(
-            f.done() for f in self.futures()
-        )
 
 
 class GuardedStream(Generic[T]):
@@ -130,14 +106,15 @@ class GuardedStream(Generic[T]):
         self._cursor = state.cursor
         self._done: set[int] = set(state.ahead)  # delivered positions >= cursor
         self._next = state.cursor  # next position to submit
-        self._window: dict[int, _Entry[T]] = {}
+        self._window: dict[int, Entry[T]] = {}
         self._inflight_bytes = 0
         self._deferred: set[int] = set()
         self._due: dict[int, float] = {}  # position -> when it became late; fixed once set
         self._own_pool = pool is None
         self._pool = pool or DaemonPool(self.prefetch.threads, "tierfeed-read")
         # Hedges get threads of their own: queued behind the window they would land late.
-        hedging = hedge is not None and self.deadline.hedge_after_ms is not None
+        d = self.deadline
+        hedging = hedge is not None and (d.hedge_after_ms is not None or d.hedge_blocked)
         self._own_hedge_pool = hedging and hedge_pool is None
         self._hedge_pool = None if not hedging else hedge_pool or Hedges()
         self._closed = threading.Event()
@@ -154,7 +131,7 @@ class GuardedStream(Generic[T]):
         return StreamState(self._cursor, tuple(sorted(self._done)))
 
     def _submit(
-        self, entry: _Entry[T], pos: int, fn: Callable[[int], T], pool: Executor
+        self, entry: Entry[T], pos: int, fn: Callable[[int], T], pool: Executor
     ) -> Future[T]:
         sample = int(self.order[pos])
 
@@ -184,7 +161,7 @@ class GuardedStream(Generic[T]):
                 continue
             sample = int(self.order[pos])
             nbytes = self._size_of(sample)
-            entry: _Entry[T] = _Entry(nbytes)
+            entry: Entry[T] = Entry(nbytes)
             if self._local is not None and self._local(sample):
                 if self._read_local is not None:
                     entry.pending = True  # read when taken, with its run
@@ -195,7 +172,7 @@ class GuardedStream(Generic[T]):
             self._window[pos] = entry
             self._inflight_bytes += nbytes
 
-    def _read_inline(self, entry: _Entry[T], sample: int) -> None:
+    def _read_inline(self, entry: Entry[T], sample: int) -> None:
         """Read a local sample here; a failure is kept for its delivery, as a thread's is."""
         entry.running_since = entry.submitted
         try:
@@ -211,7 +188,7 @@ class GuardedStream(Generic[T]):
         it. A sample no longer local when its turn comes (its copy evicted meanwhile) goes to
         a reader thread and the guard like any other read, and ends the run."""
         assert self._local is not None and self._read_local is not None  # pending needs both
-        run: list[_Entry[T]] = []
+        run: list[Entry[T]] = []
         samples: list[int] = []
         while (entry := self._window.get(pos + len(run))) is not None and entry.pending:
             entry.pending = False
@@ -252,7 +229,7 @@ class GuardedStream(Generic[T]):
             self.counters.deferred += 1
         return int(self.order[pos]), value
 
-    def _result(self, entry: _Entry[T]) -> T:
+    def _result(self, entry: Entry[T]) -> T:
         if entry.inline:
             return entry.value  # type: ignore[return-value]  # set with inline
         ok = [f for f in entry.futures() if f.done() and f.exception() is None]
@@ -285,9 +262,14 @@ class GuardedStream(Generic[T]):
                 "hangs - check it, or raise the hard timeout"
             )
 
-    def _wait(self, entries: list[_Entry[T]], timeout: float) -> None:
+    def _wait(self, entries: list[Entry[T]], timeout: float) -> None:
         futures = [f for e in entries for f in e.futures()]
         wait(futures, timeout=max(0.0, timeout), return_when=FIRST_COMPLETED)
+
+    def _overtaken(self) -> bool:
+        """Whether `DeadlineOptions.overtaken_share` of the reads ahead are ready (the sample
+        due is not: it is then late at once)."""
+        return overtaken(self._window.values(), self.deadline.overtaken_share)
 
     def _next_ready(self) -> int | None:
         for pos in sorted(self._window):
@@ -319,31 +301,40 @@ class GuardedStream(Generic[T]):
             self._settle(head)
         if entry.done():
             return head  # in time (the common case): no deadline to work out
-        if not self.deadline.enabled or self._replay is not None:  # an order given: wait
-            while not entry.done():
-                now = time.monotonic()
-                self._check_stuck(head, now)
-                self._hedge_late(now)
-                self._wait([entry], _POLL_S * 20)
-            return head
-        # A sample's deadline counts from when its read started (or from now, if it is still
-        # queued), and is set once: a head already declared late is not waited on again
-        # while younger samples are ready, and one that has run past its deadline while
-        # younger samples were delivered is late at once.
+        # A deadline counts from the read's start (or now, if queued) and is set once: a head
+        # declared late is not waited on again while younger samples are ready.
         if head not in self._due:
             since = entry.running_since
             self._due[head] = (
                 time.monotonic() if since is None else since
             ) + self.tracker.deadline()
+        if not self.deadline.enabled or self._replay is not None:  # an order given: wait
+            while not entry.done():
+                now = time.monotonic()
+                self._check_stuck(head, now)
+                self._hedge_late(now)
+                if now >= self._due[head]:
+                    self._hedge_blocked(head, entry)  # past its deadline, it holds the batch
+                self._wait([entry], _POLL_S * 20)
+            return head
+        return head if self._in_time(head, entry) else self._instead(head, entry)
+
+    def _in_time(self, head: int, entry: Entry[T]) -> bool:
+        """Wait for the head until its deadline, or until the reads ahead overtook it."""
         due = self._due[head]
         while not entry.done():
             now = time.monotonic()
             self._hedge_late(now)
-            if now >= due:
+            if now >= due or self._overtaken():
                 break
-            self._wait([entry], min(due - now, _POLL_S * 20))
-        if entry.done():
-            return head
+            # Overtaking: the reads ahead counted every `_POLL_S` (not a wait on them all).
+            poll = _POLL_S if self.deadline.overtaken_share is not None else _POLL_S * 20
+            self._wait([entry], min(due - now, poll))
+        return entry.done()
+
+    def _instead(self, head: int, entry: Entry[T]) -> int:
+        """The late head's replacement: the oldest ready read; while none is, the head is
+        hedged (the batch waits on it alone) and the first read to land is taken."""
         self.counters.late += 1
         while True:
             ready = self._next_ready()
@@ -354,7 +345,15 @@ class GuardedStream(Generic[T]):
             now = time.monotonic()
             self._check_stuck(head, now)
             self._hedge_late(now)
+            self._hedge_blocked(head, entry)
             self._wait(list(self._window.values()), _POLL_S * 20)
+
+    def _hedge_blocked(self, pos: int, entry: Entry[T]) -> None:
+        """Read the sample the batch waits on alone a second way, once (`hedge_blocked`)."""
+        pool, read = self._hedge_pool, self._hedge
+        if entry.hedge is None and self.deadline.hedge_blocked and pool and read:
+            entry.hedge = self._submit(entry, pos, read, pool)
+            self.counters.hedges += 1
 
     # --- iteration ----------------------------------------------------------------------
 

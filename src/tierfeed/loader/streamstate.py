@@ -1,15 +1,21 @@
 """The guarded stream's plain values: how far it reads ahead (`PrefetchOptions`), what its
-guard did (`StreamCounters`) and where it stands in its order (`StreamState`)."""
+guard did (`StreamCounters`), where it stands in its order (`StreamState`) and a position of
+its window (`Entry`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Collection
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tierfeed.errors import ConfigError
 from tierfeed.telemetry.counters import Counters
 
-__all__ = ["PrefetchOptions", "StreamCounters", "StreamState"]
+__all__ = ["READ_INLINE", "Entry", "PrefetchOptions", "StreamCounters", "StreamState", "overtaken"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,3 +72,50 @@ class StreamState:
     def from_dict(cls, d: dict[str, Any]) -> StreamState:
         """Inverse of `to_dict`."""
         return cls(int(d["cursor"]), tuple(int(p) for p in d["ahead"]))
+
+
+READ_INLINE: Future[Any] = Future()  # the primary of an entry read inline: already done
+READ_INLINE.set_result(None)
+
+
+class Entry(Generic[T]):
+    """One position of the stream's window: its read (and hedge), or its value read inline."""
+
+    __slots__ = (
+        "hedge",
+        "inline",
+        "nbytes",
+        "pending",
+        "primary",
+        "running_since",
+        "submitted",
+        "value",
+    )
+
+    def __init__(self, nbytes: int) -> None:
+        self.primary: Future[T] = READ_INLINE
+        self.hedge: Future[T] | None = None
+        self.submitted = time.monotonic()
+        self.running_since: float | None = None  # set when a thread starts the read
+        self.nbytes = nbytes
+        self.inline = False  # read on the consumer's thread: ``value`` holds the result
+        self.pending = False  # local, read with its neighbours when it is taken
+        self.value: T | None = None
+
+    def futures(self) -> list[Future[T]]:
+        return [self.primary] if self.hedge is None else [self.primary, self.hedge]
+
+    def done(self) -> bool:
+        if self.inline or self.pending:
+            return True
+        return any(f.done() and f.exception() is None for f in self.futures()) or all(
+            f.done() for f in self.futures()
+        )
+
+
+def overtaken(window: Collection[Entry[Any]], share: float | None) -> bool:
+    """Whether ``share`` of the reads of ``window`` besides the one due (not done) are done;
+    False with no share, or nothing besides it."""
+    if share is None or len(window) < 2:
+        return False
+    return sum(1 for e in window if e.done()) >= share * (len(window) - 1)

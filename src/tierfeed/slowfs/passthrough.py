@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import asdict
 from typing import Any
 
@@ -27,6 +28,7 @@ _STATVFS_KEYS = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_fi
                  "f_favail", "f_flag", "f_namemax")  # fmt: skip
 # O_NOATIME keeps reads from touching the origin's access times; not every caller may use it.
 _NOATIME = getattr(os, "O_NOATIME", 0)
+_STALLS_KEPT = 256  # stalls listed in the status document, the latest
 
 
 def _refused() -> mfusepy.FuseOSError:
@@ -57,6 +59,8 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
         self._next_virtual = _VIRTUAL_FH_BASE
         self._link_mutex = threading.Lock()
         self._link_free = 0.0  # monotonic time at which the shared link is next idle
+        # The last stalls drawn: what stalled and when, for a benchmark to place its waits.
+        self._stalls: deque[dict[str, Any]] = deque(maxlen=_STALLS_KEPT)
         st = os.stat(self.root)
         self._owner = {"st_uid": st.st_uid, "st_gid": st.st_gid}
 
@@ -66,10 +70,13 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
         # The kernel resolves "..", "." and symlinks itself, so paths arrive normalised.
         return os.path.join(self.root, path.lstrip("/"))
 
-    def _delay(self, nbytes: int = 0, opening: bool = False) -> None:
+    def _delay(self, op: str, path: str, nbytes: int = 0, opening: bool = False) -> None:
         if self._sampler is None:
             return
         seconds, stalled = self._sampler.draw(nbytes, opening)
+        if stalled:
+            at = time.monotonic() - self._started
+            self._stalls.append({"op": op, "path": path, "at_s": at, "seconds": seconds})
         m = self.model
         transfer = nbytes / (m.bandwidth_mbps * 1e6) if m.bandwidth_mbps > 0 and nbytes else 0.0
         latency = seconds - transfer
@@ -102,6 +109,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
             "src": self.root,
             "pid": os.getpid(),
             "uptime_s": time.monotonic() - self._started,
+            "stalls": list(self._stalls),
         }
 
     def _virtual_attrs(self, path: str) -> dict[str, Any] | None:
@@ -130,7 +138,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
         if virtual is not None:
             return virtual
         self.counters.count("stats")
-        self._delay()
+        self._delay("getattr", path)
         try:
             st = os.lstat(self._real(path))
         except OSError as exc:
@@ -144,7 +152,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
         if path == STATS_DIR:
             return [".", "..", STATS_PATH.rsplit("/", 1)[1]]
         self.counters.count("readdirs")
-        self._delay()
+        self._delay("readdir", path)
         try:
             names = os.listdir(self._real(path))
         except OSError as exc:
@@ -156,7 +164,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
     def readlink(self, path: str) -> str:
         """The target of a source symlink, unchanged (one latency draw)."""
         self.counters.count("readlinks")
-        self._delay()
+        self._delay("readlink", path)
         try:
             return os.readlink(self._real(path))
         except OSError as exc:
@@ -183,7 +191,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
             fi.direct_io = 1  # its size changes all the time: never cache, never cut at st_size
             return 0
         self.counters.count("opens")
-        self._delay(opening=True)
+        self._delay("open", path, opening=True)
         real = self._real(path)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
@@ -213,7 +221,7 @@ class SlowPassthrough(mfusepy.Operations):  # type: ignore[misc]
             raise self._error(exc) from None
         self.counters.count("reads")
         self.counters.count("bytes_read", len(data))
-        self._delay(len(data))
+        self._delay("read", f"{path}@{offset}", len(data))
         return data
 
     def release(self, path: str, fh: Any) -> int:

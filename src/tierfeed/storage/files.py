@@ -11,6 +11,7 @@ import errno
 import mmap
 import os
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
@@ -20,6 +21,20 @@ __all__ = ["FdCache", "path_under", "pread", "safe_chunk_path"]
 
 _STOP_POLL_S = 0.1  # how often a wait for another thread's open looks whether it was closed
 _CLOSE_WAIT_S = 0.05  # `close` waits this long for an open ahead that is running
+# An open of a file that has run this long is tried again by a thread waiting for it (a
+# stalled lookup or open, which a second request of the same file often gets past), up to
+# `_OPEN_TRIES` opens of one file at once.
+_OPEN_AGAIN_S = 0.25
+_OPEN_TRIES = 3
+
+
+class _Opening:
+    """An open of a file in progress: set when it ends; when it began; which try it is."""
+
+    __slots__ = ("done", "started", "tries")
+
+    def __init__(self, tries: int) -> None:
+        self.done, self.started, self.tries = threading.Event(), time.monotonic(), tries
 
 
 class _Fd:
@@ -36,8 +51,11 @@ class FdCache:
     reused under a reader. Opens happen outside the lock: an open that hangs on slow storage
     does not stall reads of files already open. Each path is opened by one thread at a time;
     others wanting it wait for that open, so the origin sees one open per file, not one per
-    thread that raced for it. With ``dir_fd`` (a checked cache directory), paths are relative
-    to that descriptor and a link at their last component is not followed.
+    thread that raced for it; but an open that has hung for `_OPEN_AGAIN_S` is made again by
+    one of them (a hedged open: the first to end is kept, the other closed), so that a stalled
+    open holds the file's reads for a bounded time, not the reader threads for its own. With
+    ``dir_fd`` (a checked cache directory), paths are relative to that descriptor and a link
+    at their last component is not followed.
     """
 
     def __init__(
@@ -51,7 +69,7 @@ class FdCache:
         self.dir_fd = dir_fd
         self.opens = 0
         self._open: OrderedDict[str, _Fd] = OrderedDict()
-        self._opening: dict[str, threading.Event] = {}  # path -> set when its open ends
+        self._opening: dict[str, _Opening] = {}  # path -> its latest open in progress
         self._mutex = threading.Lock()
         self._ahead: threading.Thread | None = None  # opening ``_waiting``, while there are
         self._waiting: deque[str] = deque()
@@ -111,37 +129,66 @@ class FdCache:
                     return entry
                 opening = self._opening.get(path)
                 if opening is None:
-                    opening = self._opening[path] = threading.Event()
+                    opening = self._opening[path] = _Opening(1)
                     break
-            # Another thread opens it: look again once it is done (or failed). Its open may
-            # hang as long as the file system does; a close ends the wait.
-            while not opening.wait(_STOP_POLL_S):
-                if self._stop.is_set():
-                    raise OSError(errno.ECANCELED, "closed while another thread opened", path)
+            # Another thread opens it: look again once it is done (or failed); if it hangs,
+            # open it again here.
+            if self._await(path, opening):
+                with self._mutex:
+                    if self._opening.get(path) is opening and path not in self._open:
+                        opening = self._opening[path] = _Opening(opening.tries + 1)
+                        break
         try:
             fd = self._open_file(path)
         except BaseException:
-            with self._mutex:
-                del self._opening[path]
-            opening.set()
+            self._ended(path, opening)
             raise
+        return self._opened(path, opening, fd)
+
+    def _await(self, path: str, opening: _Opening) -> bool:
+        """Wait for another thread's ``opening`` of ``path``; True when it has hung for
+        `_OPEN_AGAIN_S` and this thread is to open the file too. A close ends the wait."""
+        while not opening.done.wait(_STOP_POLL_S):
+            if self._stop.is_set():
+                raise OSError(errno.ECANCELED, "closed while another thread opened", path)
+            with self._mutex:
+                if self._opening.get(path) is not opening or path in self._open:
+                    return False  # a second open took over, or one ended: look again
+            hung = time.monotonic() - opening.started > _OPEN_AGAIN_S
+            if hung and opening.tries < _OPEN_TRIES:
+                return True
+        return False
+
+    def _ended(self, path: str, opening: _Opening) -> None:
+        """``opening`` of ``path`` is over, whatever came of it."""
         with self._mutex:
-            if self._stop.is_set():  # closed while this open hung: nobody is left to close it
+            if self._opening.get(path) is opening:
                 del self._opening[path]
-                os.close(fd)
-                opening.set()
-                raise OSError(errno.ECANCELED, "closed while this file opened", path)
-            self.opens += 1
-            entry = self._open[path] = _Fd(fd)
-            entry.refs += 1
-            del self._opening[path]
-            while len(self._open) > self.max_open:
-                _, old = self._open.popitem(last=False)
-                old.evicted = True
-                if old.refs == 0:
-                    os.close(old.fd)
-        opening.set()
-        return entry
+        opening.done.set()
+
+    def _opened(self, path: str, opening: _Opening, fd: int) -> _Fd:
+        """Keep ``fd``, just opened, as ``path``'s descriptor, unless another open of it (a
+        hedged one) ended first: then that one is used and ``fd`` closed."""
+        try:
+            with self._mutex:
+                if self._stop.is_set():  # closed while this open hung: nobody is left to close it
+                    os.close(fd)
+                    raise OSError(errno.ECANCELED, "closed while this file opened", path)
+                self.opens += 1
+                entry = self._open.get(path)
+                if entry is not None:  # the other open of it won
+                    os.close(fd)
+                else:
+                    entry = self._open[path] = _Fd(fd)
+                entry.refs += 1
+                while len(self._open) > self.max_open:
+                    _, old = self._open.popitem(last=False)
+                    old.evicted = True
+                    if old.refs == 0:
+                        os.close(old.fd)
+                return entry
+        finally:
+            self._ended(path, opening)
 
     def release(self, entry: _Fd) -> None:
         """Give back an entry from `acquire` (its descriptor closes if evicted meanwhile)."""

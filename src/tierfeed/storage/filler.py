@@ -34,6 +34,7 @@ from tierfeed.storage.foresight import Foresight
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.landing import Arrival, Landing
 from tierfeed.storage.originfetch import OriginFetch
+from tierfeed.storage.piecefetch import spread_piece
 from tierfeed.storage.placing import Landed, Placer
 from tierfeed.storage.tieroptions import TierOptions
 
@@ -293,10 +294,16 @@ class Filler:
             if self._h.shared is not None and not self._needed(info.id, fresh=True):
                 return None
             try:
-                return self.landing.begin(info, self._fetch.tuner.piece)
+                return self.landing.begin(info, self._piece(info))
             except OSError as exc:
                 self._landing_failed(info, exc)
                 return None
+
+    def _piece(self, info: ChunkInfo) -> int:
+        """The piece size of the chunk's copy: the tuner's, or less where the plan's reads of
+        the chunk are spread (`spread_piece`)."""
+        tuner = self._fetch.tuner
+        return spread_piece(tuner.piece, tuner.limits.min_piece, *self.foresight.reads_of(info.id))
 
     def _land(self, arrival: Arrival, started: float) -> None:
         """Fetch the arrival's pieces from the origin, check the chunk, place it."""

@@ -30,9 +30,14 @@ from tierfeed.errors import StorageError
 from tierfeed.format.indexcheck import concat_ranges
 from tierfeed.storage.landing import Arrival, FetchCounters
 
-__all__ = ["PieceFetch", "piece_order", "piece_ranks"]
+__all__ = ["PieceFetch", "piece_order", "piece_ranks", "spread_piece"]
 
 _POLL_S = 0.01  # how often a copy looks for late pieces while it waits
+# A chunk's reads are spread when reads next to each other in it are, in the median, further
+# apart than this in the order of consumption (a few batches): a shuffle, not a sequence.
+_NEAR = 256
+_SPREAD_READS = 4  # a spread chunk's piece holds about this many reads' bytes
+_ALIGN = 64 * 1024  # a spread piece is a whole number of these
 
 
 class PieceFetch:
@@ -223,3 +228,29 @@ def piece_ranks(
     if first is not None:
         rank[min(max(first, 0), pieces - 1)] = -1
     return rank
+
+
+def spread_piece(
+    piece: int,
+    floor: int,
+    positions: npt.NDArray[np.integer[Any]],
+    starts: npt.NDArray[np.integer[Any]],
+    ends: npt.NDArray[np.integer[Any]],
+) -> int:
+    """The piece size for a copy of a chunk whose reads are ``positions`` (where in the order
+    of consumption each comes), ``starts`` and ``ends`` (their bytes): ``piece`` where
+    neighbouring reads of the chunk come close together (a sequence, chunk-wise windows),
+    else about `_SPREAD_READS` reads' bytes, never under ``floor``. Under a shuffle each read
+    of the first batches waits for a piece of its own and the copies bring every piece
+    before the reads can go local, so a batch waits for as many pieces as it has samples:
+    pieces of megabytes made the cold epoch's first batches wait seconds, those of a few
+    samples wait in step with the link (issue 45, docs/BENCHMARKS.md)."""
+    if len(positions) < 2 or piece <= floor:
+        return piece
+    by_offset = np.argsort(np.asarray(starts), kind="stable")
+    gaps = np.abs(np.diff(np.asarray(positions, dtype=np.int64)[by_offset]))
+    if float(np.median(gaps)) <= _NEAR:
+        return piece
+    sizes = np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
+    want = -(-_SPREAD_READS * int(np.median(sizes)) // _ALIGN) * _ALIGN  # whole pages
+    return min(piece, max(floor, want))

@@ -23,6 +23,9 @@ class ChunkSource(ABC):
     # True when `set_future` uses the sequence it is given: building one costs a pass over
     # this epoch's and the next epochs' plans, which callers skip for a source that ignores it.
     uses_future: bool = False
+    # True when each request to the origin is slow or billed (an object store): a second read
+    # of a sample beside the copies costs a request (`DeadlineOptions.hedge_blocked`).
+    costly_requests: bool = False
 
     @abstractmethod
     def read_range(self, chunk: int, offset: int, length: int) -> bytes:

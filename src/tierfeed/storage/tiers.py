@@ -41,7 +41,7 @@ from tierfeed.storage.tieroptions import TierOptions
 __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "disk_tier"]
 
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
-_HEAD_SPREAD = 4  # head reads when the first batch's pieces are this many times its bytes
+_HEAD_SPREAD = 2  # head reads when the first batch's pieces are this many times its bytes
 _COPY_GRACE_S = 1.0  # at close, running copies get this long to finish before they are stopped
 
 
@@ -67,6 +67,7 @@ class TierStack(ChunkSource):
         options: TierOptions | None = None,
     ) -> None:
         self.chunks, self.origin, self.policy_name = chunks, origin, policy
+        self.costly_requests = origin.costly_requests
         self.options = options or TierOptions()
         self.holdings = Holdings(chunks, tiers, policy, self.options.verify_cached)
         self.tiers = self.holdings.tiers
