@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -175,3 +176,46 @@ def test_a_record_of_other_workers_or_no_record_is_refused(store_dir: Path) -> N
         for bad in ({}, {**record, "workers": 0, "swaps": {"0": [[3, -5]]}}, [1, 2]):
             with pytest.raises(ConfigError, match="replay:"):
                 loader.replay(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_epochs_order_replays_from_its_two_records(store_dir: Path, workers: int) -> None:
+    """A checkpoint's state lists the swaps made before it (``order``), the resumed run's
+    record those after: a replay of the first, the same batches, the state loaded and a replay
+    of the second deliver what the interrupted and the resumed run delivered together."""
+    guard = DeadlineOptions(fixed_ms=20, hard_timeout_s=30)
+    planned = delivered(store_dir, workers)  # the plan's order, exactly
+
+    def dataset(slow: str) -> Dataset:
+        return Dataset(store_dir, batch_size=8, decode=slow_on(slow), collate=list, deadline=guard)
+
+    def take(loader: Loader, batches: int | None = None) -> list[str]:
+        got = loader if batches is None else itertools.islice(loader, batches)
+        return [k for batch in got for k in batch]
+
+    with Loader(dataset(planned[3]), num_workers=workers) as loader:  # late before the stop
+        before = take(loader, 6)
+        state = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint holds it
+    assert before != planned[: len(before)] and state["order"]["swaps"]
+    with Loader(dataset(planned[-30]), num_workers=workers) as loader:  # late after it
+        loader.load_state_dict(state)
+        after = take(loader)
+        assert loader.last_epoch is not None
+        record = loader.last_epoch["order"]
+    assert sorted(before + after) == sorted(planned) and record["swaps"]
+    with Loader(dataset(planned[50]), num_workers=workers) as loader:  # other timing
+        loader.replay(state["order"])
+        again = take(loader, 6)
+        loader.load_state_dict(state)
+        loader.replay(record)
+        again += take(loader)
+    assert again == before + after
+
+
+def test_a_damaged_order_in_a_state_is_refused(store_dir: Path) -> None:
+    ds = Dataset(store_dir, batch_size=8, decode=key, collate=list)
+    with Loader(ds, num_workers=0) as loader:
+        state = loader.state_dict()
+        for bad in ([1], {**state["order"], "swaps": {"0": [[1, -2]]}}, {"workers": 0}):
+            with pytest.raises(ConfigError, match="loader state's 'order' is damaged"):
+                loader.load_state_dict({**state, "order": bad})

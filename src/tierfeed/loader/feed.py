@@ -63,7 +63,7 @@ class Batch:
     counters: dict[str, float]
     tiers: dict[str, dict[str, Any]] | None = None
     last: bool = False  # the worker's last batch of the epoch
-    swaps: tuple[tuple[int, int], ...] = ()  # on the last: its stream's (`GuardedStream.swaps`)
+    swaps: tuple[tuple[int, int], ...] = ()  # its stream's since the last (`GuardedStream.swaps`)
 
 
 _DRAIN_S = 30.0  # how long an exiting worker waits for its queued copies
@@ -397,7 +397,7 @@ class Feed:
         }
         tiers = self.store().source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
-        swaps = tuple(stream.swaps) if last else ()
+        swaps = stream.new_swaps()
         data = self.config.collate(items)
         return Batch(data, worker, epoch, state, counters, tiers, last, swaps)
 

@@ -9,14 +9,15 @@ workers and batch size (`Loader.replay`), the record delivers that order again, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 from tierfeed.errors import ConfigError
 
-__all__ = ["MAX_SWAPS", "order_record", "replay_of"]
+__all__ = ["MAX_SWAPS", "Swaps", "check_order", "order_record", "replay_of", "replayed_position"]
 
 MAX_SWAPS = 1 << 22  # swaps a record may list in all (a record is input: bounded)
+Swaps = dict[int, list[tuple[int, int]]]  # each worker's, ``(delivery number, position)``
 
 
 def order_record(
@@ -61,6 +62,45 @@ def replay_of(record: object, workers: int, batch_size: int) -> dict[int, dict[i
             raise ConfigError(f"replay: more than {MAX_SWAPS} swaps; not a recorded order")
         out[worker] = dict(_pair(name, pair) for pair in swaps)
     return out
+
+
+def check_order(state: object) -> None:
+    """Check the ``order`` a Loader state lists (the swaps delivered before it, to replay that
+    part: `order_record`), if it lists one.
+
+    Raises:
+        ConfigError: an ``order`` that is not a record of swaps (a state is input).
+    """
+    record = state.get("order") if isinstance(state, Mapping) else None
+    if record is None:
+        return
+    try:
+        if not isinstance(record, Mapping):
+            raise ConfigError("not a record of swaps")
+        made = [_count(record.get(k)) for k in ("workers", "batch_size")]
+        replay_of(record, *made)
+    except ConfigError as exc:
+        raise ConfigError(f"the loader state's 'order' is damaged: {exc}") from None
+
+
+def replayed_position(
+    replay: Mapping[int, int], delivered: int, cursor: int, window: Container[int]
+) -> int:
+    """The position a replay delivers next, its ``delivered``-th: as recorded, else the
+    oldest not delivered (``cursor``); it must be among the reads ahead (``window``)."""
+    pos = replay.get(delivered, cursor)
+    if pos not in window:
+        raise ConfigError(
+            f"cannot replay: position {pos} of the order is not among the reads ahead at "
+            f"delivery {delivered}; replay with the prefetch window, batch size and workers "
+            "of the run recorded"
+        )
+    return pos
+
+
+def _count(value: object) -> int:
+    """``value`` where it is a count (an int, not a bool, not negative); -1 otherwise."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
 
 def _whole(value: object) -> bool:

@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.daemonpool import DaemonPool
-from tierfeed.errors import ConfigError, StuckReadError
+from tierfeed.errors import StuckReadError
 from tierfeed.hedging import Hedges
 from tierfeed.loader.latency import DeadlineOptions, LatencyTracker
+from tierfeed.loader.replay import replayed_position
 from tierfeed.loader.streamstate import (
     Entry,
     PrefetchOptions,
@@ -47,7 +48,7 @@ class GuardedStream(Generic[T]):
         order: sample ids in plan order.
         read: reads one sample (called on the pool's threads).
         hedge: a second, independent way to read a sample (another tier, or the origin);
-            used only when ``deadline.hedge_after_ms`` is set.
+            used by ``deadline.hedge_after_ms`` and ``deadline.hedge_blocked``.
         local: says a sample is held on this host (a tier holds its chunk): with
             ``prefetch.inline_local``, such a sample is read on the consumer's thread, and
             only the others go to the reader threads.
@@ -61,10 +62,9 @@ class GuardedStream(Generic[T]):
         deadline: guard settings.
         state: where to resume in ``order``.
         pool: a shared reader pool; by default the stream owns one. With a shared pool,
-            `close` does not wait for reads already running (a stalled read finishes on its
-            own); an owned pool (a `DaemonPool`) waits a bounded time for them.
-        hedge_pool: where hedges run (by default the stream's own `Hedges`, on the process's
-            hedge threads).
+            `close` does not wait for reads already running; an owned pool (a `DaemonPool`)
+            waits a bounded time for them.
+        hedge_pool: where hedges run (by default the stream's own `Hedges`).
         replay: deliver exactly the order of an earlier run of the same stream: the
             positions it delivered out of turn, by delivery number (its `swaps`); every other
             delivery takes the oldest position not yet delivered. Late reads are waited for
@@ -103,6 +103,7 @@ class GuardedStream(Generic[T]):
         self.tracker = LatencyTracker(self.deadline)
         self.counters = StreamCounters()
         state = state or StreamState()
+        self._sent = 0  # swaps handed out by `new_swaps`
         self._cursor = state.cursor
         self._done: set[int] = set(state.ahead)  # delivered positions >= cursor
         self._next = state.cursor  # next position to submit
@@ -125,6 +126,11 @@ class GuardedStream(Generic[T]):
     def remaining(self) -> int:
         """Samples of the order not yet delivered (0: the last one has been)."""
         return len(self.order) - self._cursor - len(self._done)
+
+    def new_swaps(self) -> tuple[tuple[int, int], ...]:
+        """The `swaps` made since the last call (a batch's, as its worker sends them)."""
+        new, self._sent = tuple(self.swaps[self._sent :]), len(self.swaps)
+        return new
 
     def state(self) -> StreamState:
         """The position to resume from: exactly the positions delivered so far are skipped."""
@@ -280,22 +286,13 @@ class GuardedStream(Generic[T]):
                 return pos
         return None
 
-    def _replayed(self, replay: Mapping[int, int]) -> int:
-        """The position a replay delivers next: as recorded, else the oldest not delivered."""
-        pos = replay.get(self.counters.delivered, self._cursor)
-        if pos not in self._window:
-            raise ConfigError(
-                f"cannot replay: position {pos} of the order is not among the reads ahead at "
-                f"delivery {self.counters.delivered}; replay with the prefetch window, batch "
-                "size and workers of the run recorded"
-            )
-        return pos
-
     def _pick(self) -> int:
         """The position to deliver next: the head if in time, else the oldest ready one."""
         # The window holds exactly the positions of [cursor, next) not yet delivered, and the
         # cursor is never a delivered one: the head is the cursor (no scan of the window).
-        head = self._cursor if self._replay is None else self._replayed(self._replay)
+        head = self._cursor
+        if self._replay is not None:
+            head = replayed_position(self._replay, self.counters.delivered, head, self._window)
         entry = self._window[head]
         if entry.pending:
             self._settle(head)
@@ -358,8 +355,7 @@ class GuardedStream(Generic[T]):
     # --- iteration ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the window's reads now, before iteration (e.g. the next epoch's, while the
-        consumer still works on this one)."""
+        """Start the window's reads now, before iteration (the next epoch's, say)."""
         self._fill()
 
     def __iter__(self) -> Iterator[tuple[int, T]]:
@@ -368,8 +364,7 @@ class GuardedStream(Generic[T]):
             while self._window:
                 asked = time.monotonic()
                 pos = self._pick()
-                waited = time.monotonic() - asked
-                self.counters.waits.append(waited)
+                self.counters.waits.append(time.monotonic() - asked)
                 item = self._take(pos)
                 self._fill()
                 yield item
@@ -377,9 +372,8 @@ class GuardedStream(Generic[T]):
             self._cancel_pending()
 
     def _cancel_pending(self) -> None:
-        for entry in self._window.values():
-            for f in entry.futures():
-                f.cancel()
+        for f in [f for entry in self._window.values() for f in entry.futures()]:
+            f.cancel()
 
     def close(self) -> None:
         """Cancel reads not started and shut the owned pool down (joins its threads)."""

@@ -14,7 +14,7 @@ from tierfeed.errors import ConfigError
 from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.feed import Replay
 from tierfeed.loader.loaderstate import resume_of, state_of
-from tierfeed.loader.replay import order_record, replay_of
+from tierfeed.loader.replay import Swaps, check_order, order_record, replay_of
 from tierfeed.loader.resume import Resume
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
@@ -30,8 +30,9 @@ from tierfeed.torch.workers import (
 
 __all__ = ["Loader"]
 
-# (the resume applied to this epoch, if any; each worker's stream state): see `Loader.mark`
-LoaderMark = tuple[Resume | None, Mapping[int, Mapping[str, Any]]]
+# (the resume applied to this epoch, if any; each worker's stream state; how many of each
+# worker's swaps were delivered): see `Loader.mark`
+LoaderMark = tuple[Resume | None, Mapping[int, Mapping[str, Any]], Mapping[int, int]]
 
 
 class Loader:
@@ -113,7 +114,7 @@ class Loader:
         self._ahead: list[Batch] = []  # batches of the next epoch that came before its turn
         self._resume: Resume | None = None  # where the next iteration starts (load_state_dict)
         self._replay: Replay | None = None  # the order the next epoch delivers (`replay`)
-        self._swaps: dict[int, tuple[tuple[int, int], ...]] = {}  # the epoch's, by worker
+        self._swaps: Swaps = {}  # this iteration's so far (from the epoch's start or a resume)
         self._view: Dataset | None = None  # the dataset as its DataLoader reads it
         self._cold: ColdStart | None = None  # this process's copies while the workers start
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
@@ -146,8 +147,11 @@ class Loader:
         Independent of the number of workers: `load_state_dict` resumes it with any. To resume
         in a job of another world size, give `load_state_dict` every rank's state (gather them
         with `gather_state_dict`)."""
-        resume, states = mark if mark is not None else self.mark()
-        return state_of(self.dataset, resume, self.num_workers, states)
+        resume, states, made = mark if mark is not None else self.mark()
+        state = state_of(self.dataset, resume, self.num_workers, states)
+        upto = {w: s[: made.get(w, 0)] for w, s in self._swaps.items()}  # the swaps so far
+        state["order"] = order_record(upto, self.num_workers, self.dataset.batch_size)
+        return state
 
     def mark(self) -> LoaderMark:
         """Where the batches delivered so far end, taken cheaply (the workers' positions, not a
@@ -155,7 +159,12 @@ class Loader:
         A `DevicePrefetcher` marks each batch it copies ahead, and makes a state only when
         asked for one."""
         resume = self._resume if self._resumes(self.dataset.epoch) else None
-        return resume, dict(self._states)
+        swaps = self._swaps
+        return (
+            resume,
+            dict(self._states),
+            None if swaps is None else {w: len(s) for w, s in swaps.items()},
+        )
 
     def gather_state_dict(self) -> list[dict[str, Any]]:
         """Every rank's `state_dict`, gathered over torch.distributed's default group (call it
@@ -169,18 +178,17 @@ class Loader:
         return states
 
     def replay(self, record: Mapping[str, Any]) -> None:
-        """Deliver the next epoch in the order a run recorded (``last_epoch["order"]``, or the
-        ``order`` of that epoch in the run file): the same samples in the same order, whatever
-        the storage's timing is now; a late read is waited for (and hedged), not deferred. It
-        needs what that run had: the plan (spec, seed), epoch (`set_epoch` it first), world,
-        workers, batch size and prefetch window, from the epoch's start.
+        """Deliver the next iteration in the order a run recorded (``last_epoch["order"]``, or
+        the ``order`` of that epoch in the run file, or a state's ``order``: the part before
+        it): the same samples in the same order, whatever the storage's timing is now; a late
+        read is waited for (and hedged), not deferred. It needs what that run had: the plan
+        (spec, seed), epoch (`set_epoch` it first), world, workers, batch size and prefetch
+        window, and its start: the epoch's, or after `load_state_dict` of the state that run
+        resumed from (a resumed epoch replays as two: README, "Which order").
 
         Raises:
-            ConfigError: not a recorded order, one of other workers or batch size, or asked
-                after `load_state_dict` (a replay starts at the epoch's start).
+            ConfigError: not a recorded order, or one of other workers or batch size.
         """
-        if self._resume is not None:
-            raise ConfigError("replay: an epoch is replayed from its start, not after a resume")
         self._replay = replay_of(record, self.num_workers, self.dataset.batch_size)
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
@@ -191,6 +199,7 @@ class Loader:
         rank taking an equal share of what the old ranks had left (padded as
         DistributedSampler pads), so every sample is still delivered once."""
         resume = resume_of(self.dataset, state)
+        check_order(state)
         self._resume = resume
         self.dataset.set_epoch(resume.epoch)
         self._states = {}
@@ -229,6 +238,7 @@ class Loader:
             self._begin(loader)
         self._iter_epoch = epoch
         start = self._resumed_positions()
+        self._swaps = {}
         if exchange is not None:
             exchange.begin_epoch(epoch, start, self._read_ahead())
         meter = self._meter = EpochMeter(epoch)
@@ -250,12 +260,7 @@ class Loader:
                 if self.recorder is not None and time.perf_counter() >= next_live:
                     self.recorder.write(self._progress(meter))
                     next_live = time.perf_counter() + self.live_every_s
-                self._states[batch.worker] = batch.state
-                self._counters[batch.worker] = batch.counters
-                if batch.last:
-                    self._swaps[batch.worker] = batch.swaps
-                if batch.tiers is not None:
-                    self._tiers[batch.worker] = batch.tiers
+                self._took(batch)
                 yield data
                 asked = time.perf_counter()
             finished = True
@@ -272,6 +277,15 @@ class Loader:
         if exchange is not None:
             exchange.end_epoch(epoch)
         self._finish(meter)
+
+    def _took(self, batch: Batch) -> None:
+        """Keep what a delivered batch says of its worker: state, counters, swaps, tiers."""
+        self._states[batch.worker] = batch.state
+        self._counters[batch.worker] = batch.counters
+        if batch.swaps:
+            self._swaps.setdefault(batch.worker, []).extend(batch.swaps)
+        if batch.tiers is not None:
+            self._tiers[batch.worker] = batch.tiers
 
     def _begin(self, loader: DataLoader[Batch]) -> None:
         """Start (or restart: another epoch was chosen, or the last one was left early) the
