@@ -6,10 +6,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.format.conftest import write_tree
+from tierfeed.format.pack import PackOptions, pack
 from tierfeed.loader import DeadlineOptions, GuardedStream, PrefetchOptions
+from tierfeed.loader.compose import open_store
+from tierfeed.torch import TierConfig
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -152,3 +157,21 @@ def test_no_blocked_hedges_without_a_second_way() -> None:
     options = DeadlineOptions()
     assert not options.for_origin(costly_requests=False, second_way=False).hedge_blocked
     assert options.for_origin(costly_requests=False, second_way=True) is options
+
+
+def test_a_store_by_path_has_a_second_way_and_a_callers_source_none(tmp_path: Path) -> None:
+    """The blocked hedge's second way to a store opened by path: its chunk files read
+    straight, the same bytes; a store over a caller's source (a job's namespace) has none."""
+    write_tree(tmp_path / "tree", {f"{i:02d}.bin".encode(): bytes([i]) * 3000 for i in range(20)})
+    pack(tmp_path / "tree", tmp_path / "store", PackOptions(chunk_size=16384, progress=False))
+    with open_store(tmp_path / "store", tiers=TierConfig(ram_bytes=1 << 20)) as store:
+        assert store.second_source is not None
+        second = store.second_source()
+        try:
+            for chunk in range(len(store.chunks)):
+                size = store.chunks[chunk].size
+                assert second.read_range(chunk, 0, size) == store.source.read_range(chunk, 0, size)
+        finally:
+            second.close()
+        with open_store(tmp_path / "store", source=store.source) as theirs:
+            assert theirs.second_source is None

@@ -272,10 +272,15 @@ class GuardedStream(Generic[T]):
         futures = [f for e in entries for f in e.futures()]
         wait(futures, timeout=max(0.0, timeout), return_when=FIRST_COMPLETED)
 
-    def _overtaken(self) -> bool:
-        """Whether `DeadlineOptions.overtaken_share` of the reads ahead are ready (the sample
-        due is not: it is then late at once)."""
-        return overtaken(self._window.values(), self.deadline.overtaken_share)
+    def _overtaken(self, entry: Entry[T], now: float) -> bool:
+        """Whether the sample due (``entry``) is late before its deadline: `overtaken_share` of
+        the reads ahead are ready, or it is all the window holds (the batch waits on it alone:
+        `hedge_blocked`) and has run longer than most reads (the tracked quantile)."""
+        if overtaken(self._window.values(), self.deadline.overtaken_share):
+            return True
+        alone = len(self._window) == 1 and self.deadline.hedge_blocked
+        typical = self.tracker.typical() if alone else None
+        return typical is not None and now - (entry.running_since or entry.submitted) >= typical
 
     def _next_ready(self) -> int | None:
         for pos in sorted(self._window):
@@ -322,7 +327,7 @@ class GuardedStream(Generic[T]):
         while not entry.done():
             now = time.monotonic()
             self._hedge_late(now)
-            if now >= due or self._overtaken():
+            if now >= due or self._overtaken(entry, now):
                 break
             # Overtaking: the reads ahead counted every `_POLL_S` (not a wait on them all).
             poll = _POLL_S if self.deadline.overtaken_share is not None else _POLL_S * 20
