@@ -47,7 +47,7 @@ def test_a_head_overtaken_by_the_reads_ahead_is_late_before_its_deadline(held: H
     """With a deadline far away (a cold epoch's, which follows reads that wait for copies),
     the reads ahead ready and the head not: the ready ones go first, the head after."""
     held.held = {0}
-    options = DeadlineOptions(fixed_ms=LONG, hard_timeout_s=60, hedge_blocked=False)
+    options = DeadlineOptions(fixed_ms=LONG, hard_timeout_s=60, hedge_blocked=False, warmup=8)
     stream = GuardedStream(list(range(16)), held.read, deadline=options)
     out: list[int] = []
     started = time.monotonic()
@@ -60,6 +60,24 @@ def test_a_head_overtaken_by_the_reads_ahead_is_late_before_its_deadline(held: H
     assert out[:15] == list(range(1, 16)) and out[15] == 0
     assert took < MARGIN_S  # not the 20 s deadline
     assert stream.counters.deferred == 1
+
+
+def test_a_head_only_a_little_slower_than_the_reads_ahead_is_waited_for() -> None:
+    """Overtaken by half the reads ahead, but not slower than most reads (the tracked
+    quantile): it is waited for, and the order holds."""
+
+    def read(i: int) -> str:
+        time.sleep(0.15 if i == 0 else 0.05 if i % 2 else 0.25)
+        return f"v{i}"
+
+    options = DeadlineOptions(fixed_ms=LONG, hard_timeout_s=60, hedge_blocked=False, warmup=8)
+    warm = GuardedStream(list(range(1, 12)), read, deadline=options)
+    with warm:
+        list(warm)  # reads of 0.05 and 0.25 s observed: the quantile is 0.25 s
+    stream = GuardedStream(list(range(12)), read, deadline=options)
+    stream.tracker = warm.tracker
+    with stream:  # at 0.05 s half the reads ahead are ready; sample 0 lands at 0.15 s
+        assert next(i for i, _ in stream) == 0
 
 
 def test_without_the_overtaking_rule_the_head_waits_its_deadline(held: Held) -> None:
@@ -80,7 +98,7 @@ def test_half_the_window_ready_is_enough(held: Held) -> None:
     """Overtaken at the share: with reads 0 and 1..7 held and 8..15 ready (8 of the 15 ahead
     of sample 0), sample 8 comes first, long before the deadline."""
     held.held = set(range(8))
-    options = DeadlineOptions(fixed_ms=LONG, hard_timeout_s=60, hedge_blocked=False)
+    options = DeadlineOptions(fixed_ms=LONG, hard_timeout_s=60, hedge_blocked=False, warmup=8)
     stream = GuardedStream(list(range(16)), held.read, deadline=options)
     started = time.monotonic()
     with stream:

@@ -109,7 +109,7 @@ def test_a_sequential_run_resumes_where_it_stopped(store_dir: Path) -> None:
         it = iter(loader)
         head = [k for _ in range(3) for k in next(it)]
         state = loader.state_dict()
-    again = Dataset(store_dir, "sequential", batch_size=8, decode=key, collate=list)
+    again = Dataset(store_dir, "sequential", batch_size=8, decode=key, collate=list, deadline=EXACT)
     with Loader(again, num_workers=0) as loader:
         loader.load_state_dict(state)
         rest = [k for batch in loader for k in batch]

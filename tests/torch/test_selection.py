@@ -105,16 +105,16 @@ def test_a_disk_tier_holds_only_the_chunks_the_selection_reads(
     tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**8, policy="clairvoyant")
     ds = Dataset(store_dir, "global", batch_size=8, decode=key, collate=keys, samples=ids,
                  tiers=tiers)  # fmt: skip
+    copied = 0
     with Loader(ds, num_workers=2) as loader:
         for epoch in range(2):
             loader.set_epoch(epoch)
             assert sorted(delivered(loader)) == keys_of(store_dir, ids)
             # Pieces of copies: each worker's head (first batch, read at once) is not in them.
-            copied = loader.last_epoch["tiers"].get("fetch", {}).get("piece_bytes", 0)
-            if epoch == 0:  # the chunks it reads, copied once; none of the others
-                assert copied <= sum(s for c, s in enumerate(sizes) if c % 2 == 0)
-            else:
-                assert copied == 0
+            # A copy still landing as the first epoch ends counts in the second's.
+            copied += loader.last_epoch["tiers"].get("fetch", {}).get("piece_bytes", 0)
+    # The chunks it reads, copied once over both epochs; none of the others.
+    assert 0 < copied <= sum(s for c, s in enumerate(sizes) if c % 2 == 0)
 
 
 # --- a messy tree: the images, as torchvision selects them --------------------------------------

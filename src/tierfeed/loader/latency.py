@@ -26,9 +26,10 @@ class DeadlineOptions:
         warmup: reads observed before the adaptive deadline applies (until then: no deferral
             shorter than ``floor_ms`` x 10).
         overtaken_share: the sample due is also late, before its deadline, once this share
-            of the reads ahead (the window's) is ready while it is not: those reads, most of
-            them begun after it, ended first, so it is slower than the reads of the moment
-            whatever the deadline says. The deadline follows recent latencies, and a cold
+            of the reads ahead (the window's) is ready while it is not and it has run longer
+            than the ``quantile`` of recent reads: those reads, most of them begun after it,
+            ended first, so it is slower than the reads of the moment whatever the deadline
+            says. The deadline follows recent latencies, and a cold
             epoch's reads wait for copies in flight, which made it a second or more while a
             batch's worth of samples stood ready (issue 45). None: only the deadline.
         hedge_after_ms: issue a second read from another source after this long; None: no

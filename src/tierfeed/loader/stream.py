@@ -273,14 +273,15 @@ class GuardedStream(Generic[T]):
         wait(futures, timeout=max(0.0, timeout), return_when=FIRST_COMPLETED)
 
     def _overtaken(self, entry: Entry[T], now: float) -> bool:
-        """Whether the sample due (``entry``) is late before its deadline: `overtaken_share` of
-        the reads ahead are ready, or it is all the window holds (the batch waits on it alone:
-        `hedge_blocked`) and has run longer than most reads (the tracked quantile)."""
-        if overtaken(self._window.values(), self.deadline.overtaken_share):
-            return True
+        """Whether the sample due (``entry``) is late before its deadline: it has run longer
+        than most reads (the tracked quantile; a read a little slower than the others is
+        waited for) and `overtaken_share` of the reads ahead are ready, or it is all the
+        window holds (the batch waits on it alone: `hedge_blocked`)."""
+        typical = self.tracker.typical()
+        if typical is None or now - (entry.running_since or entry.submitted) < typical:
+            return False
         alone = len(self._window) == 1 and self.deadline.hedge_blocked
-        typical = self.tracker.typical() if alone else None
-        return typical is not None and now - (entry.running_since or entry.submitted) >= typical
+        return alone or overtaken(self._window.values(), self.deadline.overtaken_share)
 
     def _next_ready(self) -> int | None:
         for pos in sorted(self._window):
