@@ -77,3 +77,22 @@ def test_a_stack_told_a_shuffle_copies_in_small_pieces(store_dir: Path, tmp_path
         assert floor <= stack.filler._piece(info) < 16 * MIB  # spread: a few samples' bytes
     finally:
         stack.close()
+
+
+def test_reads_served_apart_rank_after_the_rest(store_dir: Path, tmp_path: Path) -> None:
+    """Every worker's head is read apart (`served_first`): a copy fetches the pieces the reads
+    after the heads need first, and the heads' own after all others, still in their order."""
+    index = Index(store_dir)
+    origin = PosixDriver(store_dir, read_only=True)
+    stack = TierStack(index.chunks(), origin, [disk_tier(tmp_path / "c", 10**9)])
+    try:
+        chunk = np.zeros(6, dtype=np.int64)
+        starts = np.arange(6, dtype=np.int64) * 100
+        stack.set_reads(chunk, starts, starts + 50)
+        positions, _, _ = stack.filler.foresight.reads_of(0)
+        assert positions.tolist() == [0, 1, 2, 3, 4, 5]
+        stack.served_first(2)  # the first two reads are the heads'
+        positions, got_starts, _ = stack.filler.foresight.reads_of(0)
+        assert positions.tolist() == [6, 7, 2, 3, 4, 5] and got_starts.tolist() == starts.tolist()
+    finally:
+        stack.close()

@@ -299,13 +299,13 @@ class Feed:
         _check_rows(store, rank, order)
         store.source.begin_epoch()  # e.g. a namespace source loads the samples peers moved here
         open_ahead(store, order)
+        if tell_head(store, order[: HEAD_BATCHES * self.batch_size]):
+            store.source.served_first(HEAD_BATCHES * self.batch_size * max(1, num_workers))
         if store.source.uses_future:
             ahead = range(epoch + 1, epoch + 1 + EPOCHS_AHEAD)
             later = [self.worker_order(worker, num_workers, e) for e in ahead]
-            # What the rank reads: after a resume not what was delivered before it, since a
-            # copy fetches its pieces in this order and the first batch would wait for them.
+            # What the rank reads (after a resume, the rest): the copies' pieces come in its order.
             tell_future(store, rank[run], [order, *later])
-        tell_head(store, order[: HEAD_BATCHES * self.batch_size])
         return self._guarded(store, order, replay)
 
     def _guarded(

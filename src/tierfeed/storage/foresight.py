@@ -28,6 +28,7 @@ class Foresight:
         empty = np.zeros(0, dtype=np.int64)
         self._reads = (empty, empty, empty, empty)  # see `set_reads`
         self._firsts = np.zeros(0, dtype=np.int64)  # see `opening`
+        self._served = 0  # see `served_first`
 
     def set_future(self, sequence: npt.ArrayLike, read_bytes: float = 0.0) -> None:
         """Tell the clairvoyant tiers' policies the chunk of every read to come, in order
@@ -64,13 +65,22 @@ class Foresight:
             return horizon
         return max(horizon, int(firsts[min(copies, len(firsts)) - 1]) + 1)
 
+    def served_first(self, reads: int) -> None:
+        """The first ``reads`` of the order `set_reads` gave are served apart (every worker's
+        head reads): they rank after every other read (`reads_of`), so the copies fetch the
+        pieces of the batches after the heads while the head reads run, not after them."""
+        self._served = max(0, reads)
+
     def reads_of(self, chunk: int) -> Reads:
-        """Where in the order of consumption each read of ``chunk`` comes, and the byte range
-        it reads, start and end (empty when not told)."""
+        """Where in the order of consumption each read of ``chunk`` comes (those served apart
+        after all others: `served_first`), and the byte range it reads, start and end (empty
+        when not told)."""
         sorted_chunks, positions, starts, stops = self._reads
         lo, hi = np.searchsorted(sorted_chunks, (chunk, chunk + 1))
         mine = positions[lo:hi]
-        return mine, starts[mine], stops[mine]
+        served = self._served
+        ranked = np.where(mine < served, mine + len(positions), mine) if served else mine
+        return ranked, starts[mine], stops[mine]
 
     def due(self, rate: float, inflight: int, reads: int) -> int:
         """How many reads ahead to prefetch now, ``reads`` reads having been made (0: not yet:

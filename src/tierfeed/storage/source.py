@@ -82,6 +82,12 @@ class ChunkSource(ABC):
         what is read first. The default ignores it."""
         return None
 
+    def served_first(self, reads: int) -> None:
+        """Hint: the first ``reads`` of the order `set_reads` gave are read apart, as exact
+        ranges (every worker's head: `read_first`), so a copy fetches their pieces after those
+        the other reads need. The default ignores it."""
+        return None
+
     def read_first(
         self,
         chunks: Sequence[int],

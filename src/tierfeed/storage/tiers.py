@@ -246,6 +246,11 @@ class TierStack(ChunkSource):
         fetches its chunk's pieces in the order these need them, every piece a read spans."""
         self.filler.foresight.set_reads(chunks, offsets, ends)
 
+    def served_first(self, reads: int) -> None:
+        """The first ``reads`` of the order `set_reads` gave are read apart (head reads): a
+        copy fetches the pieces the other reads need first (`Foresight.served_first`)."""
+        self.filler.foresight.served_first(reads)
+
     def prefetch(self, horizon: int = 64) -> int:
         """Queue the chunks of the next ``horizon`` reads of the known future that fit (the
         tiers' quotas and policies decide); returns how many."""
