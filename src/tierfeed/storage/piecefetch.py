@@ -29,6 +29,7 @@ from tierfeed.daemonpool import DaemonPool
 from tierfeed.errors import StorageError
 from tierfeed.format.indexcheck import concat_ranges
 from tierfeed.storage.landing import Arrival, FetchCounters
+from tierfeed.storage.tuning import PIECE_ROUND
 
 __all__ = ["PieceFetch", "piece_order", "piece_ranks", "spread_piece"]
 
@@ -37,7 +38,6 @@ _POLL_S = 0.01  # how often a copy looks for late pieces while it waits
 # apart than this in the order of consumption (a few batches): a shuffle, not a sequence.
 _NEAR = 256
 _SPREAD_READS = 4  # a spread chunk's piece holds about this many reads' bytes
-_ALIGN = 64 * 1024  # a spread piece is a whole number of these
 
 
 class PieceFetch:
@@ -252,5 +252,5 @@ def spread_piece(
     if float(np.median(gaps)) <= _NEAR:
         return piece
     sizes = np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
-    want = -(-_SPREAD_READS * int(np.median(sizes)) // _ALIGN) * _ALIGN  # whole pages
+    want = -(-_SPREAD_READS * int(np.median(sizes)) // PIECE_ROUND) * PIECE_ROUND
     return min(piece, max(floor, want))

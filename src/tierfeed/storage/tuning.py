@@ -23,9 +23,9 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["FetchLimits", "FetchTuner", "LookAhead", "lead_reads"]
+__all__ = ["PIECE_ROUND", "FetchLimits", "FetchTuner", "LookAhead", "lead_reads"]
 
-_ROUND = 64 * 1024  # pieces are whole multiples of this
+PIECE_ROUND = 64 * 1024  # pieces are whole multiples of this
 _AHEAD_S = 0.05  # reads look ahead for chunks to prefetch this often
 _AHEAD_MAX = 8192  # reads looked ahead at most (a look is O(reads), under the tiers' lock)
 # A piece's request is late (and hedged) past this many times the median piece's time, never
@@ -212,7 +212,7 @@ class FetchTuner:
         # What a request gets while the others in flight share the link with it.
         share = min(per_request, self.rate / self._inflight) if self.rate > 0 else per_request
         want = min(latency * per_request * (1 - o) / o, share * _PIECE_S)
-        rounded = math.ceil(want / _ROUND) * _ROUND
+        rounded = math.ceil(want / PIECE_ROUND) * PIECE_ROUND
         return int(min(max(rounded, self.limits.min_piece), self.limits.max_piece))
 
 
