@@ -25,6 +25,7 @@ LEVEL = {
             "latency",
             "hedging",
             "daemonpool",
+            "pread",
         ],
         0,
     ),
@@ -64,7 +65,16 @@ def test_no_package_imports_one_above_it() -> None:
 
 
 def test_leaves_import_only_leaves() -> None:
-    for name in ("telemetry", "errors", "units", "publish", "latency", "hedging", "daemonpool"):
+    for name in (
+        "telemetry",
+        "errors",
+        "units",
+        "publish",
+        "latency",
+        "hedging",
+        "daemonpool",
+        "pread",
+    ):
         paths = (
             [SRC / f"{name}.py"] if (SRC / f"{name}.py").exists() else (SRC / name).rglob("*.py")
         )

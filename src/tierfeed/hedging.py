@@ -7,20 +7,28 @@ sample) and a piece of a chunk copy that stalls (`tierfeed.storage.piecefetch`: 
 request goes to the origin through a way of its own). Both submit to the process's one pool
 through a `Hedges`, which keeps its own requests: closing it cancels those still queued and
 waits a bounded time for those running (a hedge stuck in the kernel is left to its thread).
+
+Where no guard stands over a read (the index a process opens before its first batch),
+`first_to_end` makes the call again beside itself when it hangs: a mount that never answers
+one request holds the thread that made it in the kernel, where no timeout reaches it, while a
+second request of the same bytes is answered at once (NFS, a FUSE server, a Lustre OST now
+and then).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_for
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tierfeed.daemonpool import DaemonPool
+from tierfeed.errors import StuckReadError
 
-__all__ = ["HEDGE_THREADS", "Hedges"]
+__all__ = ["HEDGE_THREADS", "Hedges", "first_to_end"]
 
 HEDGE_THREADS = 4  # at most this many hedges run at once in a process, both levels together
 CLOSE_WAIT_S = 1.0  # closing an owner waits this long for its hedges running
@@ -92,3 +100,80 @@ class Hedges(Executor):
     def close(self) -> None:
         """Cancel this owner's queued hedges and wait for its running ones; idempotent."""
         self.shutdown(wait=True, cancel_futures=True)
+
+
+class _Race(Generic[T]):
+    """The tries of one call, and what the first of them to end gave."""
+
+    def __init__(self, discard: Callable[[T], None] | None) -> None:
+        self.cond = threading.Condition()
+        self.running = 0
+        self.done = False
+        self.result: T | None = None
+        self.errors: list[BaseException] = []
+        self._discard = discard
+
+    def run(self, job: Callable[[int], T], attempt: int) -> None:
+        try:
+            result = job(attempt)
+        except BaseException as exc:  # handed to the caller, if no other try answers
+            with self.cond:
+                self.running -= 1
+                self.errors.append(exc)
+                self.cond.notify_all()
+            return
+        with self.cond:
+            self.running -= 1
+            late = self.done
+            if not late:
+                self.done, self.result = True, result
+                self.cond.notify_all()
+        if late and self._discard is not None:
+            self._discard(result)  # a later try's answer: nobody takes it
+
+
+def first_to_end(
+    job: Callable[[int], T],
+    *,
+    again_after_s: float,
+    tries: int,
+    bound_s: float,
+    what: str,
+    discard: Callable[[T], None] | None = None,
+) -> T:
+    """``job(attempt)`` (``attempt`` 0, 1, ...: a try after the first may read another way),
+    made again on a thread of its own each time the latest try has run ``again_after_s``
+    without ending, ``tries`` at most; the first try to return is the answer. A try that
+    raises is an answer only when no other is running and no more may start: then the first
+    error is raised.
+
+    Raises:
+        StuckReadError: no try ended within ``bound_s`` (``what`` names the call; a
+            `TimeoutError`).
+    """
+    race: _Race[T] = _Race(discard)
+    started = last = time.monotonic()
+    attempt = 0
+    with race.cond:
+        while True:
+            now = time.monotonic()
+            if attempt == 0 or (attempt < tries and now - last >= again_after_s):
+                race.running += 1
+                thread = threading.Thread(
+                    target=race.run, args=(job, attempt), name="tierfeed-again", daemon=True
+                )
+                thread.start()
+                attempt, last = attempt + 1, now
+            if race.done:
+                return race.result  # type: ignore[return-value]
+            if race.running == 0:  # every try raised (an error is an answer, not a hang)
+                raise race.errors[0]
+            if now - started >= bound_s:
+                raise StuckReadError(
+                    f"{what}: no answer in {bound_s:g} s ({attempt} tries at once); "
+                    "the file system does not answer: check the mount"
+                )
+            wake = started + bound_s
+            if attempt < tries:
+                wake = min(wake, last + again_after_s)
+            race.cond.wait(max(wake - now, 0.001))

@@ -3,9 +3,10 @@
 
 KIND is an errno name (EAGAIN, ETIMEDOUT, ESTALE, EIO: the read answers that error), ``half``
 (the read answers half the bytes asked for), ``empty`` (it answers none, before the end of the
-file) or ``stall`` (an open of the file hangs until the mount goes away: a server that never
-answers); NAME is a substring of the path; TIMES how many matching reads it applies to. Files are
-opened direct_io, so a short answer reaches the reader as a short read.
+file), ``hang`` (the read is never answered: it hangs until the mount goes away) or ``stall``
+(an open of the file hangs so: a server that never answers); NAME is a substring of the path;
+TIMES how many matching reads (or opens) it applies to. Files are opened direct_io, so a short
+answer reaches the reader as a short read.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class FaultyFS(mfusepy.Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
         kind = self._take(path)
+        if kind == "hang":
+            threading.Event().wait()  # never answered: unmounting ends the request
         if kind in ("half", "empty"):
             return os.pread(fi.fh, size // 2 if kind == "half" else 0, offset)
         if kind:

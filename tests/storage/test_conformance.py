@@ -254,7 +254,7 @@ def test_direct_reads_on_a_disk_that_wants_them_aligned(tmp_path: Path) -> None:
     # ext4 and the like refuse an O_DIRECT read into an unaligned buffer (EINVAL): an aligned
     # offset is read again into an aligned buffer, past the page cache (never reopened: a
     # path that does not exist proves it); any other falls back to the page cache.
-    from tierfeed.storage.files import pread
+    from tierfeed.pread import pread
 
     path = tmp_path / "chunk.tar"
     data = random.Random(9).randbytes(200_000)

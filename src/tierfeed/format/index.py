@@ -26,12 +26,13 @@ from tierfeed.format.indexcheck import (
 from tierfeed.format.indexfile import (
     map_arrays,
     open_index_file,
+    open_index_path,
     read_header,
     sections_checksum,
 )
 from tierfeed.format.indexstamp import STAMP_ABOVE_BYTES, has_stamp, one_checker, stamp
 from tierfeed.format.indexwrite import IndexContent, write_index
-from tierfeed.format.layout import INDEX_NAME, ROW_CHECKS_SINCE
+from tierfeed.format.layout import ROW_CHECKS_SINCE
 from tierfeed.format.rowcheck import name_check
 from tierfeed.format.treecheck import check_path_order, check_tree, check_tree_members
 
@@ -81,11 +82,12 @@ class Index:
         fd: int | None = None,
     ) -> None:
         self.path = Path(path).absolute()  # chunk paths must not depend on a later chdir
-        if fd is None and self.path.is_dir():
-            self.path = self.path / INDEX_NAME
-        # ``fd``: the file ``path`` names, opened by the caller (in a checked cache directory,
-        # where the path may lead elsewhere by now); mapped from it, and left open.
-        self._stat, self._mm = open_index_file(self.path, fd)
+        if fd is None:  # a store's directory or its index, at the origin: hedged
+            self.path, self._stat, self._mm = open_index_path(self.path)
+        else:
+            # The file ``path`` names, opened by the caller (in a checked cache directory,
+            # where the path may lead elsewhere by now); mapped from it, and left open.
+            self._stat, self._mm = open_index_file(self.path, fd)
         self._size = self._stat.st_size
         self.checksum_verified = False
         self.checked_here = False  # whether this open ran the O(N) checks (no stamp spared it)

@@ -3,6 +3,7 @@ mapped as arrays, and their checksum (the section map `Index` is built on)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -10,40 +11,85 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.headercheck import check_header, damaged
 from tierfeed.format.indexwrite import PREFIX
-from tierfeed.format.layout import MAGIC, READS, VERSION, expected_length, present_sections
+from tierfeed.format.layout import (
+    INDEX_NAME,
+    MAGIC,
+    READS,
+    VERSION,
+    expected_length,
+    present_sections,
+)
+from tierfeed.hedging import first_to_end
+from tierfeed.pread import pread
 
-__all__ = ["map_arrays", "open_index_file", "read_header", "sections_checksum"]
+__all__ = [
+    "map_arrays",
+    "open_index_file",
+    "open_index_path",
+    "read_header",
+    "sections_checksum",
+]
+
+
+# An index read that has not ended in `_AGAIN_S` is made again beside it (`first_to_end`), past
+# the page cache: a mount holds the first request of a page while a second request of it is
+# answered. Indexes up to `_TOUCH_MAX` are read in full as they open, their mapping too, so
+# that no page of theirs is read later, unhedged; a larger one is mapped and read as used.
+_AGAIN_S = 0.5
+_TRIES = 3
+_BOUND_S = 120.0
+_TOUCH_MAX = 64 << 20
+_BLOCK = 64 << 20
+
+
+def _read_all(fd: int, size: int, path: Path, flags: int = os.O_RDONLY) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        block = pread(fd, str(path), min(size - len(data), _BLOCK), len(data), flags)
+        if not block:
+            raise IndexFormatError(f"{path}: index shrank while being read") from None
+        data += block
+    return bytes(data)
 
 
 def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
-    """Map the index; where the file system cannot map files (direct-I/O FUSE, some network
-    file systems), read it into memory instead."""
+    """Map the index (its pages read now if it is small); where the file system cannot map
+    files (direct-I/O FUSE, some network file systems), read it into memory instead."""
     try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except OSError:
-        data = bytearray()
-        while len(data) < size:
-            block = os.pread(fd, min(size - len(data), 64 * 2**20), len(data))
-            if not block:
-                raise IndexFormatError(f"{path}: index shrank while being read") from None
-            data += block
-        return bytes(data)
+        return _read_all(fd, size, path)
+    if size <= _TOUCH_MAX:
+        xxhash.xxh3_64(mm)  # every page read here, under the hedge, not later
+    return mm
 
 
-def open_index_file(path: Path, fd: int | None = None) -> tuple[os.stat_result, mmap.mmap | bytes]:
-    """The fstat of index file ``path`` and its bytes, mapped (or read); from ``fd`` when
-    given (the file already open, its caller keeps it: a file opened in a checked cache
-    directory), else opened by path."""
-    if fd is not None:
-        return _fstat_and_map(fd, path)
+def _opened(path: Path, attempt: int) -> tuple[Path, os.stat_result, mmap.mmap | bytes]:
+    """The index at ``path`` (a store's directory or the file) opened: a first try maps it,
+    a later one reads it past the page cache (O_DIRECT where the file system allows)."""
+    if path.is_dir():
+        path = path / INDEX_NAME
+    direct = os.O_DIRECT if attempt else 0
     try:
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY | direct)
+        except OSError as exc:
+            if not direct or exc.errno != errno.EINVAL:
+                raise
+            direct, fd = 0, os.open(path, os.O_RDONLY)  # the file system refuses O_DIRECT
     except FileNotFoundError:
+        if path.name != INDEX_NAME or not path.parent.is_dir():  # nothing at all there
+            where = path if path.name != INDEX_NAME else path.parent
+            raise IndexFormatError(
+                f"{where}: no such file or directory; give a store (the directory "
+                "`tierfeed pack SRC DST` made)"
+            ) from None
         raise IndexFormatError(
             f"{path}: no index here; pack a dataset with `tierfeed pack SRC DST` "
             "(an interrupted pack leaves no index: re-run it to resume)"
@@ -51,16 +97,50 @@ def open_index_file(path: Path, fd: int | None = None) -> tuple[os.stat_result, 
     except OSError as exc:
         raise IndexFormatError(f"{path}: cannot open index: {exc.strerror}") from None
     try:
-        return _fstat_and_map(fd, path)
+        st = _checked_stat(fd, path)
+        if attempt:
+            return path, st, _read_all(fd, st.st_size, path, os.O_RDONLY | direct)
+        return path, st, _map_or_read(fd, st.st_size, path)
     finally:
         os.close(fd)
 
 
-def _fstat_and_map(fd: int, path: Path) -> tuple[os.stat_result, mmap.mmap | bytes]:
+def _unmap(opened: tuple[Path, os.stat_result, mmap.mmap | bytes]) -> None:
+    if isinstance(opened[2], mmap.mmap):
+        opened[2].close()
+
+
+def open_index_path(path: Path) -> tuple[Path, os.stat_result, mmap.mmap | bytes]:
+    """The index file at ``path`` (a store's directory, or the file), its fstat and its bytes,
+    mapped (or read). The open and the read are made again where they hang (`_AGAIN_S`,
+    `first_to_end`): a stall of the mount holds no process's start-up past its bound.
+
+    Raises:
+        IndexFormatError: no index there, or it cannot be opened.
+        StuckReadError: no try was answered in `_BOUND_S`.
+    """
+    return first_to_end(
+        lambda attempt: _opened(path, attempt),
+        again_after_s=_AGAIN_S,
+        tries=_TRIES,
+        bound_s=_BOUND_S,
+        what=f"{path}: the index read",
+        discard=_unmap,
+    )
+
+
+def open_index_file(path: Path, fd: int) -> tuple[os.stat_result, mmap.mmap | bytes]:
+    """The fstat of index file ``path``, already open as ``fd`` (its caller keeps it: a file
+    opened in a checked cache directory, on local disk), and its bytes, mapped (or read)."""
+    st = _checked_stat(fd, path)
+    return st, _map_or_read(fd, st.st_size, path)
+
+
+def _checked_stat(fd: int, path: Path) -> os.stat_result:
     st = os.fstat(fd)
     if st.st_size < PREFIX.size:
         raise IndexFormatError(f"{path}: not a tierfeed index (file too short)")
-    return st, _map_or_read(fd, st.st_size, path)
+    return st
 
 
 def read_header(mm: mmap.mmap | bytes, size: int, path: Path) -> tuple[dict[str, Any], int, int]:

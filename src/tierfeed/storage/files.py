@@ -1,14 +1,13 @@
-"""Local files: the bounded descriptor cache, the path check and one pread (O_DIRECT aware).
+"""Local files: the bounded descriptor cache and the path check.
 
-Every POSIX byte path goes through here: `PosixDriver` reads with `FdCache` and `pread`, and
-`DirectoryChunks` reads through a `PosixDriver`.
+Every POSIX byte path goes through here: `PosixDriver` reads with `FdCache` and
+`tierfeed.pread`, and `DirectoryChunks` reads through a `PosixDriver`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import threading
 import time
@@ -17,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from tierfeed.format.relpath import path_under, safe_chunk_path
 
-__all__ = ["FdCache", "path_under", "pread", "safe_chunk_path"]
+__all__ = ["FdCache", "path_under", "safe_chunk_path"]
 
 _STOP_POLL_S = 0.1  # how often a wait for another thread's open looks whether it was closed
 _CLOSE_WAIT_S = 0.05  # `close` waits this long for an open ahead that is running
@@ -221,36 +220,3 @@ class FdCache:
                 if entry.refs == 0:
                     os.close(entry.fd)
             self._open.clear()
-
-
-_ALIGN = 4096  # what file systems that want direct reads aligned ask at most (a page)
-
-
-def pread(
-    fd: int, path: str, length: int, offset: int, flags: int, dir_fd: int | None = None
-) -> bytes:
-    """One pread of ``fd`` (opened from ``path``, relative to ``dir_fd`` if given, with
-    ``flags``). An O_DIRECT read the file system refuses (EINVAL: a local disk's wants its
-    buffer, offset and length aligned) is made again into an aligned buffer where the offset
-    is aligned, else through the page cache."""
-    try:
-        return os.pread(fd, length, offset)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL or not flags & os.O_DIRECT:
-            raise
-    if offset % _ALIGN == 0 and length > 0:
-        with contextlib.suppress(OSError):
-            return _aligned_pread(fd, length, offset)
-    plain = os.open(path, (flags & ~os.O_DIRECT) | os.O_RDONLY, dir_fd=dir_fd)
-    try:
-        return os.pread(plain, length, offset)
-    finally:
-        os.close(plain)
-
-
-def _aligned_pread(fd: int, length: int, offset: int) -> bytes:
-    """``length`` bytes at an aligned ``offset`` through a page-aligned buffer of whole
-    pages (fewer where the file ends first)."""
-    with mmap.mmap(-1, -(-length // _ALIGN) * _ALIGN) as buffer:
-        got = os.preadv(fd, [buffer], offset)
-        return buffer[: min(got, length)]

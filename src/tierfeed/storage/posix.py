@@ -18,9 +18,10 @@ from pathlib import Path
 
 from tierfeed.cachedir import open_cache_dir
 from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
+from tierfeed.pread import pread
 from tierfeed.publish import is_temporary, publish, sweep_stale, temporary_path
 from tierfeed.storage.driver import Driver
-from tierfeed.storage.files import FdCache, path_under, pread
+from tierfeed.storage.files import FdCache, path_under
 from tierfeed.storage.retry import RetryPolicy, Verdict
 
 __all__ = ["PosixDriver"]
