@@ -187,7 +187,7 @@ def test_empty_writer_writes_no_index(tmp_path: Path) -> None:
         ({"__key__": "k", "jpg": 3.5}, PackError, r"'k'.*'jpg' is a float"),
         ({"__key__": "k", "jpg": 3}, PackError, r"'k'.*'jpg' is a int"),
         ({"__key__": "k", "jpg": None}, PackError, r"'k'.*NoneType"),
-        ({"__key__": "k", "cls": True}, PackError, r"'k'.*bool"),
+        ({"__key__": "k", "cls": 2.5}, PackError, r"'k'.*'cls' is a float"),  # (a bool: 1 or 0)
         ({"__key__": "k", "cls": "three"}, PackError, r"'k'.*integer text"),
         ({"__key__": "k", "cls": 2**40}, PackError, "outside"),
         ({"__key__": "k"}, PackError, r"'k' has no field"),

@@ -186,6 +186,14 @@ def test_pack_bad_option_values_are_usage_errors(tmp_path: Path, src: Path) -> N
     assert_user_error(done, "pack", "lots", status=2)
     done = tierfeed("pack", src, tmp_path / "s", "--workers", "many")
     assert_user_error(done, "pack", "many", status=2)
+    done = tierfeed("pack", src, tmp_path / "s", "--workers", "0")
+    assert "argument --workers: takes 1 or more" in assert_user_error(done, "pack", status=2)
+
+
+def test_pack_of_a_file_says_it_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "photo.jpg").write_bytes(b"x")
+    line = assert_user_error(tierfeed("pack", tmp_path / "photo.jpg", tmp_path / "s"), "pack")
+    assert "a file, not a directory" in line and "not a regular file" not in line
 
 
 # --- usage --------------------------------------------------------------------------------
@@ -245,7 +253,10 @@ def test_index_refuses_to_overwrite_an_index_without_overwrite(tmp_path: Path) -
 
 
 def test_inspect_missing_store(tmp_path: Path) -> None:
-    assert_user_error(tierfeed("inspect", tmp_path / "nope"), "inspect", tmp_path / "nope")
+    line = assert_user_error(tierfeed("inspect", tmp_path / "nope"), "inspect", tmp_path / "nope")
+    assert "no such file or directory" in line  # not "no index here": nothing is there
+    line = assert_user_error(tierfeed("inspect", tmp_path), "inspect", tmp_path)
+    assert "no index here" in line  # a directory, without a store's index
 
 
 def test_inspect_into_a_closed_pipe_is_quiet(store: Path) -> None:

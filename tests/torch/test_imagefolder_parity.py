@@ -205,7 +205,7 @@ def test_messy_tree_is_valid_file_and_extensions(messy: Path) -> None:
 
 
 def test_reads_the_file_at_each_path(messy: Path) -> None:
-    ds = ImageFolder(messy / "store", loader=lambda data: data, allow_empty=True)
+    ds = ImageFolder(messy / "store", loader=lambda path: Path(path).read_bytes(), allow_empty=True)
     with open_store(messy / "store") as store:
         for i, (path, target) in enumerate(ds.samples):
             image, label = ds[i]

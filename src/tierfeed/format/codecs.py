@@ -17,6 +17,17 @@ extension                     value
 ``pt``, ``pth``               what ``torch.save`` takes (a tensor, a dict of them)
 ============================  ============================================================
 
+A number that is not a Python one is stored as the Python number it holds (``item()``), so it
+reads back as that number would: a numpy scalar (``np.int64(3)``, ``np.float32(0.5)``), a 0-d
+numpy array, or a 0-d torch tensor (``torch.tensor(3)``), of a bool, integer or float dtype, in
+``cls``, ``txt`` and ``json`` fields, and inside a ``json`` value's lists and dicts. A float32
+is the float it equals (``np.float32(0.1)`` is ``0.10000000149011612``). A bool (Python's,
+numpy's, a 0-d bool tensor) is ``1`` or ``0`` in ``cls`` and ``cls2``, since a label is
+integer text (WebDataset writes ``True``, which neither it nor tierfeed reads back as a label),
+so it reads back as the int 1 or 0; in ``txt`` it is ``True`` or ``False``, as ``str`` gives
+it; in ``json`` ``true`` or ``false``. An ``npy`` field takes a numpy scalar as a 0-d array.
+Arrays and tensors with dimensions are taken only by ``npy``, ``pt`` and image fields.
+
 Reading (`decode_field`) is the inverse for the same extensions: json, text, integers, numpy
 arrays, torch's safe load (tensors only, no pickled objects), and images as PIL images (or left
 as bytes). Torch is never imported here to write: a value made by torch means torch is loaded
@@ -77,6 +88,7 @@ _KEEPS = {
     "PPM": ("1", "L", "RGB", "F"),
 }
 _INT_EXTS = ("cls", "cls2", "txt")
+_NUMBER_EXTS = (*_INT_EXTS, "json")  # the fields that take a numpy or torch scalar as a number
 _JSON_TYPES = (dict, list, int, float, bool, type(None))
 
 
@@ -94,6 +106,17 @@ def _pillow(what: str) -> Any:
 
 def _from_torch(value: object) -> bool:
     return type(value).__module__.split(".")[0] == "torch"
+
+
+def _python_number(value: object) -> object:
+    """The Python bool, int or float a numpy scalar, 0-d numpy array or 0-d torch tensor of such
+    a dtype holds; any other value unchanged. Torch is not imported: a tensor means it is."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.item() if value.ndim == 0 and value.dtype.kind in "biuf" else value
+    if _from_torch(value) and getattr(value, "ndim", None) == 0:
+        number = value.item()  # type: ignore[attr-defined]
+        return number if isinstance(number, int | float) else value  # (not a complex)
+    return value
 
 
 def _image_bytes(value: Any, fmt: str, quality: int, where: str) -> bytes:
@@ -175,16 +198,19 @@ def _encode(where: str, name: str, value: object, quality: int) -> bytes | memor
         except UnicodeEncodeError:
             raise PackError(f"{where} is a str that is not valid Unicode") from None
     ext = field_ext(name)
-    if ext in _INT_EXTS and isinstance(value, int) and not isinstance(value, bool):
-        return str(value).encode()
-    if ext == "txt" and isinstance(value, float):
-        return repr(value).encode()
-    if ext == "json" and isinstance(value, _JSON_TYPES):
-        return _json_bytes(value, where)
+    number = _python_number(value) if ext in _NUMBER_EXTS else value
+    if ext in _INT_EXTS and isinstance(number, int):
+        # a bool: 1 or 0 in cls (a label is integer text), True or False in txt
+        text = str(number) if ext == "txt" and isinstance(number, bool) else str(int(number))
+        return text.encode()
+    if ext == "txt" and isinstance(number, float):
+        return repr(number).encode()
+    if ext == "json" and isinstance(number, _JSON_TYPES):
+        return _json_bytes(number, where)
     if ext in IMAGE_FORMATS and not isinstance(value, (int, float)):
         return _image_bytes(value, IMAGE_FORMATS[ext], quality, where)
-    if ext == "npy" and (isinstance(value, np.ndarray) or _from_torch(value)):
-        array = value if isinstance(value, np.ndarray) else value.detach().cpu().numpy()  # type: ignore[attr-defined]
+    if ext == "npy" and (isinstance(value, np.ndarray | np.generic) or _from_torch(value)):
+        array = value.detach().cpu().numpy() if _from_torch(value) else np.asarray(value)  # type: ignore[attr-defined]
         return _npy_bytes(array, where)
     if ext in ("pt", "pth") and "torch" in sys.modules:
         out = io.BytesIO()
@@ -192,14 +218,15 @@ def _encode(where: str, name: str, value: object, quality: int) -> bytes | memor
         return out.getvalue()
     raise PackError(
         f"{where} is a {type(value).__name__}; this field takes bytes or str, or by its "
-        f"extension an int (cls, txt), a JSON value (json), a PIL image or uint8 array "
-        f"(jpg, png, webp, ...), a numpy array (npy) or a torch object (pt); encode it first"
+        f"extension an int or bool (cls, txt; numpy and 0-d torch ones too), a JSON value "
+        f"(json), a PIL image or uint8 array (jpg, png, webp, ...), a numpy array (npy) or a "
+        f"torch object (pt); encode it first"
     )
 
 
 def _json_bytes(value: object, where: str) -> bytes:
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_number).encode()
     except RecursionError:
         raise PackError(
             f"{where}: nested too deeply to store as JSON; flatten it, or store it as bytes "
@@ -207,6 +234,14 @@ def _json_bytes(value: object, where: str) -> bytes:
         ) from None
     except (TypeError, ValueError) as exc:
         raise PackError(f"{where}: not JSON ({exc})") from None
+
+
+def _json_number(value: object) -> object:
+    """``json.dumps``'s ``default``: a numpy or torch scalar as its Python number."""
+    number = _python_number(value)
+    if number is value:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return number
 
 
 def _npy_bytes(array: np.ndarray[Any, Any], where: str) -> bytes:

@@ -36,6 +36,17 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (``--workers 0`` names its flag)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"takes 1 or more, not {n}")
+    return n
+
+
 def run_pack(args: argparse.Namespace, packer: Callable[..., PackReport] = pack) -> int:
     """`tierfeed pack` with ``args``, packing with ``packer`` (`tierfeed.loader.commands`
     gives one that also packs to a URL)."""
@@ -77,7 +88,7 @@ def register_pack(sub: Any, packer: Callable[..., PackReport] = pack) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=_count,
         default=16,
         help="the most parallel file readers: as many as the cores, more while reads wait "
         "on storage (default 16)",

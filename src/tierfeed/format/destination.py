@@ -31,6 +31,11 @@ def check_source(src: Path) -> tuple[int, int]:
         raise PackError(
             f"{src}: cannot open the source ({exc.strerror or exc}); pack takes a source directory"
         ) from None
+    if stat.S_ISREG(st.st_mode):
+        raise PackError(
+            f"{src}: a file, not a directory; pack takes the directory of a tree of files "
+            "(`tierfeed index` indexes tar shards in place)"
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise PackError(
             f"{src}: not a directory ({file_kind(st.st_mode)}); pack takes a source directory"

@@ -17,7 +17,9 @@ The rules, shared by `tierfeed.Writer` and `tierfeed.optimize`:
 - Values: ``bytes``, ``bytearray`` or ``memoryview`` are stored as they are, ``str`` as UTF-8;
   other values by the field's extension, as WebDataset's encoders do (`tierfeed.format.codecs`:
   an ``int`` in ``cls``, a dict in ``json``, a PIL image or uint8 array in ``jpg``/``png``, a
-  numpy array in ``npy``, a tensor in ``pt``).
+  numpy array in ``npy``, a tensor in ``pt``). A numpy scalar or 0-d tensor is stored as the
+  Python number it holds (``np.int64(3)`` in ``cls`` as ``3``), a bool in ``cls`` as ``1`` or
+  ``0``.
 """
 
 from __future__ import annotations

@@ -8,13 +8,15 @@ are not valid UTF-8 round-trip exactly; the public API shows them as ``os.fsdeco
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 from tierfeed.errors import BadMemberError
 
 __all__ = [
     "GROUPINGS",
     "field_name",
+    "fields_of",
     "label_dir",
     "normalize_member_name",
     "split_file",
@@ -67,6 +69,22 @@ def split_for(grouping: str) -> Callable[[bytes], tuple[bytes, bytes]]:
 def field_name(ext: bytes) -> str:
     """The field name of a member in a Sample: the extension without its leading dot."""
     return os.fsdecode(ext[1:] if len(ext) > 1 else ext)
+
+
+def fields_of(names: Sequence[str], data: Sequence[bytes]) -> dict[str, bytes]:
+    """A sample's fields from its members' field names (`field_name`) and bytes: named in
+    lower case, as WebDataset names fields (``UPPER.JPG`` is a ``"jpg"`` field, as
+    torchvision's ImageFolder selects it), except where the sample holds one extension in two
+    cases (``s.jpg`` and ``s.JPG``): those keep the case they were packed with, so that no
+    field hides another."""
+    fields = {name.lower(): d for name, d in zip(names, data, strict=True)}
+    if len(fields) == len(names):
+        return fields
+    seen = Counter(name.lower() for name in names)
+    return {
+        name.lower() if seen[name.lower()] == 1 else name: d
+        for name, d in zip(names, data, strict=True)
+    }
 
 
 def label_dir(path: bytes) -> bytes | None:

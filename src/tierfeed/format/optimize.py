@@ -8,6 +8,9 @@ finished chunk to the parent over a bounded queue. The parent renames the chunks
 ``NNNNNN.tar`` in worker order and writes ONE index last, so the store holds the samples in
 input order whatever the number of workers or their speed, and an interrupted run leaves no
 store that opens.
+
+Workers start by ``spawn`` unless told otherwise, or by ``fork`` where a spawned worker could
+not load ``fn`` (a program read from stdin, a notebook: `tierfeed.format.workerstart`).
 """
 
 from __future__ import annotations
@@ -16,30 +19,32 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from tierfeed.errors import ConfigError, DuplicateKeyError, PackError, TierfeedError
+from tierfeed.format import workerstart
 from tierfeed.format.chunksink import ChunkRecord, ChunkSink
 from tierfeed.format.encode import encode_sample
 from tierfeed.format.indexwrite import IndexContent
 from tierfeed.format.labels import load_classes
 from tierfeed.format.pack import chunk_file_name
+from tierfeed.format.packstate import unlock_destination
 from tierfeed.format.storetarget import Destination, LocalDirectory, remove_chunks
+from tierfeed.format.workerstart import Fn, load_fn
 from tierfeed.format.writer import Classes, WriteReport, check_options, finish_store
 
-__all__ = ["optimize"]
+__all__ = ["Fn", "optimize"]  # Fn: of workerstart, named by tierfeed.loader.upload
 
 _QUEUE_ITEMS = 64  # inputs waiting per worker; chunk records waiting for the parent
 _POLL_S = 0.2
-
-Fn = Callable[[Any], Mapping[str, Any] | Iterable[Mapping[str, Any]]]
 
 
 def _samples_of(result: object, index: int) -> list[tuple[str, Mapping[str, Any]]]:
@@ -56,7 +61,7 @@ def _samples_of(result: object, index: int) -> list[tuple[str, Mapping[str, Any]
 
 def _work(
     worker: int,
-    fn: Fn,
+    sent: Fn | bytes,
     inputs: Any,
     results: Any,
     root: str,
@@ -65,6 +70,11 @@ def _work(
     quality: int,
 ) -> None:
     """One worker process: encode fn's samples of its inputs into its own chunks."""
+    try:
+        fn = load_fn(sent, worker)
+    except PackError as exc:  # else the worker would die of it, its cause on stderr only
+        results.put(("error", worker, exc))
+        return
     sink = ChunkSink(
         Path(root),
         chunk_size,
@@ -134,7 +144,11 @@ class _Run:
                 except queue.Full:
                     continue
 
-    def start(self, fn: Fn, root: Path, chunk_size: int, want_cls: bool, quality: int) -> None:
+    def start(
+        self, fn: Fn | bytes, root: Path, chunk_size: int, want_cls: bool, quality: int
+    ) -> None:
+        """Start the workers, then the threads that feed them: every process first, so that a
+        forked one copies no thread of this run (nor a lock such a thread held)."""
         for w in range(len(self.queues)):
             args = (
                 w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls, quality
@@ -144,6 +158,7 @@ class _Run:
             )
             proc.start()
             self.procs.append(proc)
+        for w in range(len(self.queues)):
             feeder = threading.Thread(
                 target=self._feed, args=(w,), name=f"tierfeed-optimize-feed-{w}", daemon=True
             )
@@ -165,10 +180,7 @@ class _Run:
                         continue
                     dead[w] = dead.get(w, 0) + 1
                     if dead[w] > 2:  # its last messages had time to arrive: it died
-                        raise PackError(
-                            f"optimize: worker {w} died (exit code {proc.exitcode}) before it "
-                            "finished; no index was written"
-                        ) from None
+                        raise _died(w, proc.exitcode) from None
                 continue
             if kind == "chunk":
                 self.records[worker].append(payload)
@@ -197,7 +209,23 @@ class _Run:
             q.cancel_join_thread()
 
 
-def _check_arguments(
+def _died(worker: int, code: int) -> PackError:
+    """A worker that ended without "done" or an error of its own: what its exit code tells."""
+    cause = ""
+    if code < 0:  # killed by a signal
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        cause = f", killed by {name}" + (": out of memory?" if name == "SIGKILL" else "")
+    return PackError(
+        f"optimize: worker {worker} died (exit code {code}{cause}) before it finished and sent "
+        "no error (os._exit, a crash, or a failure to start, which it printed to stderr); no "
+        "index was written"
+    )
+
+
+def _prepare(
     fn: Fn,
     inputs: Sequence[Any],
     workers: int,
@@ -205,8 +233,9 @@ def _check_arguments(
     labels: str,
     start_method: str,
     quality: int,
-) -> None:
-    """ConfigError for arguments `optimize` cannot run with, before anything is written."""
+) -> tuple[str, Fn | bytes]:
+    """Check the arguments before anything is written (a ConfigError); the start method and
+    ``fn`` as the workers get it (`tierfeed.format.workerstart`)."""
     check_options(chunk_size, labels, quality)
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
@@ -217,18 +246,12 @@ def _check_arguments(
         )
     if not isinstance(inputs, Sequence):
         raise ConfigError(f"inputs must be a sequence (a list), not {type(inputs).__name__}")
-    if start_method != "fork":
-        try:
-            pickle.dumps(fn)
-        except Exception as exc:
-            raise ConfigError(
-                f"optimize: fn {fn!r} cannot be sent to {start_method} workers ({exc}); use a "
-                "module-level function, or start_method='fork'"
-            ) from None
+    method = workerstart.start_method(fn, start_method)
+    return method, workerstart.sendable(fn, method)
 
 
 def _run_workers(
-    run: _Run, fn: Fn, root: Path, chunk_size: int, labels: str, quality: int
+    run: _Run, fn: Fn | bytes, root: Path, chunk_size: int, labels: str, quality: int
 ) -> list[ChunkRecord]:
     """Run the workers to the end; the records of their chunks, in worker order."""
     failed = True
@@ -287,23 +310,23 @@ def optimize(
         start_method: ``spawn`` (default; safe beside threads), ``forkserver`` or ``fork``.
 
     Raises:
-        PackError: an error in ``fn`` (with its traceback) or in a sample, or a worker that
-            died; no index is written and the chunks are removed.
+        PackError: an error in ``fn`` (with its traceback) or in a sample, a worker that could
+            not load ``fn`` or died; no index is written and the chunks are removed.
         DuplicateKeyError: a key is written twice.
     """
-    _check_arguments(fn, inputs, workers, chunk_size, labels, start_method, image_quality)
+    method, sent = _prepare(fn, inputs, workers, chunk_size, labels, start_method, image_quality)
     names = None if classes is None else load_classes(classes)
     destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
     started = time.perf_counter()
     root, lock = destination.claim()
-    run = _Run(mp.get_context(start_method), workers, inputs)
+    run = _Run(mp.get_context(method), workers, inputs)
     try:
-        records = _run_workers(run, fn, root, chunk_size, labels, image_quality)
+        records = _run_workers(run, sent, root, chunk_size, labels, image_quality)
         content = _finish(root, records, labels, names, chunk_size)
     except BaseException:
         remove_chunks(root / "chunks")
         raise
     finally:
-        os.close(lock)
+        unlock_destination(root, lock)
     destination.publish(root)
     return WriteReport.of(destination.store, content, len(records), started)

@@ -25,30 +25,51 @@ __all__ = [
     "lock_destination",
     "read_journal",
     "remove_leftovers",
+    "unlock_destination",
 ]
 
 JOURNAL = ".tierfeed-pack.journal"
 LOCK = ".tierfeed-pack.lock"
+_LOCK_TRIES = 3  # takes of the lock file another writer removed meanwhile
 
 
 def lock_destination(dst: Path) -> int:
     """Hold the destination's lock file: one pack or Writer at a time per destination (the
-    kernel drops the lock if the process dies). Returns the descriptor; closing it unlocks.
+    kernel drops the lock if the process dies). Returns the descriptor; `unlock_destination`
+    lets it go.
 
     Raises:
         PackError: another pack or Writer holds it.
         OSError: the lock file cannot be created.
     """
-    fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    for _ in range(_LOCK_TRIES):
+        fd = os.open(dst / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PackError(
+                f"{dst}: another tierfeed writer (a `tierfeed pack` or a Writer) is writing "
+                "here; wait for it"
+            ) from None
+        # The writer before this one removes the file it held as it lets it go: a lock taken
+        # on that file, opened just before, locks nothing. Hold the file the name holds now.
+        try:
+            if os.stat(dst / LOCK).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        raise PackError(
-            f"{dst}: another tierfeed writer (a `tierfeed pack` or a Writer) is writing here; "
-            "wait for it"
-        ) from None
-    return fd
+    raise PackError(f"{dst}: other tierfeed writers keep taking this destination; try again")
+
+
+def unlock_destination(dst: Path, fd: int) -> None:
+    """Let the lock `lock_destination` took go, its file removed first: a finished store
+    keeps no lock file (a writer killed before this leaves one, which the next takes)."""
+    with contextlib.suppress(OSError):
+        os.unlink(dst / LOCK)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -58,7 +79,7 @@ def exclusive(dst: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        os.close(fd)
+        unlock_destination(dst, fd)
 
 
 def clear_replaced_store(dst: Path, overwrite: bool) -> None:

@@ -12,17 +12,78 @@ catching it. Errors tierfeed itself raised while reading (a damaged chunk, a stu
 already `TierfeedError` naming the chunk and pass through unchanged; a `DecodeError` that names
 no sample (a codec's, which knows only the field: `tierfeed.format.codecs.open_image`) is
 wrapped like any other decode failure.
+
+With ``Dataset(..., on_error="skip")`` the decode is a `SkipFailures`: a sample it fails on is
+not raised but handed on as a `Skipped` (its key and the error's line), which the batch leaves
+out (`without_skipped`) and the Loader counts and lists in the epoch's record. Its position in
+the plan is consumed all the same: each other sample is still delivered once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tierfeed.errors import DecodeError, TierfeedError
 from tierfeed.storage.store import Sample, Store
 
-__all__ = ["DecodeError", "decode_read", "decode_sample", "describe_sample"]
+__all__ = [
+    "DecodeError",
+    "SkipFailures",
+    "Skipped",
+    "decode_read",
+    "decode_sample",
+    "describe_sample",
+    "skipped_record",
+    "skipped_warning",
+    "without_skipped",
+]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A sample left out of its batch: its decode failed (``on_error="skip"``)."""
+
+    key: str
+    error: str  # what the decode raised: its type and message
+
+
+@dataclass(frozen=True)
+class SkipFailures:
+    """``decode``, whose failures leave the sample out of its batch (`Skipped`) instead of
+    ending the epoch. Errors of the read itself (a damaged chunk, a stuck read) still raise."""
+
+    decode: Callable[[Sample], Any]
+
+    def __call__(self, sample: Sample) -> Any:
+        return self.decode(sample)
+
+
+def without_skipped(items: Sequence[Any]) -> tuple[list[Any], tuple[str, ...]]:
+    """A batch's decoded ``items`` without the `Skipped` ones, and the keys of those."""
+    kept = [item for item in items if not isinstance(item, Skipped)]
+    if len(kept) == len(items):
+        return kept, ()
+    return kept, tuple(item.key for item in items if isinstance(item, Skipped))
+
+
+SKIPPED_LISTED = 1000  # keys an epoch's record lists at most
+
+
+def skipped_record(keys: Sequence[str]) -> dict[str, Any]:
+    """An epoch's skipped samples as its record holds them: how many, and their keys (the
+    first `SKIPPED_LISTED`)."""
+    return {"count": len(keys), "keys": list(keys[:SKIPPED_LISTED])}
+
+
+def skipped_warning(epoch: int, keys: Sequence[str]) -> str:
+    """The one warning of an epoch that left samples out."""
+    shown = ", ".join(map(repr, keys[:3])) + (", ..." if len(keys) > 3 else "")
+    return (
+        f"epoch {epoch}: {len(keys)} sample(s) left out, their decode failed ({shown}); "
+        'their keys are in loader.last_epoch["skipped"] (on_error="skip")'
+    )
 
 
 def _chunk_path(store: Store, sample: int) -> str:
@@ -60,7 +121,7 @@ def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data
             if store.verify_reads
             else "its bytes were read without a checksum check"
         )
-        raise DecodeError(
+        error = DecodeError(
             f"{describe_sample(store, sample)}: decode failed with {type(exc).__name__}: "
             f"{exc} ({checked}); fix or remove that file and re-pack, handle it in decode, or "
             "leave files that are not samples out (a README, .DS_Store): "
@@ -68,4 +129,7 @@ def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data
             "images only, or give sample ids or a mask of your own",
             key=data.key,
             chunk=_chunk_path(store, sample),
-        ) from exc
+        )
+        if isinstance(decode, SkipFailures):
+            return Skipped(data.key, f"{type(exc).__name__}: {exc}")
+        raise error from exc

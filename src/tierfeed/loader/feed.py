@@ -31,7 +31,7 @@ from tierfeed.loader.batching import batch_count, worker_slice
 from tierfeed.loader.clairvoyance import EPOCHS_AHEAD, open_ahead, tell_future, tell_head
 from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.compose import selection_id
-from tierfeed.loader.decode import decode_read, decode_sample, describe_sample
+from tierfeed.loader.decode import decode_read, decode_sample, describe_sample, without_skipped
 from tierfeed.loader.feedconfig import EpochExchange, FeedConfig, OrderPlan
 from tierfeed.loader.latency import DeadlineOptions
 from tierfeed.loader.processstore import ProcessStore
@@ -64,6 +64,8 @@ class Batch:
     tiers: dict[str, dict[str, Any]] | None = None
     last: bool = False  # the worker's last batch of the epoch
     swaps: tuple[tuple[int, int], ...] = ()  # its stream's since the last (`GuardedStream.swaps`)
+    skipped: tuple[str, ...] = ()  # keys of its samples left out (`on_error="skip"`)
+    size: int = 0  # samples in ``data``, as collated (0: not said; `batch_len` guesses)
 
 
 _DRAIN_S = 30.0  # how long an exiting worker waits for its queued copies
@@ -386,20 +388,15 @@ class Feed:
         started: float,
         last: bool,
     ) -> Batch:
-        c = stream.counters
-        counters = {
-            "late": c.late,
-            "deferred": c.deferred,
-            "hedges": c.hedges,
-            "hedge_wins": c.hedge_wins,
-            "inline": c.inline,
-            "assemble_s": time.perf_counter() - started,
-        }
+        c, assemble_s = stream.counters, time.perf_counter() - started
+        counters: dict[str, float] = {"late": c.late, "deferred": c.deferred, "hedges": c.hedges}
+        counters |= {"hedge_wins": c.hedge_wins, "inline": c.inline, "assemble_s": assemble_s}
         tiers = self.store().source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
+        kept, skipped = without_skipped(items)  # data None: every sample of it left out
+        data = self.config.collate(kept) if kept else None
         swaps = stream.new_swaps()
-        data = self.config.collate(items)
-        return Batch(data, worker, epoch, state, counters, tiers, last, swaps)
+        return Batch(data, worker, epoch, state, counters, tiers, last, swaps, skipped, len(kept))
 
 
 def _of_epoch(resume: Resume | None, epoch: int) -> Resume | None:

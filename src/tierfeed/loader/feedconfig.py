@@ -10,11 +10,11 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.errors import ConfigError
 from tierfeed.loader.latency import DeadlineOptions
 from tierfeed.loader.stream import PrefetchOptions
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample
+from tierfeed.units import count
 from tierfeed.world import World
 
 __all__ = ["EpochExchange", "FeedConfig", "OrderPlan"]
@@ -66,7 +66,7 @@ class FeedConfig:
             workers outlive an epoch: `Feed.for_loader`).
 
     Raises:
-        ConfigError: ``batch_size`` below 1.
+        ConfigError: ``batch_size`` not an int of 1 or more.
     """
 
     batch_size: int
@@ -80,6 +80,5 @@ class FeedConfig:
     exchange: EpochExchange | None = None
     read_across_epochs: bool = False
 
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+    def __post_init__(self) -> None:  # a count: an int, or a numpy integer (made an int)
+        object.__setattr__(self, "batch_size", count(self.batch_size, "batch_size=...", 1))

@@ -66,7 +66,7 @@ class StoreLocation:
             return where
         text = os.fspath(where)
         if not is_url(text):
-            path = Path(text.removeprefix("file://")).absolute()
+            path = Path(text.removeprefix("file://")).expanduser().absolute()
             if storage_options:
                 raise ConfigError(f"{path}: storage_options apply to URLs, not to local paths")
             return cls(os.fspath(path))

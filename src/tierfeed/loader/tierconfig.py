@@ -18,7 +18,7 @@ from pathlib import Path
 from tierfeed.cachedir import CacheFolder, private_dir
 from tierfeed.errors import ConfigError
 from tierfeed.storage import MemoryDriver, Tier, disk_tier
-from tierfeed.units import human
+from tierfeed.units import byte_count, count, human
 
 __all__ = ["TierConfig", "default_disk_bytes"]
 
@@ -66,10 +66,13 @@ class TierConfig:
     """Cache tiers between the store and the readers, built in each process.
 
     Attributes:
-        ram_bytes: a RAM tier of this many bytes per process (0: none).
+        ram_bytes: a RAM tier of this many bytes in each process (0: none): each DataLoader
+            worker holds one, so ``num_workers=8`` with ``ram_bytes="8GB"`` may hold 64 GB
+            on the host. Bytes, or a size as text (``"8GB"``, ``"512MiB"``).
         disk_dir: a local-disk tier here, shared by every process of the host (None: none).
-        disk_bytes: quota of the disk tier; by default (None) `default_disk_bytes`: the whole
-            store, or the file system's free space less a margin when that is less.
+        disk_bytes: quota of the disk tier (bytes, or a size as text: ``"100GB"``), shared by
+            the host's processes; by default (None) `default_disk_bytes`: the whole store, or
+            the file system's free space less a margin when that is less.
         policy: ``fill-top``, ``lru`` or ``clairvoyant`` (fed the plan's reads).
         threads: background copy threads per process (a copy a read waits for starts beside
             them when they are all busy, up to 8 more).
@@ -85,8 +88,16 @@ class TierConfig:
     threads: int = 2
 
     def __post_init__(self) -> None:
-        if self.ram_bytes < 0:
-            raise ConfigError(f"TierConfig(ram_bytes={self.ram_bytes}): give 0 (none) or more")
+        # Sizes as text ("8GB", "512MiB") become bytes; a wrong type is named here.
+        object.__setattr__(
+            self, "ram_bytes", byte_count(self.ram_bytes, "TierConfig(ram_bytes=...)")
+        )
+        if self.disk_bytes is not None:
+            disk_bytes = byte_count(self.disk_bytes, "TierConfig(disk_bytes=...)")
+            object.__setattr__(self, "disk_bytes", disk_bytes)
+        object.__setattr__(self, "threads", count(self.threads, "TierConfig(threads=...)", 1))
+        if self.disk_dir is not None and not isinstance(self.disk_dir, (str, os.PathLike)):
+            raise ConfigError(f"TierConfig(disk_dir={self.disk_dir!r}): takes a directory path")
         if self.disk_bytes is not None:
             if self.disk_dir is None:
                 raise ConfigError(

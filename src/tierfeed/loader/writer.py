@@ -3,7 +3,6 @@ URL."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from tierfeed.format.chunksink import ChunkRecord, ChunkSink
 from tierfeed.format.encode import KEY_FIELD, encode_sample
 from tierfeed.format.labels import load_classes
 from tierfeed.format.pack import chunk_file_name
+from tierfeed.format.packstate import unlock_destination
 from tierfeed.format.storetarget import remove_chunks
 from tierfeed.format.writer import Classes, WriteReport, check_options, finish_store
 from tierfeed.loader.urldestination import destination_for
@@ -164,8 +164,7 @@ class Writer:
 
     def _release(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            os.close(self._lock)
+        unlock_destination(self.dst, self._lock)
 
     def __enter__(self) -> Writer:
         return self

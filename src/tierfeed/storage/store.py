@@ -12,7 +12,7 @@ import numpy as np
 from tierfeed.errors import ChunkCorruptError, IndexFormatError, NotFoundError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.format.index import Index
-from tierfeed.format.names import field_name
+from tierfeed.format.names import field_name, fields_of
 from tierfeed.storage.source import ChunkSource
 
 __all__ = ["PathStat", "Sample", "Store"]
@@ -155,7 +155,10 @@ class Store:
             raise IndexError(f"sample {sample} out of range [0, {ix.num_samples})")
         ix.check_samples([sample])  # an index checked on use: this sample's rows
         names, ext_of = self._field_names, ix.member_ext
-        fields = {names[int(ext_of[m])]: self.read_member(m) for m in ix.members(sample)}
+        members = ix.members(sample)
+        fields = fields_of(
+            [names[int(ext_of[m])] for m in members], [self.read_member(m) for m in members]
+        )
         return Sample(ix.key(sample), int(ix.sample_label[sample]), fields)
 
     def read_samples(self, samples: Sequence[int], rows_checked: bool = False) -> list[Sample]:
@@ -203,7 +206,7 @@ class Store:
         labels = ix.sample_label[ids].tolist()
         out, k = [], 0
         for sample, lo, hi, label in zip(samples, first, ends, labels, strict=True):
-            fields = {names[exts[j]]: data[j] for j in range(k, k + hi - lo)}
+            fields = fields_of([names[e] for e in exts[k : k + hi - lo]], data[k : k + hi - lo])
             out.append(Sample(ix.key(int(sample)), label, fields))
             k += hi - lo
         return out

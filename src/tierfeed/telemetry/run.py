@@ -80,6 +80,12 @@ class EpochMeter:
             **self.extra,
         }
 
+    def progress(self, system: str) -> dict[str, Any]:
+        """A live record of the epoch so far (a ``progress`` line of the run file)."""
+        record = self.record()
+        keys = ("epoch", "samples", "seconds", "samples_per_s", "batch_wait", "stall_s")
+        return {"type": "progress", "system": system, **{k: record[k] for k in keys}}
+
 
 class RunRecorder:
     """Appends records to a JSON-lines file (one object per line, flushed), thread-safe."""

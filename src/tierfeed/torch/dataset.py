@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +25,7 @@ from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
+from tierfeed.loader.decode import SkipFailures
 from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPlan, Replay
 from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.processstore import ProcessStore
@@ -34,6 +36,7 @@ from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.store import Sample, Store
 from tierfeed.torch.fields import collate_fields, decoded_fields, decoder, sample_fields
 from tierfeed.torch.handover import BY_VALUE_BYTES, ship
+from tierfeed.torch.misuse import BATCHED_AGAIN, NOT_MAP_STYLE, batched_again
 from tierfeed.torch.workerheap import keep_worker_heap
 from tierfeed.world import World
 
@@ -93,6 +96,13 @@ class Dataset(Feed, IterableDataset[Batch]):
             (``deadline=DeadlineOptions(enabled=False)``; prefetch and hedges stay on); with
             it on (the default) a late read is delivered after ready ones, so the order
             depends on the storage's timing.
+        on_error: what a sample whose decode fails does: ``"raise"`` (the default) ends the
+            epoch with a `DecodeError` naming it; ``"skip"`` leaves it out of its batch (which
+            is then short by one) and goes on, as WebDataset's ``handler=warn_and_continue``
+            does: a Loader counts the skipped samples and lists their keys in the epoch's
+            record (``loader.last_epoch["skipped"]``, the ``run_file``) and warns once an
+            epoch. Every other sample is still delivered once; a read that fails (a damaged
+            chunk, a stuck read) still raises.
 
     Raises:
         ConfigError: ``samples`` names ids outside the store, one twice, or none, or is a
@@ -121,6 +131,7 @@ class Dataset(Feed, IterableDataset[Batch]):
         samples: npt.ArrayLike | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         seed: int | None = None,
+        on_error: str = "raise",
     ) -> None:
         if samples is not None and not isinstance(plan, (str, PlanSpec)):
             raise ConfigError("samples= selects what a plan spec plans: give plan as its text")
@@ -136,7 +147,7 @@ class Dataset(Feed, IterableDataset[Batch]):
         decode = decoder(decode) if isinstance(decode, str) else decode
         config = FeedConfig(
             batch_size=batch_size,
-            decode=decode,
+            decode=_on_error(decode, on_error),
             collate=collate or _default_collate(decode),
             world=world or _world(),
             drop_last=drop_last,
@@ -172,7 +183,12 @@ class Dataset(Feed, IterableDataset[Batch]):
         batch_size=None)`` yields in one); `Loader` is the face that resumes and reports."""
         return self.num_batches()
 
+    def __getitem__(self, index: Any) -> NoReturn:
+        raise TypeError(NOT_MAP_STYLE)
+
     def __iter__(self) -> Iterator[Any]:
+        if not self._wrapped and batched_again():
+            raise ConfigError(BATCHED_AGAIN)
         info = get_worker_info()
         if info is None:
             batches = self.iterate(0, 1, in_worker=False)
@@ -182,7 +198,18 @@ class Dataset(Feed, IterableDataset[Batch]):
             batches = self.iterate(info.id, info.num_workers, in_worker=True)
             if self._by_value_bytes:
                 batches = _shipped(batches, self._by_value_bytes)
-        return batches if self._wrapped else (batch.data for batch in batches)
+        if self._wrapped:
+            return batches
+        return (batch.data for batch in batches if batch.data is not None)  # None: all skipped
+
+
+def _on_error(decode: Callable[[Sample], Any], on_error: str) -> Callable[[Sample], Any]:
+    """``decode`` as ``on_error`` asks: its failures raised, or the samples skipped."""
+    if on_error == "raise":
+        return decode
+    if on_error == "skip":
+        return SkipFailures(decode)
+    raise ConfigError(f"Dataset(on_error={on_error!r}): give 'raise' (the default) or 'skip'")
 
 
 _frozen_in: int | None = None  # the process that froze what it inherited
@@ -250,8 +277,13 @@ def _seeded(plan: OrderPlan | PlanSpec | str, seed: int | None) -> OrderPlan | P
     """``plan`` with ``seed`` (None: its own)."""
     if seed is None:
         return plan
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
-        raise ConfigError(f"seed must be a whole number from 0 to 2**128 - 1, got {seed!r}")
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, numbers.Integral)
+        or not 0 <= seed < SEED_LIMIT
+    ):
+        raise ConfigError(f"Dataset(seed={seed!r}): takes a whole number from 0 to 2**128 - 1")
+    seed = int(seed)
     if isinstance(plan, str):
         return PlanSpec.parse(plan, seed=seed)
     if isinstance(plan, PlanSpec):

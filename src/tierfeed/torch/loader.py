@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from tierfeed.errors import ConfigError
 from tierfeed.loader.coldstart import ColdStart
+from tierfeed.loader.decode import skipped_record, skipped_warning
 from tierfeed.loader.feed import Replay
 from tierfeed.loader.loaderstate import resume_of, state_of
 from tierfeed.loader.replay import Swaps, check_order, order_record, replay_of
@@ -20,6 +21,7 @@ from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, sinc
 from tierfeed.telemetry.prometheus import MetricsServer
 from tierfeed.torch.dataset import Batch, Dataset
 from tierfeed.torch.handover import accelerator_available, pin, restore
+from tierfeed.torch.misuse import not_a_dataset
 from tierfeed.torch.workers import (
     FAILED_STOP_S,
     STOP_S,
@@ -27,6 +29,7 @@ from tierfeed.torch.workers import (
     start_workers,
     stop_workers,
 )
+from tierfeed.units import count
 
 __all__ = ["Loader"]
 
@@ -85,8 +88,11 @@ class Loader:
         live_every_s: float = 10.0,
         metrics_port: int | None = None,
     ) -> None:
-        if num_workers < 0:
-            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+        if not isinstance(dataset, Dataset):
+            raise ConfigError(not_a_dataset(dataset))
+        num_workers = count(num_workers, "Loader(num_workers=...)")
+        if prefetch_factor is not None:
+            prefetch_factor = count(prefetch_factor, "Loader(prefetch_factor=...)", 1)
         self.dataset = dataset
         self.num_workers = num_workers
         self._pin = pin_memory and accelerator_available()
@@ -115,6 +121,7 @@ class Loader:
         self._resume: Resume | None = None  # where the next iteration starts (load_state_dict)
         self._replay: Replay | None = None  # the order the next epoch delivers (`replay`)
         self._swaps: Swaps = {}  # this iteration's so far (from the epoch's start or a resume)
+        self._skipped: tuple[str, ...] = ()  # keys left out this iteration (on_error="skip")
         self._view: Dataset | None = None  # the dataset as its DataLoader reads it
         self._cold: ColdStart | None = None  # this process's copies while the workers start
         self.metrics = None if metrics_port is None else MetricsServer(self._live, metrics_port)
@@ -238,7 +245,7 @@ class Loader:
             self._begin(loader)
         self._iter_epoch = epoch
         start = self._resumed_positions()
-        self._swaps = {}
+        self._swaps, self._skipped = {}, ()
         if exchange is not None:
             exchange.begin_epoch(epoch, start, self._read_ahead())
         meter = self._meter = EpochMeter(epoch)
@@ -249,16 +256,20 @@ class Loader:
         finished = False
         try:
             for batch in self._epoch_batches(epoch):
+                if batch.data is None:  # every sample of it left out (on_error="skip")
+                    self._took(batch)
+                    delivered += len(batch.skipped)
+                    continue
                 data = restore(batch.data)
                 if self._pin:
                     data = pin(data)
-                size = batch_len(data)
+                size = batch.size or batch_len(data)  # (a list of samples: not its first's)
                 meter.batch(size, time.perf_counter() - asked)
-                delivered += size
+                delivered += size + len(batch.skipped)
                 if exchange is not None:
                     exchange.consumed(epoch, delivered)
                 if self.recorder is not None and time.perf_counter() >= next_live:
-                    self.recorder.write(self._progress(meter))
+                    self.recorder.write(meter.progress(self.system))
                     next_live = time.perf_counter() + self.live_every_s
                 self._took(batch)
                 yield data
@@ -286,6 +297,7 @@ class Loader:
             self._swaps.setdefault(batch.worker, []).extend(batch.swaps)
         if batch.tiers is not None:
             self._tiers[batch.worker] = batch.tiers
+        self._skipped += batch.skipped
 
     def _begin(self, loader: DataLoader[Batch]) -> None:
         """Start (or restart: another epoch was chosen, or the last one was left early) the
@@ -349,29 +361,18 @@ class Loader:
             "guard": totals,
             "tiers": since(tiers, self._tier_base),
             "order": order_record(self._swaps, self.num_workers, self.dataset.batch_size),
+            "skipped": skipped_record(self._skipped),
         }
         self._tier_base = tiers  # the processes persist: their counters accumulate
         self.last_epoch = meter.record()
+        if self._skipped:
+            warnings.warn(skipped_warning(self.epoch, self._skipped), stacklevel=3)
         if self.recorder is not None:
             self.recorder.write(self.last_epoch)
         # The epoch is complete: a state_dict taken now resumes at the next epoch.
         self._resume, self._states, self._counters, self._tiers = None, {}, {}, {}
-        self._swaps = {}
+        self._swaps, self._skipped = {}, ()
         self.dataset.set_epoch(self.dataset.epoch + 1)
-
-    def _progress(self, meter: EpochMeter) -> dict[str, Any]:
-        """A live record: the epoch so far."""
-        record = meter.record()
-        return {
-            "type": "progress",
-            "system": self.system,
-            "epoch": record["epoch"],
-            "samples": record["samples"],
-            "seconds": record["seconds"],
-            "samples_per_s": record["samples_per_s"],
-            "batch_wait": record["batch_wait"],
-            "stall_s": record["stall_s"],
-        }
 
     def _tier_totals(self) -> dict[str, dict[str, float]]:
         """Tier counters over workers (each its own process's), and `ColdStart`'s when done."""

@@ -79,7 +79,7 @@ def epoch_in_turn(
                 continue
             if batch.last:
                 waiting.discard(batch.worker)
-            if batch.data is not None:
+            if batch.data is not None or batch.skipped:  # None: its samples all left out
                 queued[batch.worker].append(batch)
         turn += 1
         if queued[worker]:
