@@ -1,6 +1,7 @@
 """The README's and the coming-from guide's code blocks run as written (issue 33): every block
 runs, in order, on a small world made for it (an ImageFolder tree of real JPEGs where the
-docs say /data/..., WebDataset shards, moto's S3 for s3://my-bucket), unless an HTML comment
+docs say /data/..., WebDataset shards, an MDS and a LitData dataset their own writers made,
+moto's S3 for s3://my-bucket), unless an HTML comment
 right above it says why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
 library's example). What the test changes, and only that: the docs' absolute example paths
 are moved under the world, and their sizes made small (8 workers -> 2, 90 epochs -> 2)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -92,6 +94,8 @@ def _world(root: Path) -> None:
                         t.addfile(info, io.BytesIO(data))
     for d in ("scratch", "local", "mnt/train"):
         (root / d).mkdir(parents=True)
+    for peer in ("mds", "litdata"):  # written by MosaicML Streaming and LitData themselves
+        shutil.copytree(ROOT / "tests/data/peers" / peer, root / "data" / peer)
 
 
 def _moved(code: str, root: Path) -> str:

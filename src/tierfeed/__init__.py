@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tierfeed.format.verify import verify_store
     from tierfeed.format.writer import WriteReport
     from tierfeed.loader.compose import open_store
+    from tierfeed.loader.convert import convert
     from tierfeed.loader.upload import Writer, index_shards, optimize, pack
     from tierfeed.storage.source import ChunkSource
     from tierfeed.storage.store import PathStat, Sample, Store
@@ -39,6 +40,7 @@ __all__ = [
     "WriteReport",
     "Writer",
     "__version__",
+    "convert",
     "index_shards",
     "open_store",
     "optimize",
@@ -51,6 +53,7 @@ _LAZY = {
     "ChunkInfo": "tierfeed.format.chunkref",
     "ChunkSource": "tierfeed.storage.source",
     "Index": "tierfeed.format.index",
+    "convert": "tierfeed.loader.convert",
     "optimize": "tierfeed.loader.upload",
     "PackOptions": "tierfeed.format.pack",
     "PackReport": "tierfeed.format.pack",

@@ -63,6 +63,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pack a directory tree into tar chunks and an index",
     ),
     "index": ("tierfeed.loader.commands:register_index", "index existing tar shards in place"),
+    "convert": (
+        "tierfeed.loader.convert:register",
+        "convert an MDS or LitData dataset into a store",
+    ),
     "inspect": (
         "tierfeed.loader.commands:register_inspect",
         "summarise a store: samples, chunks, classes, sizes",
