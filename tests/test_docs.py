@@ -1,13 +1,14 @@
 """The README's and the coming-from guide's code blocks run as written (issue 33): every block
 runs, in order, on a small world made for it (an ImageFolder tree of real JPEGs where the
-docs say /data/..., WebDataset shards, an MDS and a LitData dataset their own writers made,
-moto's S3 for s3://my-bucket), unless an HTML comment
-right above it says why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
+docs say /data/..., WebDataset shards plain and gzipped, an MDS and a LitData dataset their
+own writers made, moto's S3 for s3://my-bucket), unless an HTML comment right above it says
+why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
 library's example). What the test changes, and only that: the docs' absolute example paths
 are moved under the world, and their sizes made small (8 workers -> 2, 90 epochs -> 2)."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import re
@@ -96,6 +97,11 @@ def _world(root: Path) -> None:
         (root / d).mkdir(parents=True)
     for peer in ("mds", "litdata"):  # written by MosaicML Streaming and LitData themselves
         shutil.copytree(ROOT / "tests/data/peers" / peer, root / "data" / peer)
+    (root / "data/shards-gz").mkdir(parents=True)
+    for s in range(2):
+        name = f"shard-{s:06d}.tar"
+        plain = (root / "data/shards" / name).read_bytes()
+        (root / "data/shards-gz" / f"{name}.gz").write_bytes(gzip.compress(plain))
 
 
 def _moved(code: str, root: Path) -> str:

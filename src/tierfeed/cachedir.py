@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -35,6 +38,7 @@ from tierfeed.errors import ConfigError, StorageError
 __all__ = [
     "DIR_FLAGS",
     "CacheFolder",
+    "host_lock",
     "list_names",
     "open_cache_dir",
     "open_own_file",
@@ -317,5 +321,40 @@ def list_names(dir_fd: int) -> list[str]:
     fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def host_lock(folder_fd: int, path: Path, doing: str, wait_s: float) -> Iterator[None]:
+    """One process of the host at a time: an exclusive lock on the file ``path`` names in the
+    checked cache directory open as ``folder_fd`` (this user's own: another's could be held
+    forever), waited for at most ``wait_s``. ``doing`` says what the holder does (``fetching
+    the index of s3://...``), for the error when the wait runs out.
+
+    Raises:
+        StorageError: the lock cannot be taken, or was held past ``wait_s``.
+        ConfigError: the lock file is a link, another user's, or not a regular file.
+    """
+    try:  # (a refusal, or another error, names the file itself)
+        fd = open_own_file(folder_fd, path.name, os.O_RDWR | os.O_CREAT, path)
+    except FileNotFoundError as exc:  # the folder was removed meanwhile
+        raise StorageError(f"{path}: cannot lock the cache ({exc.strerror})") from None
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise StorageError(f"{path}: cannot lock ({exc.strerror})") from None
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"{path}: another process has been {doing} for {wait_s:.0f} s; if "
+                        "none is running, remove this file"
+                    ) from None
+                time.sleep(0.05)
+        yield
     finally:
         os.close(fd)

@@ -62,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tierfeed.cli:register_pack",
         "pack a directory tree into tar chunks and an index",
     ),
-    "index": ("tierfeed.loader.commands:register_index", "index existing tar shards in place"),
+    "index": ("tierfeed.loader.commands:register_index", "index tar shards where they lie"),
     "convert": (
         "tierfeed.loader.convert:register",
         "convert an MDS or LitData dataset into a store",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tierfeed import index_shards, open_store, verify_store
-from tierfeed.errors import BadMemberError, DuplicateKeyError, PackError
+from tierfeed.errors import BadMemberError, DuplicateKeyError
 
 
 def make_shard(path: Path, members: list[tuple[str, bytes]], kind: bytes = tarfile.REGTYPE) -> None:
@@ -87,16 +87,20 @@ def test_split_sample_is_refused(tmp_path: Path) -> None:
         index_shards([shard], tmp_path, progress=False)
 
 
-def test_shard_outside_the_store_is_refused(tmp_path: Path) -> None:
+def test_shard_outside_the_store_is_read_where_it_lies(tmp_path: Path) -> None:
+    # Issue 46: the store records the shards' directory; tests/format/test_shards_elsewhere.py.
     make_shard(tmp_path / "elsewhere" / "s.tar", [("a.jpg", b"1")])
-    with pytest.raises(PackError, match="outside the store directory"):
-        index_shards([tmp_path / "elsewhere" / "s.tar"], tmp_path / "store", progress=False)
+    report = index_shards([tmp_path / "elsewhere" / "s.tar"], tmp_path / "store", progress=False)
+    assert report.shard_root == tmp_path / "elsewhere"
+    with open_store(tmp_path / "store") as store:
+        assert store.read_sample(0).fields == {"jpg": b"1"}
 
 
 def test_compressed_shard_is_a_clear_error(tmp_path: Path) -> None:
-    shard = tmp_path / "s.tar.gz"
+    # Named .tar but gzipped: refused (a .tar.gz is decompressed: test_gzip_shards.py).
+    shard = tmp_path / "s.tar"
     with tarfile.open(shard, "w:gz") as tar:
         info = tarfile.TarInfo("a.jpg")
         tar.addfile(info, io.BytesIO(b""))
-    with pytest.raises(Exception, match=r"s\.tar\.gz.*uncompressed"):
+    with pytest.raises(Exception, match=r"s\.tar.*uncompressed"):
         index_shards([shard], tmp_path, progress=False)

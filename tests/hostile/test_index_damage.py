@@ -512,8 +512,8 @@ def test_a_format_1_index_opens_and_a_newer_one_is_named(
     with Index(damaged(bytes(old))) as ix, Index(pristine[0]) as new:
         assert ix.num_samples == new.num_samples and ix.key(3) == new.key(3)
     newer = bytearray(pristine[1])
-    struct.pack_into("<I", newer, 8, 4)
-    with pytest.raises(IndexFormatError, match="format version 4"):
+    struct.pack_into("<I", newer, 8, 5)
+    with pytest.raises(IndexFormatError, match="format version 5"):
         Index(damaged(bytes(newer)))
 
 

@@ -401,8 +401,11 @@ def test_out_is_a_file_or_missing(shard_dir: Path) -> None:
     shard = write_shard(shard_dir, five_members())
     with pytest.raises(TierfeedError, match=r"s\.tar.*not a directory"):
         index_shards([shard], shard, progress=False)
-    with pytest.raises(TierfeedError, match=r"nowhere.*does not exist"):
-        index_shards([shard], shard_dir / "nowhere", progress=False)
+    with pytest.raises(TierfeedError, match=r"s\.tar/store: cannot use --out"):
+        index_shards([shard], shard / "store", progress=False)  # under a file
+    # A missing --out is made (issue 46): the shards are read where they lie.
+    report = index_shards([shard], shard_dir / "nowhere", progress=False)
+    assert report.shard_root == shard_dir
 
 
 def test_a_bad_shard_is_found_before_any_work(shard_dir: Path) -> None:

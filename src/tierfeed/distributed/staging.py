@@ -212,13 +212,13 @@ def stage(
     check_stageable(index, local)
     mine, parts, my_parts = _share_of(index, local, holdings, world.rank)
     report = StageReport(local_dir=os.fspath(local))
-    origin = location.origin()
+    origin = location.chunk_origin(index)  # the store's own chunks, or the shards it names
     if world.local_rank == 0:
         _copy_index(index.path, local)
     total = sum(c.size for c in mine) + sum(parts.nbytes(p) for p in my_parts)
     with _progress_bar(total, world, progress) as bar:
-        _stage_chunks(origin, location.root, local, mine, bar, report)
-        _stage_parts(origin, location.root, parts, my_parts, bar, report)
+        _stage_chunks(origin, location.chunks_at(index), local, mine, bar, report)
+        _stage_parts(origin, location.chunks_at(index), parts, my_parts, bar, report)
     parts.close()
     # Every chunk this rank stages is whole and verified again: no mark of a punch stands.
     shutil.rmtree(punched_dir(local, world.rank), ignore_errors=True)
@@ -301,9 +301,11 @@ def _job_total(report: StageReport, comm: Comm | None) -> StageReport:
 
 
 def check_stageable(index: Index, local: Path) -> None:
-    """Raise if ``local`` is inside the origin store (stage-in must never write there)."""
-    if local.resolve().is_relative_to(index.path.parent.resolve()):
-        raise StorageError(
-            f"stage-in target {local} lies inside the store {index.path.parent}: the origin is "
-            "read-only; stage to node-local storage elsewhere"
-        )
+    """Raise if ``local`` is inside the origin store or the shards it names (stage-in must
+    never write there)."""
+    for origin in (index.path.parent, index.chunk_root):
+        if local.resolve().is_relative_to(origin.resolve()):
+            raise StorageError(
+                f"stage-in target {local} lies inside the store {origin}: the origin is "
+                "read-only; stage to node-local storage elsewhere"
+            )

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.format.chunkref import ChunkInfo
+from tierfeed.format.chunkroot import chunk_root
 from tierfeed.format.indexcheck import check_chunk_rows, damaged
 from tierfeed.format.rowcheck import name_check
 
@@ -25,11 +26,14 @@ class ChunkTable(Sequence[ChunkInfo]):
     list of them all cost time in every process in proportion to the chunks.
 
     It holds views of the chunk table's sections, so it outlives `Index.close` as a list did.
+    ``root`` is the directory the chunk names are relative to: the index's own, or the chunk
+    root its header records (`tierfeed.format.chunkroot`).
     """
 
-    def __init__(self, arrays: dict[str, Any], where: Path) -> None:
+    def __init__(self, arrays: dict[str, Any], where: Path, recorded_root: str | None) -> None:
         self._a = {name: arrays[name] for name in _CHUNK_SECTIONS if name in arrays}
         self._where = where
+        self.root = chunk_root(where, recorded_root)
         self.checked = False  # every row checked (the index's checks ran, or a stamp)
         self._made: dict[int, ChunkInfo] = {}
         self._rows_done: npt.NDArray[np.bool_] | None = None

@@ -131,9 +131,10 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | No
         overwrite=args.overwrite,
     )
     _print_skipped(report.skipped)
+    read_from = f" (shards read from {report.shard_root})" if report.shard_root else ""
     print(
         f"indexed {report.samples} samples ({report.members} members, "
-        f"{human(report.data_bytes)}) in {report.chunks} shards -> {report.index}"
+        f"{human(report.data_bytes)}) in {report.chunks} shards -> {report.index}{read_from}"
     )
     return 0
 
@@ -141,12 +142,19 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | No
 def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) -> None:
     """Add `tierfeed index`, indexing with ``indexer`` (`tierfeed.loader.commands` gives one
     that also indexes shards at a URL)."""
-    p = sub.add_parser("index", help="index existing tar shards in place")
+    p = sub.add_parser("index", help="index tar shards where they lie")
     p.add_argument(
         "shards", nargs="+",
-        help="uncompressed .tar shards inside --out (URLs: quoted glob patterns work)",
+        help=".tar shards, read where they lie (any directory, read-only too; links to them "
+        "too); .tar.gz/.tgz ones are decompressed once into --out; quoted brace patterns "
+        "expand as WebDataset's ('shard-{000000..000009}.tar'); URLs: under an --out URL, "
+        "quoted glob patterns too",
     )  # fmt: skip
-    p.add_argument("--out", required=True, help="store directory holding the shards, or its URL")
+    p.add_argument(
+        "--out", required=True,
+        help="store directory for the index (made if missing; shards outside it are recorded "
+        "as its shard root), or the shards' URL",
+    )  # fmt: skip
     p.add_argument(
         "--labels",
         choices=["auto", "cls", "folder", "none"],

@@ -48,6 +48,7 @@ _OPTIONAL: dict[str, type] = {
     "dirs": int,
     "root": list,
     "dtypes": dict,
+    "chunk_root": str,  # format 4: the directory of shards kept outside the store
 }
 MAX_MODE = 0o7777  # permission bits only: the type bits come from what an entry is
 
@@ -105,7 +106,25 @@ def check_header(header: object, where: Path, size: int) -> dict[str, Any]:
             raise damaged(where, f"header dtype {name!r}: {dtype!r} is not a narrowable section")
     _check_names(header, where, size)
     _check_root(header, where)
+    _check_chunk_root(header, where)
     return header
+
+
+MAX_CHUNK_ROOT_BYTES = 4096  # PATH_MAX
+
+
+def _check_chunk_root(header: dict[str, Any], where: Path) -> None:
+    """A chunk root (`tierfeed.format.chunkroot`) is a path: not empty, no NUL, at most
+    PATH_MAX bytes."""
+    root = header.get("chunk_root")
+    if root is None:
+        return
+    try:
+        size = len(os.fsencode(root))
+    except UnicodeEncodeError:  # a lone surrogate no file name decodes to
+        size = -1
+    if not root or "\0" in root or not 0 < size <= MAX_CHUNK_ROOT_BYTES:
+        raise damaged(where, f"the header's chunk root {root[:80]!r} is not a directory path")
 
 
 def _check_root(header: dict[str, Any], where: Path) -> None:

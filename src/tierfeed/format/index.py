@@ -115,7 +115,8 @@ class Index:
         self.row_checks = "sample_check" in arrays
         if self.version >= ROW_CHECKS_SINCE and not self.row_checks:
             raise damaged(self.path, f"a format {self.version} index without its row checks")
-        self._chunk_table = ChunkTable(arrays, self.path)
+        self._chunk_table = ChunkTable(arrays, self.path, h.get("chunk_root"))
+        self.chunk_root: Path = self._chunk_table.root  # where the chunk files lie
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = []
         self._total = sum(nbytes for _, nbytes in h["sections"].values())
@@ -275,7 +276,7 @@ class Index:
         return self.key_bytes(self.member_owner(member)) + self.exts[ext]
 
     def chunk_name(self, chunk: int) -> str:
-        """The chunk's path relative to the store root."""
+        """The chunk's path relative to `chunk_root` (the store directory, or its shards')."""
         return self.chunks()[chunk].name
 
     def chunk(self, chunk: int) -> ChunkInfo:

@@ -18,6 +18,7 @@ from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.headercheck import check_header, damaged
 from tierfeed.format.indexwrite import PREFIX
 from tierfeed.format.layout import (
+    CHUNK_ROOT_SINCE,
     INDEX_NAME,
     MAGIC,
     READS,
@@ -165,7 +166,10 @@ def read_header(mm: mmap.mmap | bytes, size: int, path: Path) -> tuple[dict[str,
         header = json.loads(mm[PREFIX.size : end])
     except (ValueError, RecursionError):
         raise IndexFormatError(f"{path}: index header is corrupt") from None
-    return check_header(header, path, size), version, end
+    header = check_header(header, path, size)
+    if "chunk_root" in header and version < CHUNK_ROOT_SINCE:
+        raise damaged(path, f"a format {version} index names a chunk root (format 4 does)")
+    return header, version, end
 
 
 def map_arrays(

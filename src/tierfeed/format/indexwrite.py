@@ -15,7 +15,7 @@ import numpy.typing as npt
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
 from tierfeed.format.headercheck import header_checksum
-from tierfeed.format.layout import MAGIC, NARROW, VERSION, aligned, present_sections
+from tierfeed.format.layout import MAGIC, NARROW, aligned, present_sections, version_of
 from tierfeed.format.rowcheck import write_checks
 from tierfeed.publish import publishing
 
@@ -54,6 +54,9 @@ class IndexContent:
     dir_mode: npt.NDArray[np.uint16] | None = None
     dir_mtime: npt.NDArray[np.int64] | None = None  # nanoseconds
     root: tuple[int, int] | None = None  # (mode, mtime ns) of the tree's root
+    # The directory the chunk names are relative to, when not the index's own: absolute, or
+    # relative to it (`tierfeed.format.chunkroot`; format 4).
+    chunk_root: str | None = None
 
 
 def _tree_arrays(content: IndexContent) -> dict[str, npt.NDArray[Any] | bytes]:
@@ -189,6 +192,8 @@ def _header(
     if content.dir_paths is not None and content.root is not None:
         header["dirs"] = len(content.dir_paths)
         header["root"] = list(content.root)
+    if content.chunk_root is not None:
+        header["chunk_root"] = content.chunk_root
     return header
 
 
@@ -230,7 +235,7 @@ def write_index(
     sections: dict[str, list[int]] = header["sections"]
     header["header_checksum"] = header_checksum(header)
     blob = json.dumps(header).encode()
-    head = PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
+    head = PREFIX.pack(MAGIC, version_of(header), len(blob)) + blob
     if len(head) > header_len:
         raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
     with publishing(path, mode=mode) as out:

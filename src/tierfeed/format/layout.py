@@ -12,15 +12,20 @@ writer narrows offsets to 32 bits (format version 2: `NARROW`, where the values 
 one-file sample then takes 42-46 bytes): an index opens by memory-mapping these arrays. A
 store packed from a tree also holds the optional tree sections (`TREE_SECTIONS`: modes and
 mtimes of its files, and every directory); indexes without them (`tierfeed index`, `Writer`,
-older packs) open unchanged.
+older packs) open unchanged. An index of shards kept outside its store names their directory
+in the header (``chunk_root``, format 4: `tierfeed.format.chunkroot`); every other index is
+written as format 3, as before.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 __all__ = [
     "ALIGN",
+    "CHUNK_ROOT_SINCE",
     "INDEX_NAME",
     "MAGIC",
     "NARROW",
@@ -34,12 +39,16 @@ __all__ = [
     "as_dtype",
     "expected_length",
     "present_sections",
+    "version_of",
 ]
 
 MAGIC = b"TIERFEED"
-VERSION = 3  # 3: row checks (`ROW_CHECK_SECTIONS`); 2: "dtypes" narrows NARROW sections to <u4
-READS = (1, 2, 3)  # versions this reader opens (1: every NARROW section <u8; 1, 2: no row checks)
+# 4: the header may name a chunk root ("chunk_root", `chunkroot`); 3: row checks
+# (`ROW_CHECK_SECTIONS`); 2: "dtypes" narrows NARROW sections to <u4.
+VERSION = 4
+READS = (1, 2, 3, 4)  # versions read (1: every NARROW section <u8; 1, 2: no row checks)
 ROW_CHECKS_SINCE = 3  # an index of this version or later must hold the row checks
+CHUNK_ROOT_SINCE = 4  # only an index of this version or later may name a chunk root
 ALIGN = 64
 INDEX_NAME = "index.tfi"
 
@@ -97,6 +106,12 @@ def present_sections(names: object) -> dict[str, tuple[str, str]]:
         if isinstance(names, dict) and any(name in names for name in optional):
             present |= optional
     return present
+
+
+def version_of(header: Mapping[str, object]) -> int:
+    """The format version an index with this header is written as: the oldest that holds it
+    (an index naming no chunk root stays format 3, which readers older than 4 open)."""
+    return CHUNK_ROOT_SINCE if "chunk_root" in header else ROW_CHECKS_SINCE
 
 
 def aligned(n: int) -> int:

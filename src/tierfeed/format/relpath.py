@@ -39,13 +39,15 @@ def relative_parts(name: str, refuse: Callable[[], TierfeedError]) -> tuple[str,
 
 
 def safe_chunk_path(root: Path, name: str, where: Path) -> Path:
-    """The path of chunk ``name`` of the index ``where``, in the store directory ``root``.
+    """The path of chunk ``name`` of the index ``where``, under ``root``: the store directory,
+    or the shard root the index records (`tierfeed.format.chunkroot`).
 
     Raises:
-        IndexFormatError: the chunk name would resolve outside the store.
+        IndexFormatError: the chunk name would resolve outside ``root``.
     """
+    outside = "the store" if root == where.parent else f"the store's chunk directory {root}"
     return path_under(
         root,
         name,
-        lambda: IndexFormatError(f"{where}: chunk name {name!r} would resolve outside the store"),
+        lambda: IndexFormatError(f"{where}: chunk name {name!r} would resolve outside {outside}"),
     )

@@ -1,10 +1,17 @@
-"""`tierfeed index`: index existing tar shards (e.g. WebDataset) in place, without repacking.
+"""`tierfeed index`: index existing tar shards (e.g. WebDataset), without repacking.
+
+The index goes into the store directory ``--out``; the shards stay where they lie: in it (in
+place, as before), or elsewhere, even read-only (their directory is recorded as the store's
+chunk root: `tierfeed.format.chunkroot`). A shard that is a symbolic link is indexed as the
+file it points to. Gzipped shards are decompressed once into the store directory
+(`tierfeed.format.gunzip`); brace patterns name shard lists as WebDataset's do
+(`tierfeed.format.braces`).
 
 Foreign shards are untrusted: member names that are absolute, contain ``..`` or NUL, or repeat
 another are refused (or skipped and counted when asked), links and devices are not data, and
-no chunk path in the resulting index can resolve outside the store directory. Every input is
-checked before any work (a missing shard, a directory, a FIFO, an ``--out`` that is not a
-directory), and each shard is parsed strictly (`tierfeed.format.tarscan`).
+no chunk path in the resulting index can resolve outside the directory it is relative to.
+Every input is checked before any work (a missing shard, a directory, a FIFO, an ``--out``
+that is not a directory), and each shard is parsed strictly (`tierfeed.format.tarscan`).
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from tierfeed.errors import (
     FormatError,
     PackError,
 )
+from tierfeed.format.braces import expand_braces
 from tierfeed.format.chunkref import checksum_range
+from tierfeed.format.chunkroot import chunk_root, shard_names
 from tierfeed.format.destination import already_holds_a_store
+from tierfeed.format.gunzip import Gunzip, gunzip_shards, is_gzipped, plan_gunzip
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
@@ -48,6 +58,7 @@ class IndexReport:
     chunks: int
     data_bytes: int
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (shard:member, reason)
+    shard_root: Path | None = None  # where the shards lie, when outside the store directory
 
 
 @dataclass
@@ -71,33 +82,26 @@ class _Collected:
         return [next((f[e] for e in CLS_EXTS if e in f), None) for f in found]
 
 
-def _chunk_name(shard: Path, root: Path) -> str:
-    try:
-        rel = shard.resolve().relative_to(root.resolve())
-    except ValueError:
-        missing = "" if root.exists() else " (which does not exist)"
-        raise PackError(
-            f"{shard}: shard lies outside the store directory {root}{missing}; pass --out a "
-            "directory that contains every shard (chunk paths in an index never leave the store)"
-        ) from None
-    return rel.as_posix()
-
-
 def _check_out(out: Path, index_path: Path) -> None:
-    """``--out`` must be an existing directory (or an index path inside one)."""
+    """``--out`` must be a directory (or an index path inside one), or not exist yet."""
     where = index_path.parent if out == index_path else out
     try:
         mode = where.stat().st_mode
     except FileNotFoundError:
-        raise PackError(
-            f"{where}: --out does not exist; give the store directory that holds the shards"
-        ) from None
+        return  # made once every input is checked
     except OSError as exc:
         raise PackError(f"{where}: cannot use --out: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(mode):
         raise PackError(
-            f"{where}: --out is not a directory; give the store directory that holds the shards"
+            f"{where}: --out is not a directory; give the store directory the index goes into"
         )
+
+
+def _make_out(store: Path) -> None:
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackError(f"{store}: cannot make the store directory: {exc.strerror}") from None
 
 
 def _shard_size(shard: Path) -> int:
@@ -213,18 +217,24 @@ def _read_cls(fd: int, member: TarMember, where: str) -> int:
 def _scan_shards(
     got: _Collected,
     paths: list[Path],
-    total: int,
     skip_bad: bool,
     skipped: list[tuple[str, str]],
     progress: bool,
 ) -> tuple[list[int], list[int]]:
-    """Collect the members of every shard in order; each shard's (size, checksum) lists."""
+    """Collect the members of every shard in order; each shard's (size, checksum) lists.
+
+    Raises:
+        EmptySourceError: the shards hold no regular file.
+    """
     sizes, sums = [], []
+    total = sum(_shard_size(p) for p in paths)
     with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
         for chunk, shard in enumerate(paths):
             size, checksum = _add_shard(got, chunk, shard, skip_bad, skipped, bar.update)
             sizes.append(size)
             sums.append(checksum)
+    if not got.keys:
+        raise EmptySourceError(f"{', '.join(map(str, paths))}: no regular file in the shards")
     return sizes, sums
 
 
@@ -263,20 +273,44 @@ def _content(
     )
 
 
-def _check_inputs(
-    paths: list[Path], out: Path, index_path: Path, overwrite: bool
-) -> tuple[int, list[str]]:
-    """Every input checked before any work: the shards, then --out and where they lie.
-    Returns the shards' total size and their chunk names (paths relative to the store)."""
+def _write(index_path: Path, content: IndexContent, shared: int) -> None:
+    try:
+        # No wider than the shards: the index names every member (pack's rule, `packplan`).
+        write_index(index_path, content, mode=OWNER_BITS | shared)
+    except OSError as exc:
+        raise PackError(f"{index_path}: cannot write the index: {exc.strerror or exc}") from None
+
+
+def _shard_paths(shards: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The shards given: each brace pattern (a string, ``shard-{000000..000009}.tar``)
+    expanded as WebDataset expands it (`tierfeed.format.braces`)."""
+    paths: list[Path] = []
+    for shard in shards:
+        names = expand_braces(shard) if isinstance(shard, str) else [os.fspath(shard)]
+        paths.extend(map(Path, names))
+    return paths
+
+
+def _check_inputs(paths: list[Path], out: Path, index_path: Path, overwrite: bool) -> None:
+    """Every input checked before any work: the shards, then --out."""
     if not paths:
         raise EmptySourceError("no shard given to index")
-    total = sum(_shard_size(p) for p in paths)
-    root = index_path.parent
-    if root.exists():
-        _check_out(out, index_path)  # a file given as --out
-        if not overwrite and index_path.exists():
-            raise already_holds_a_store(root, "--overwrite (overwrite=True from Python)")
-    return total, [_chunk_name(p, root) for p in paths]  # a missing --out holds no shard either
+    for p in paths:
+        _shard_size(p)
+    _check_out(out, index_path)  # a file given as --out
+    if not overwrite and index_path.exists():
+        raise already_holds_a_store(index_path.parent, "--overwrite (overwrite=True from Python)")
+
+
+def _into_store(paths: list[Path], plan: list[Gunzip], store: Path, progress: bool) -> list[Path]:
+    """Make the store directory; the shards as plain tars: each gzipped one decompressed
+    there (``plan``)."""
+    _make_out(store)
+    if not plan:
+        return paths
+    gunzip_shards(plan, store, progress)
+    plain = iter(g.target for g in plan)
+    return [next(plain) if is_gzipped(p) else p for p in paths]
 
 
 def index_shards(
@@ -288,11 +322,15 @@ def index_shards(
     classes: str | os.PathLike[str] | Sequence[str] | None = None,
     overwrite: bool = False,
 ) -> IndexReport:
-    """Index tar ``shards`` in place; write the index into the store directory ``out``.
+    """Index tar ``shards`` where they lie; write the index into the store directory ``out``.
 
     Args:
-        shards: uncompressed tar files, all inside ``out``; they become chunks in this order.
-        out: the store directory (or the index file's path inside it).
+        shards: tar files, in chunk order: plain ``.tar`` files (or links to them) read where
+            they lie, only read (in ``out``, or elsewhere: their directory is then recorded
+            as the store's chunk root, `tierfeed.format.chunkroot`), or ``.tar.gz``/``.tgz``
+            files decompressed once into ``out`` (`tierfeed.format.gunzip`). A string may be
+            a brace pattern (``"shard-{000000..000009}.tar"``).
+        out: the store directory, made if missing (or the index file's path inside it).
         labels: ``auto`` (labels from ``.cls`` members, integer text, when any sample has one
             (``.cls2`` where a sample has no ``.cls``); else ImageFolder labels as for pack),
             ``cls`` (every sample needs one), ``folder`` or ``none``.
@@ -305,24 +343,23 @@ def index_shards(
     """
     out_path = Path(out)
     index_path = out_path if out_path.suffix == ".tfi" else out_path / INDEX_NAME
-    root = index_path.parent
-    paths = [Path(s) for s in shards]
-    total, names = _check_inputs(paths, out_path, index_path, overwrite)
+    store = index_path.parent
+    paths = _shard_paths(shards)
+    _check_inputs(paths, out_path, index_path, overwrite)
+    plan = plan_gunzip([p for p in paths if is_gzipped(p)], store)  # each one gzip, or refused
+    paths = _into_store(paths, plan, store, progress)
+    where = shard_names(paths, store)
     names_of_cls = None if classes is None else load_classes(classes)
     got = _Collected(want_cls=labels in ("auto", "cls"))
     skipped: list[tuple[str, str]] = []
-    sizes, sums = _scan_shards(got, paths, total, skip_bad_names, skipped, progress)
-    if not got.keys:
-        raise EmptySourceError(f"{', '.join(map(str, paths))}: no regular file in the shards")
+    sizes, sums = _scan_shards(got, paths, skip_bad_names, skipped, progress)
     label_of, class_names = resolve_labels(
-        got.keys, got.labels_of_cls(), labels, names_of_cls, root
+        got.keys, got.labels_of_cls(), labels, names_of_cls, store
     )
-    content = _content(got, label_of, class_names, names, sizes, sums, len(skipped))
-    try:
-        # No wider than the shards: the index names every member (pack's rule, `packplan`).
-        write_index(index_path, content, mode=OWNER_BITS | got.shared)
-    except OSError as exc:
-        raise PackError(f"{index_path}: cannot write the index: {exc.strerror or exc}") from None
+    content = _content(got, label_of, class_names, where.names, sizes, sums, len(skipped))
+    content.chunk_root = where.root
+    _write(index_path, content, got.shared)
+    root = None if where.root is None else chunk_root(index_path, where.root)
     return IndexReport(
-        index_path, len(got.keys), len(got.offset), len(paths), sum(got.length), skipped
+        index_path, len(got.keys), len(got.offset), len(paths), sum(got.length), skipped, root
     )

@@ -205,7 +205,7 @@ def _check_one(ix: Index, chunk: int, bar: tqdm[Any], fetch: ChunkFetch | None) 
     name = ix.chunk_name(chunk)
     try:
         if fetch is None:
-            return _check_chunk(ix, safe_chunk_path(ix.path.parent, name, ix.path), chunk, bar)
+            return _check_chunk(ix, safe_chunk_path(ix.chunk_root, name, ix.path), chunk, bar)
         with fetch(name, int(ix.chunk_size[chunk])) as (local, shown):
             found = _check_chunk(ix, local, chunk, bar)
             return [problem.replace(str(local), shown) for problem in found]
@@ -225,6 +225,7 @@ class StoreSummary:
     classes: list[str]
     exts: dict[str, int]
     size_histogram: list[tuple[int, int]]  # (upper bound in bytes, samples), powers of two
+    chunk_root: str | None = None  # where the chunks lie, when not beside the index
 
 
 def summarize(path: str | os.PathLike[str] | Index) -> StoreSummary:
@@ -243,4 +244,5 @@ def summarize(path: str | os.PathLike[str] | Index) -> StoreSummary:
             classes=list(ix.classes),
             exts={os.fsdecode(e): int(n) for e, n in zip(ix.exts, ext_counts, strict=True)},
             size_histogram=[(int(v), int(c)) for v, c in zip(values, counts, strict=True)],
+            chunk_root=None if ix.chunk_root == ix.path.parent else str(ix.chunk_root),
         )

@@ -53,6 +53,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
     print(f"files     {s.members}")
     mean_chunk = human(s.chunk_bytes / max(s.chunks, 1))
     print(f"chunks    {s.chunks} ({human(s.chunk_bytes)}, mean {mean_chunk})")
+    if s.chunk_root is not None:
+        print(f"shards    {s.chunk_root} (the chunks: read there, never written)")
     print(
         f"data      {human(s.data_bytes)} (mean sample {human(s.data_bytes / max(s.samples, 1))})"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,16 +48,16 @@ __all__ = [
 
 def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) -> TierStack:
     """A tier stack over ``origin`` (read-only: e.g. a job's namespace, or a URL's driver), by
-    default over the chunk files beside ``index`` (opened read-only)."""
+    default over the chunk files under the index's `chunk_root` (opened read-only)."""
     if origin is None:
-        origin = PosixDriver(index.path.parent, read_only=True)
+        origin = PosixDriver(index.chunk_root, read_only=True)
     return TierStack(
         index.chunks(), origin, tiers.tiers(), tiers.policy, TierOptions(tiers.threads)
     )
 
 
 def open_store(
-    path: str | os.PathLike[str] | StoreLocation,
+    path: str | os.PathLike[str] | StoreLocation | Sequence[str | os.PathLike[str]],
     tiers: TierConfig | None = None,
     source: ChunkSource | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -71,7 +71,8 @@ def open_store(
     ranged reads of the objects, copied into the tiers as for a directory.
 
     Args:
-        path: the store.
+        path: the store; or tar shards by name (a list of paths, a brace pattern), indexed
+            once into the user's cache (`tierfeed.loader.shardstore`).
         tiers: read it through these cache tiers (RAM, local disk); none by default.
         source: read chunk bytes from here instead (e.g. a job's namespace).
         storage_options: for a URL, what its fsspec file system takes (credentials,
@@ -91,7 +92,7 @@ def open_store(
     index = location.open_index(cache, lazy=lazy)
     if source is not None:
         return Store(index, source)  # the caller's (a job's namespace): no second way known
-    root = index.path.parent
+    root = index.chunk_root  # beside the index, or the shards' directory it records
     if tiers is not None:
         source = tier_stack(index, tiers)
     else:

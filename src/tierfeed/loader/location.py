@@ -13,21 +13,19 @@ descriptor, never through a link and only if they are this user's.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import os
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tierfeed.cachedir import CacheFolder, list_names, open_own_file
+from tierfeed.cachedir import CacheFolder, host_lock, list_names, open_own_file
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ConfigError, IndexFormatError, NotFoundError, StorageError
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
+from tierfeed.loader.shardstore import shard_list, shard_store
 from tierfeed.publish import is_temporary, sweep_stale
 from tierfeed.storage import Driver, PosixDriver, driver_for
 
@@ -58,12 +56,24 @@ class StoreLocation:
     @classmethod
     def of(
         cls,
-        where: str | os.PathLike[str] | StoreLocation,
+        where: str | os.PathLike[str] | StoreLocation | Sequence[str | os.PathLike[str]],
         storage_options: Mapping[str, Any] | None = None,
     ) -> StoreLocation:
-        """The location of a store given by path, URL, or an existing location."""
+        """The location of a store given by path, URL, or an existing location; or of the
+        store of shards given by name (a list of ``.tar`` paths, a brace pattern, one
+        ``.tar``): indexed once into the user's cache (`tierfeed.loader.shardstore`)."""
         if isinstance(where, StoreLocation):
             return where
+        shards = shard_list(where)
+        if shards is not None:
+            if storage_options:
+                raise ConfigError("storage_options apply to a store at a URL, not to shards")
+            return cls(os.fspath(shard_store(shards)))
+        if not isinstance(where, (str, os.PathLike)):
+            raise ConfigError(
+                f"a store is a directory, an index file or a URL (shards: a list of .tar "
+                f"paths or a brace pattern), not a {type(where).__name__}"
+            )
         text = os.fspath(where)
         if not is_url(text):
             path = Path(text.removeprefix("file://")).expanduser().absolute()
@@ -91,6 +101,17 @@ class StoreLocation:
         if self.remote:
             return driver_for(self.text, read_only=True, **self.storage_options)
         return PosixDriver(self.root, read_only=True)
+
+    def chunks_at(self, index: Index) -> str:
+        """Where the chunks of this store (whose index is ``index``) lie: its URL, or the
+        index's `chunk_root` (the store directory, or the shards' it records)."""
+        return self.text if self.remote else os.fspath(index.chunk_root)
+
+    def chunk_origin(self, index: Index) -> Driver:
+        """A read-only driver over `chunks_at`: what reads this store's chunks by name."""
+        if self.remote:
+            return self.origin()
+        return PosixDriver(index.chunk_root, read_only=True)
 
     def open_index(
         self,
@@ -145,9 +166,17 @@ def fetch_index(
     name = hashlib.sha256(url.encode()).hexdigest()[:24]
     folder_fd = folder.open(name)  # before any request: a refused cache costs no GET
     try:
-        return _fetch_into(origin, url, folder_fd, folder.path / name, recheck)
+        index = _fetch_into(origin, url, folder_fd, folder.path / name, recheck)
     finally:
         os.close(folder_fd)
+    if "chunk_root" in index.header:  # its chunks are the objects under the URL, no others
+        index.close()
+        raise IndexFormatError(
+            f"{url}/{INDEX_NAME}: names a chunk root ({index.header['chunk_root']!r}), which "
+            "only a store's own local index may do: a store at a URL reads the chunks under "
+            "its URL; index them there (`tierfeed index URL/... --out URL`)"
+        )
+    return index
 
 
 def _cache_folder(cache: str | os.PathLike[str] | CacheFolder | None) -> CacheFolder:
@@ -173,7 +202,7 @@ def _fetch_into(
     index = _open_cached(folder_fd, target, size, recheck)
     if index is not None:
         return index
-    with _host_lock(folder_fd, folder / ".lock", url):
+    with host_lock(folder_fd, folder / ".lock", f"fetching the index of {url}", _LOCK_WAIT_S):
         index = _open_cached(folder_fd, target, size, recheck)  # another process fetched it
         if index is None:
             _download(origin, url, folder_fd, target)
@@ -251,32 +280,3 @@ def _drop_older(folder_fd: int, keep: str) -> None:
             if name.endswith(f"-{INDEX_NAME}") and name != keep and not is_temporary(name):
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=folder_fd)
-
-
-@contextlib.contextmanager
-def _host_lock(folder_fd: int, path: Path, url: str) -> Iterator[None]:
-    """One process of the host at a time; waits at most `_LOCK_WAIT_S`. The lock file is
-    this user's own (another's could be held forever), opened in the folder open as
-    ``folder_fd``."""
-    try:  # (a refusal, or another error, names the file itself)
-        fd = open_own_file(folder_fd, path.name, os.O_RDWR | os.O_CREAT, path)
-    except FileNotFoundError as exc:  # the folder was removed meanwhile
-        raise StorageError(f"{path}: cannot lock the index cache ({exc.strerror})") from None
-    try:
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise StorageError(f"{path}: cannot lock ({exc.strerror})") from None
-                if time.monotonic() > deadline:
-                    raise StorageError(
-                        f"{path}: another process has been fetching the index of {url} for "
-                        f"{_LOCK_WAIT_S:.0f} s; if none is running, remove this file"
-                    ) from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)

@@ -20,6 +20,8 @@ from tierfeed.errors import ConfigError, PackError
 from tierfeed.format import optimize as local_optimize
 from tierfeed.format import pack as local_pack
 from tierfeed.format import shards as local_shards
+from tierfeed.format.braces import expand_braces
+from tierfeed.format.gunzip import GZIP_SUFFIXES
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.optimize import Fn
 from tierfeed.format.pack import PackOptions, PackReport
@@ -81,11 +83,19 @@ def index_shards(
 ) -> IndexReport:
     """`tierfeed.format.shards.index_shards`, in a directory or at a URL.
 
-    At a URL (``out="s3://bucket/shards"``; ``shards`` are URLs under it, or glob patterns
-    such as ``"s3://bucket/shards/*.tar"``), each shard is copied to `staging_dir` (its
+    At a URL (``out="s3://bucket/shards"``; ``shards`` are URLs under it, brace patterns such
+    as ``"s3://bucket/shards/shard-{000000..000009}.tar"`` or glob patterns such as
+    ``"s3://bucket/shards/*.tar"``), each shard is copied to `staging_dir` (its
     checksums need every byte), indexed there, and only the index is uploaded: the shards stay
     where they are. See the local function for the rest."""
     if not is_url(os.fspath(out)):
+        remote = next((str(s) for s in shards if is_url(os.fspath(s))), None)
+        if remote is not None:
+            raise ConfigError(
+                f"{remote}: shards at a URL are indexed into a store at their URL (--out "
+                "s3://bucket/shards; only the index is uploaded): a local store reads local "
+                "shards"
+            )
         return local_shards.index_shards(
             shards, out, labels, skip_bad_names, progress, classes, overwrite
         )
@@ -114,9 +124,10 @@ def index_shards(
 
 
 def _shard_names(origin: Driver, root: str, shards: list[str]) -> list[str]:
-    """The shards' names under ``root``: URLs under it, glob patterns expanded (sorted)."""
+    """The shards' names under ``root``: URLs under it, brace patterns expanded as
+    WebDataset's (in order), glob patterns expanded (sorted)."""
     names: list[str] = []
-    for shard in shards:
+    for shard in (name for pattern in shards for name in expand_braces(pattern)):
         if not shard.startswith(root + "/"):
             raise ConfigError(f"{shard}: a shard must lie under --out {root}")
         pattern = shard[len(root) + 1 :]
@@ -127,6 +138,12 @@ def _shard_names(origin: Driver, root: str, shards: list[str]) -> list[str]:
             names += sorted(found)
         else:
             names.append(pattern)
+    gzipped = next((n for n in names if n.endswith(GZIP_SUFFIXES)), None)
+    if gzipped is not None:  # its chunk would be a plain tar that is not at the URL
+        raise ConfigError(
+            f"{root}/{gzipped}: a gzipped shard cannot be read by range at a URL; copy it "
+            "here and index it into a local store (`tierfeed index` decompresses it there)"
+        )
     return names
 
 

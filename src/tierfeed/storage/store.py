@@ -57,10 +57,10 @@ class Store:
     Args:
         index: the opened index.
         source: where chunk bytes come from (e.g. `tierfeed.storage.DirectoryChunks` over
-            the chunk files beside the index, or a `TierStack`).
+            the chunk files under the index's `chunk_root`, or a `TierStack`).
         verify_reads: check every member read against its xxh3 checksum (~GB/s per core).
-        location: the store's directory or URL, as errors name it (default: the index's
-            directory).
+        location: the store's URL, as errors name it and its chunks (default: the index's
+            directory, its chunks named under its `chunk_root`).
         second_source: makes a second, independent way to the origin's chunks, for hedged
             reads (None: the chunk files beside the index, opened ``O_DIRECT``).
     """
@@ -75,8 +75,9 @@ class Store:
     ) -> None:
         self.index = index
         self.verify_reads = verify_reads
-        self.root = index.path.parent
-        self.location = location or str(self.root)
+        self.root = index.chunk_root  # the chunk files' directory (a store's own, or shards')
+        self.location = location or str(index.path.parent)
+        self._chunks_at = location or str(self.root)
         self.second_source = second_source
         self.chunks: Sequence[ChunkInfo] = index.chunks()
         self._field_names = [field_name(ext) for ext in index.exts]  # by extension id
@@ -93,7 +94,7 @@ class Store:
 
     def chunk_location(self, chunk: int) -> str:
         """Where chunk ``chunk`` of the origin lives (its path or URL), for messages."""
-        return f"{self.location}/{self.chunks[chunk].name}"
+        return f"{self._chunks_at}/{self.chunks[chunk].name}"
 
     def read_member(self, member: int) -> bytes:
         """The bytes of one member (one range read), checked against the member's checksum.

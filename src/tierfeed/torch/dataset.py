@@ -12,7 +12,7 @@ import functools
 import gc
 import numbers
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import numpy as np
@@ -43,14 +43,18 @@ from tierfeed.world import World
 __all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
 
 _D = TypeVar("_D", bound="Dataset")
+_Where = str | os.PathLike[str] | StoreLocation
 
 
 class Dataset(Feed, IterableDataset[Batch]):
     """Yields collated batches of decoded samples in the plan's order (guard permitting).
 
     Args:
-        store: a store directory or URL (``s3://bucket/ds``), or a function returning a
-            ChunkSource-backed Store for this process (e.g. over a tier stack).
+        store: a store directory or URL (``s3://bucket/ds``); or tar shards where they lie
+            (a list of ``.tar`` paths, a brace pattern ``"shards/s-{000000..000099}.tar"``,
+            gzipped ones too), indexed once into the user's cache and reused while unchanged
+            (`tierfeed.loader.shardstore`); or a function returning a ChunkSource-backed
+            Store for this process (e.g. over a tier stack).
         plan: the sampling plan: a `PlanSpec`, its text (``"global"``, ``"local"``,
             ``"partial:0.1"``, ``"global,chunkwise:8"``, ``"sequential"``: the store's order,
             unshuffled, for evaluation) or any object with ``order()``.
@@ -115,7 +119,7 @@ class Dataset(Feed, IterableDataset[Batch]):
 
     def __init__(
         self,
-        store: str | os.PathLike[str] | StoreLocation | Callable[[], Store],
+        store: _Where | Sequence[str | os.PathLike[str]] | Callable[[], Store],
         plan: OrderPlan | PlanSpec | str = "global",
         batch_size: int = 32,
         decode: Callable[[Sample], Any] | str = sample_fields,
