@@ -400,7 +400,9 @@ def test_ranked_pieces_of_two_copies_are_fetched_by_need() -> None:
         fetches.append(threading.Thread(target=fetch.run, args=(order, 8, ranks.tolist())))
     for thread in fetches:
         thread.start()
-    time.sleep(0.2)  # both copies queued their 8 pieces
+    deadline = time.monotonic() + 10
+    while pool._jobs.qsize() < 16 and time.monotonic() < deadline:  # both copies' 8 pieces
+        time.sleep(0.01)  # (a fixed sleep was too short on a busy CI machine)
     gate.set()
     for thread in fetches:
         thread.join(10)
