@@ -224,3 +224,19 @@ def test_find_classes_and_make_dataset_can_be_overridden(mixed_case: Path) -> No
     assert all(
         np.array_equal(np.asarray(backwards[i][0]), np.asarray(plain[3 - i][0])) for i in range(4)
     )
+
+
+def test_chunk_sizes_as_text_wherever_a_store_is_written(tmp_path: Path) -> None:
+    import tierfeed
+
+    write_tree(tmp_path / "tree", {b"a/x.txt": b"x" * 3000, b"b/y.txt": b"y" * 3000})
+    packed = tierfeed.pack(
+        tmp_path / "tree", tmp_path / "p", PackOptions(chunk_size="4KiB", progress=False)
+    )
+    assert packed.chunks == 2  # each 3 KB file a chunk of its own at 4 KiB
+    with tierfeed.Writer(tmp_path / "w", chunk_size="1MiB") as w:
+        w.write({"__key__": "a", "txt": "x"})
+    with pytest.raises(ConfigError, match=r"chunk_size='lots': cannot read the size"):
+        tierfeed.Writer(tmp_path / "v", chunk_size="lots")
+    with pytest.raises(ConfigError, match=r"PackOptions\(workers=0\): takes an int >= 1"):
+        PackOptions(workers=0)

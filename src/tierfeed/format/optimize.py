@@ -229,14 +229,14 @@ def _prepare(
     fn: Fn,
     inputs: Sequence[Any],
     workers: int,
-    chunk_size: int,
+    chunk_size: int | str,
     labels: str,
     start_method: str,
     quality: int,
-) -> tuple[str, Fn | bytes]:
-    """Check the arguments before anything is written (a ConfigError); the start method and
-    ``fn`` as the workers get it (`tierfeed.format.workerstart`)."""
-    check_options(chunk_size, labels, quality)
+) -> tuple[str, Fn | bytes, int]:
+    """Check the arguments before anything is written (a ConfigError); the start method,
+    ``fn`` as the workers get it (`tierfeed.format.workerstart`) and the chunk size in bytes."""
+    size = check_options(chunk_size, labels, quality)
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     if start_method not in mp.get_all_start_methods():
@@ -247,7 +247,7 @@ def _prepare(
     if not isinstance(inputs, Sequence):
         raise ConfigError(f"inputs must be a sequence (a list), not {type(inputs).__name__}")
     method = workerstart.start_method(fn, start_method)
-    return method, workerstart.sendable(fn, method)
+    return method, workerstart.sendable(fn, method), size
 
 
 def _run_workers(
@@ -285,7 +285,7 @@ def optimize(
     inputs: Sequence[Any],
     dst: str | os.PathLike[str] | Destination,
     workers: int = 2,
-    chunk_size: int = 64 * 2**20,
+    chunk_size: int | str = 64 * 2**20,
     labels: str = "auto",
     classes: Classes = None,
     overwrite: bool = False,
@@ -314,7 +314,9 @@ def optimize(
             not load ``fn`` or died; no index is written and the chunks are removed.
         DuplicateKeyError: a key is written twice.
     """
-    method, sent = _prepare(fn, inputs, workers, chunk_size, labels, start_method, image_quality)
+    method, sent, chunk_size = _prepare(
+        fn, inputs, workers, chunk_size, labels, start_method, image_quality
+    )
     names = None if classes is None else load_classes(classes)
     destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
     started = time.perf_counter()

@@ -61,6 +61,7 @@ from tierfeed.format.source import (
     walk_tree,
 )
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
+from tierfeed.units import byte_count, count
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -68,10 +69,13 @@ if TYPE_CHECKING:
 __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
 
-def check_chunk_size(chunk_size: int) -> None:
-    """ConfigError for a chunk size tierfeed cannot use (pack and Writer alike)."""
-    if chunk_size < 4096:
-        raise ConfigError(f"chunk size {chunk_size} is too small (at least 4 KiB)")
+def check_chunk_size(chunk_size: int | str) -> int:
+    """The chunk size in bytes (a count, or a size as text: ``"64MiB"``); ConfigError for one
+    tierfeed cannot use (pack and Writer alike)."""
+    size = byte_count(chunk_size, "chunk_size=...")
+    if size < 4096:
+        raise ConfigError(f"chunk size {size} is too small (at least 4 KiB)")
+    return size
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ class PackOptions:
     """How to pack.
 
     Attributes:
-        chunk_size: target chunk size in bytes (a larger sample gets a chunk of its own).
+        chunk_size: target chunk size in bytes, or as text (``"64MiB"``); a larger sample
+            gets a chunk of its own.
         workers: the most parallel file readers: pack starts with as many as the cores and
             adds readers while the reads wait on storage (a shared file system's latency).
         labels: ``auto`` (ImageFolder classes: the top-level directories; a file at the top
@@ -102,9 +107,8 @@ class PackOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        check_chunk_size(self.chunk_size)
-        if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        object.__setattr__(self, "chunk_size", check_chunk_size(self.chunk_size))
+        object.__setattr__(self, "workers", count(self.workers, "PackOptions(workers=...)", 1))
         if self.group_by not in GROUPINGS:
             raise ConfigError(f"group_by must be one of {GROUPINGS}, got {self.group_by!r}")
         if self.labels not in ("auto", "folder", "none"):

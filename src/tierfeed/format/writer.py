@@ -65,13 +65,15 @@ class WriteReport:
         )
 
 
-def check_options(chunk_size: int, labels: str, image_quality: int = 95) -> None:
-    """ConfigError for a chunk size, label mode or image quality tierfeed cannot use."""
-    check_chunk_size(chunk_size)
+def check_options(chunk_size: int | str, labels: str, image_quality: int = 95) -> int:
+    """The chunk size in bytes (`check_chunk_size`); ConfigError for a chunk size, label mode
+    or image quality tierfeed cannot use."""
+    size = check_chunk_size(chunk_size)
     if not (isinstance(image_quality, int) and 1 <= image_quality <= 100):
         raise ConfigError(f"image_quality must be an int in 1..100, got {image_quality!r}")
     if labels not in LABEL_MODES:
         raise ConfigError(f"labels must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
+    return size
 
 
 def _check_tree(keys: list[bytes], exts: list[bytes], counts: np.ndarray[Any, Any]) -> None:

@@ -59,7 +59,8 @@ class Writer:
 
     Args:
         dst: the store directory (created if missing), or its URL.
-        chunk_size: target chunk size in bytes (a larger sample gets a chunk of its own).
+        chunk_size: target chunk size in bytes, or as text (``"64MiB"``); a larger sample
+            gets a chunk of its own.
         labels: ``auto``, ``cls`` (every sample needs a cls), ``folder`` or ``none``.
         classes: class names of ``cls`` labels: a list, or a ``classes.txt``-style file.
         overwrite: replace a store (or an interrupted write's chunks) at ``dst``.
@@ -74,23 +75,23 @@ class Writer:
     def __init__(
         self,
         dst: str | os.PathLike[str],
-        chunk_size: int = 64 * 2**20,
+        chunk_size: int | str = 64 * 2**20,
         labels: str = "auto",
         classes: Classes = None,
         overwrite: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         image_quality: int = 95,
     ) -> None:
-        check_options(chunk_size, labels, image_quality)
+        size = check_options(chunk_size, labels, image_quality)
         self.image_quality = image_quality
         self.destination = destination_for(dst, storage_options, overwrite)
-        self.labels, self.chunk_size = labels, chunk_size
+        self.labels, self.chunk_size = labels, size
         self.classes = None if classes is None else load_classes(classes)
         self._started = time.perf_counter()
         self._records: list[ChunkRecord] = []
         self._keys: set[bytes] = set()
         self.dst, self._lock = self.destination.claim()  # the directory the store is built in
-        self._sink = ChunkSink(self.dst, chunk_size, chunk_file_name, self._records.append)
+        self._sink = ChunkSink(self.dst, size, chunk_file_name, self._records.append)
         self._closed = False
         self.report: WriteReport | None = None
 
