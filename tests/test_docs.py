@@ -1,6 +1,8 @@
 """The README's and the coming-from guide's code blocks run as written (issue 33): every block
-runs, in order, on a small world made for it (an ImageFolder tree of real JPEGs where the
-docs say /data/..., WebDataset shards plain and gzipped, an MDS and a LitData dataset their
+runs, in order, each Python block in a namespace of its own (issue 46: a block copied alone
+works), on a small world made for it (an ImageFolder tree of real JPEGs where the
+docs say /data/..., with an upper-case extension and a linked file in each tree, WebDataset
+shards plain and gzipped, an MDS and a LitData dataset their
 own writers made, moto's S3 for s3://my-bucket), unless an HTML comment right above it says
 why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
 library's example). What the test changes, and only that: the docs' absolute example paths
@@ -84,6 +86,9 @@ def _world(root: Path) -> None:
             (tree / name).mkdir(parents=True)
             for i in range(50):
                 (tree / name / f"img_{i}.jpg").write_bytes(_jpeg(i + 50 * c))
+        # A real tree's mess: a camera's upper-case extension, a file linked in from elsewhere.
+        (tree / "n01440764/IMG_0001.JPG").write_bytes(_jpeg(200))
+        (tree / "n01443537/linked.jpg").symlink_to(tree / "n01440764/img_7.jpg")
     for shards in (root / "data/shards", root / "shards"):
         shards.mkdir(parents=True)
         for s in range(2):
@@ -145,7 +150,6 @@ def test_the_code_blocks_run(
     monkeypatch.chdir(world)
     bin_dir = str(Path(sys.executable).parent)
     shell_env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    namespace = _prelude()
     try:
         for b in blocks(doc):
             if b.skip is not None:
@@ -158,8 +162,8 @@ def test_the_code_blocks_run(
                 )  # fmt: skip
                 assert done.returncode == 0, f"{doc}:{b.line}\n{code}\n{done.stderr[-3000:]}"
             else:
-                try:
-                    exec(compile(code, f"{doc}:{b.line}", "exec"), namespace)
+                try:  # on its own: a reader copies one block, not the page before it
+                    exec(compile(code, f"{doc}:{b.line}", "exec"), _prelude())
                 except Exception as exc:
                     raise AssertionError(f"{doc}:{b.line} failed:\n{code}") from exc
     finally:
