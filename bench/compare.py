@@ -242,7 +242,13 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
                 if system == "per-file" and cache == "half":
                     continue  # no cache of its own: the same as full
                 data = str(mnt / (SYSTEMS[system][1] or "raw"))
+                since = _slowfs(mnt)["uptime_s"]
                 rows = read_run(system, data, str(mnt), work, budget, args, config)
+                stalls = [s for s in _slowfs(mnt)["stalls"] if s["at_s"] >= since]
+                for row in rows:  # the origin's stalls came in the cold epoch: it alone reads
+                    row["origin_stalls_s"] = (
+                        [s["seconds"] for s in stalls] if row["epoch"] == 0 else []
+                    )
                 result["rows"] += rows
     sequential(chunks, samples, "warm-up", None)
     local = sequential(chunks, samples, "physical limit (local disk, sequential)", None)
@@ -252,6 +258,12 @@ def run(work: Path, systems: list[str], args: argparse.Namespace) -> None:
     (args.out / "table.md").write_text(table)
     print(table)
     plot(result, args.out / "compare.png")
+
+
+def _slowfs(mnt: Path) -> dict[str, Any]:
+    """The slowfs mount's live counters: its uptime and its latest stalls (when, how long)."""
+    stats: dict[str, Any] = json.loads((mnt / ".slowfs/stats.json").read_bytes())
+    return stats
 
 
 def render(result: dict[str, Any]) -> str:
