@@ -314,9 +314,8 @@ def optimize(
             not load ``fn`` or died; no index is written and the chunks are removed.
         DuplicateKeyError: a key is written twice.
     """
-    method, sent, chunk_size = _prepare(
-        fn, inputs, workers, chunk_size, labels, start_method, image_quality
-    )
+    checks = (inputs, workers, chunk_size, labels, start_method, image_quality)
+    method, sent, chunk_size = _prepare(fn, *checks)
     names = None if classes is None else load_classes(classes)
     destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
     started = time.perf_counter()

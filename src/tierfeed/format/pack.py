@@ -70,8 +70,8 @@ __all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
 
 
 def check_chunk_size(chunk_size: int | str) -> int:
-    """The chunk size in bytes (a count, or a size as text: ``"64MiB"``); ConfigError for one
-    tierfeed cannot use (pack and Writer alike)."""
+    """The chunk size in bytes (a count, or ``"64MiB"``); ConfigError for one tierfeed cannot
+    use (pack and Writer alike)."""
     size = byte_count(chunk_size, "chunk_size=...")
     if size < 4096:
         raise ConfigError(f"chunk size {size} is too small (at least 4 KiB)")
@@ -83,8 +83,7 @@ class PackOptions:
     """How to pack.
 
     Attributes:
-        chunk_size: target chunk size in bytes, or as text (``"64MiB"``); a larger sample
-            gets a chunk of its own.
+        chunk_size: target bytes per chunk, or as text (``"64MiB"``); a larger sample: its own.
         workers: the most parallel file readers: pack starts with as many as the cores and
             adds readers while the reads wait on storage (a shared file system's latency).
         labels: ``auto`` (ImageFolder classes: the top-level directories; a file at the top
