@@ -295,11 +295,9 @@ def optimize(
     """Run ``fn`` over ``inputs`` in ``workers`` processes and write one store at ``dst``.
 
     ``fn(input)`` returns a sample dict (as `Writer.write` takes it) or an iterable of them.
-    The store holds the samples in input order, the same samples (keys, fields, labels,
-    classes) as a `Writer` given ``fn(x)`` for every ``x`` in turn; only where chunks end
-    differs, since each worker fills its own. A sample without ``__key__`` is keyed by its
-    input's index, nine digits (``"000000042"``), with ``_JJJJ`` appended for the ``j``-th of
-    several samples of one input. Labels, classes, chunk size and crash safety as `Writer`.
+    The store holds them in input order, as a `Writer` given ``fn(x)`` for each ``x`` would
+    (only where chunks end differs); a sample without ``__key__`` is keyed by its input's
+    index (``"000000042"``, ``_JJJJ`` added for an input's ``j``-th). Crash safety as `Writer`.
 
     Args:
         fn: called in the worker processes (with ``spawn``, a module-level function).
@@ -314,16 +312,17 @@ def optimize(
             not load ``fn`` or died; no index is written and the chunks are removed.
         DuplicateKeyError: a key is written twice.
     """
-    checks = (inputs, workers, chunk_size, labels, start_method, image_quality)
-    method, sent, chunk_size = _prepare(fn, *checks)
+    method, sent, size = _prepare(
+        fn, inputs, workers, chunk_size, labels, start_method, image_quality
+    )
     names = None if classes is None else load_classes(classes)
     destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
     started = time.perf_counter()
     root, lock = destination.claim()
     run = _Run(mp.get_context(method), workers, inputs)
     try:
-        records = _run_workers(run, sent, root, chunk_size, labels, image_quality)
-        content = _finish(root, records, labels, names, chunk_size)
+        records = _run_workers(run, sent, root, size, labels, image_quality)
+        content = _finish(root, records, labels, names, size)
     except BaseException:
         remove_chunks(root / "chunks")
         raise
