@@ -60,15 +60,12 @@ def _read_all(fd: int, size: int, path: Path, flags: int = os.O_RDONLY) -> bytes
 
 
 def _map_or_read(fd: int, size: int, path: Path) -> mmap.mmap | bytes:
-    """Map the index (its pages read now if it is small); where the file system cannot map
-    files (direct-I/O FUSE, some network file systems), read it into memory instead."""
+    """Map the index; where the file system cannot map files (direct-I/O FUSE, some network
+    file systems), read it into memory instead."""
     try:
-        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except OSError:
         return _read_all(fd, size, path)
-    if size <= _TOUCH_MAX:
-        xxhash.xxh3_64(mm)  # every page read here, under the hedge, not later
-    return mm
 
 
 def _opened(path: Path, attempt: int) -> tuple[Path, os.stat_result, mmap.mmap | bytes]:
@@ -101,7 +98,10 @@ def _opened(path: Path, attempt: int) -> tuple[Path, os.stat_result, mmap.mmap |
         st = _checked_stat(fd, path)
         if attempt:
             return path, st, _read_all(fd, st.st_size, path, os.O_RDONLY | direct)
-        return path, st, _map_or_read(fd, st.st_size, path)
+        mm = _map_or_read(fd, st.st_size, path)
+        if isinstance(mm, mmap.mmap) and st.st_size <= _TOUCH_MAX:
+            xxhash.xxh3_64(mm)  # every page read here, under the hedge, not later
+        return path, st, mm
     finally:
         os.close(fd)
 

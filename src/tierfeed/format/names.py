@@ -71,19 +71,21 @@ def field_name(ext: bytes) -> str:
     return os.fsdecode(ext[1:] if len(ext) > 1 else ext)
 
 
-def fields_of(names: Sequence[str], data: Sequence[bytes]) -> dict[str, bytes]:
-    """A sample's fields from its members' field names (`field_name`) and bytes: named in
-    lower case, as WebDataset names fields (``UPPER.JPG`` is a ``"jpg"`` field, as
-    torchvision's ImageFolder selects it), except where the sample holds one extension in two
-    cases (``s.jpg`` and ``s.JPG``): those keep the case they were packed with, so that no
-    field hides another."""
-    fields = {name.lower(): d for name, d in zip(names, data, strict=True)}
-    if len(fields) == len(names):
+def fields_of(
+    exts: Sequence[int], data: Sequence[bytes], names: Sequence[str], lowered: Sequence[str]
+) -> dict[str, bytes]:
+    """A sample's fields from its members' extension ids and bytes, given each extension's
+    field name (`field_name`) and that name lower-cased: named in lower case, as WebDataset
+    names fields (``UPPER.JPG`` is a ``"jpg"`` field, as torchvision's ImageFolder selects
+    it), except where the sample holds one extension in two cases (``s.jpg`` and ``s.JPG``):
+    those keep the case they were packed with, so that no field hides another."""
+    fields = {lowered[e]: d for e, d in zip(exts, data, strict=True)}
+    if len(fields) == len(exts):
         return fields
-    seen = Counter(name.lower() for name in names)
+    seen = Counter(lowered[e] for e in exts)
     return {
-        name.lower() if seen[name.lower()] == 1 else name: d
-        for name, d in zip(names, data, strict=True)
+        lowered[e] if seen[lowered[e]] == 1 else names[e]: d
+        for e, d in zip(exts, data, strict=True)
     }
 
 

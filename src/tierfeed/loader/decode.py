@@ -115,13 +115,15 @@ def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data
             isinstance(exc, DecodeError) and exc.key is None
         ):
             raise
+        if isinstance(decode, SkipFailures):
+            return Skipped(data.key, f"{type(exc).__name__}: {exc}")
         checked = (
             "its bytes match the checksum taken when it was packed, so the packed file itself "
             "is not what decode expects"
             if store.verify_reads
             else "its bytes were read without a checksum check"
         )
-        error = DecodeError(
+        raise DecodeError(
             f"{describe_sample(store, sample)}: decode failed with {type(exc).__name__}: "
             f"{exc} ({checked}); fix or remove that file and re-pack, handle it in decode, or "
             "leave files that are not samples out (a README, .DS_Store): "
@@ -129,7 +131,4 @@ def decode_read(decode: Callable[[Sample], Any], store: Store, sample: int, data
             "images only, or give sample ids or a mask of your own",
             key=data.key,
             chunk=_chunk_path(store, sample),
-        )
-        if isinstance(decode, SkipFailures):
-            return Skipped(data.key, f"{type(exc).__name__}: {exc}")
-        raise error from exc
+        ) from exc

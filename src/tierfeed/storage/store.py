@@ -81,6 +81,7 @@ class Store:
         self.second_source = second_source
         self.chunks: Sequence[ChunkInfo] = index.chunks()
         self._field_names = [field_name(ext) for ext in index.exts]  # by extension id
+        self._lowered = [name.lower() for name in self._field_names]  # (`fields_of`)
         self.source = source
         self._index_mtime_ns = os.stat(index.path).st_mtime_ns
 
@@ -155,11 +156,10 @@ class Store:
         if not 0 <= sample < ix.num_samples:
             raise IndexError(f"sample {sample} out of range [0, {ix.num_samples})")
         ix.check_samples([sample])  # an index checked on use: this sample's rows
-        names, ext_of = self._field_names, ix.member_ext
         members = ix.members(sample)
-        fields = fields_of(
-            [names[int(ext_of[m])] for m in members], [self.read_member(m) for m in members]
-        )
+        exts = [int(ix.member_ext[m]) for m in members]
+        data = [self.read_member(m) for m in members]
+        fields = fields_of(exts, data, self._field_names, self._lowered)
         return Sample(ix.key(sample), int(ix.sample_label[sample]), fields)
 
     def read_samples(self, samples: Sequence[int], rows_checked: bool = False) -> list[Sample]:
@@ -203,11 +203,12 @@ class Store:
             for k, want in enumerate(ix.member_checksum[members].tolist()):
                 if checksum_bytes(data[k]) != want:
                     data[k] = self.read_member(int(members[k]))  # drops the bad copy, or raises
-        names, exts = self._field_names, ix.member_ext[members].tolist()
+        names, lowered = self._field_names, self._lowered
+        exts = ix.member_ext[members].tolist()
         labels = ix.sample_label[ids].tolist()
         out, k = [], 0
         for sample, lo, hi, label in zip(samples, first, ends, labels, strict=True):
-            fields = fields_of([names[e] for e in exts[k : k + hi - lo]], data[k : k + hi - lo])
+            fields = fields_of(exts[k : k + hi - lo], data[k : k + hi - lo], names, lowered)
             out.append(Sample(ix.key(int(sample)), label, fields))
             k += hi - lo
         return out
