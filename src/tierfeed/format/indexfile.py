@@ -99,7 +99,7 @@ def _opened(path: Path, attempt: int) -> tuple[Path, os.stat_result, mmap.mmap |
         if attempt:
             return path, st, _read_all(fd, st.st_size, path, os.O_RDONLY | direct)
         mm = _map_or_read(fd, st.st_size, path)
-        if isinstance(mm, mmap.mmap) and st.st_size <= _TOUCH_MAX:
+        if not isinstance(mm, bytes) and st.st_size <= _TOUCH_MAX:  # mapped, small
             xxhash.xxh3_64(mm)  # every page read here, under the hedge, not later
         return path, st, mm
     finally:
