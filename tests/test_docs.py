@@ -1,7 +1,8 @@
 """The README's and the coming-from guide's code blocks run as written (issue 33): every block
 runs, in order, each Python block in a namespace of its own (issue 46: a block copied alone
 works), on a small world made for it (an ImageFolder tree of real JPEGs where the
-docs say /data/..., with an upper-case extension and a linked file in each tree, WebDataset
+docs say /data/..., with an upper-case extension, a truncated JPEG and a linked file in each
+tree, WebDataset
 shards plain and gzipped, an MDS and a LitData dataset their
 own writers made, moto's S3 for s3://my-bucket), unless an HTML comment right above it says
 why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import ImageFile
 
 from tests.objectstore import client, env
 
@@ -79,6 +81,14 @@ def _jpeg(i: int) -> bytes:
     return out.getvalue()
 
 
+def _truncated_jpeg() -> bytes:
+    """A JPEG cut off in its scan data, as an interrupted copy leaves one: PIL opens it and
+    fails to load it ("image file is truncated") unless ``LOAD_TRUNCATED_IMAGES`` is set."""
+    data = _jpeg(3)
+    scan = data.index(b"\xff\xda") + 14  # past the start-of-scan header
+    return data[: scan + (len(data) - scan) // 3]
+
+
 def _world(root: Path) -> None:
     """What the docs' example paths point at: trees, shards and empty directories."""
     for tree in (root / "data/imagenet/train", root / "data/train"):
@@ -86,8 +96,10 @@ def _world(root: Path) -> None:
             (tree / name).mkdir(parents=True)
             for i in range(50):
                 (tree / name / f"img_{i}.jpg").write_bytes(_jpeg(i + 50 * c))
-        # A real tree's mess: a camera's upper-case extension, a file linked in from elsewhere.
+        # A real tree's mess: a camera's upper-case extension, a file linked in from elsewhere,
+        # an image an interrupted copy cut short.
         (tree / "n01440764/IMG_0001.JPG").write_bytes(_jpeg(200))
+        (tree / "n01443537/cut_short.jpg").write_bytes(_truncated_jpeg())
         (tree / "n01443537/linked.jpg").symlink_to(tree / "n01440764/img_7.jpg")
     for shards in (root / "data/shards", root / "shards"):
         shards.mkdir(parents=True)
@@ -162,9 +174,11 @@ def test_the_code_blocks_run(
                 )  # fmt: skip
                 assert done.returncode == 0, f"{doc}:{b.line}\n{code}\n{done.stderr[-3000:]}"
             else:
+                ImageFile.LOAD_TRUNCATED_IMAGES = False  # PIL's default, whatever a block set
                 try:  # on its own: a reader copies one block, not the page before it
                     exec(compile(code, f"{doc}:{b.line}", "exec"), _prelude())
                 except Exception as exc:
                     raise AssertionError(f"{doc}:{b.line} failed:\n{code}") from exc
     finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
         subprocess.run(["fusermount3", "-uz", str(world / "mnt/train")], capture_output=True)

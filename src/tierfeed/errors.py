@@ -43,6 +43,20 @@ class ConfigError(TierfeedError, ValueError):
     """An option or environment variable has a value tierfeed cannot use."""
 
 
+class MisuseError(ConfigError):
+    """A tierfeed dataset used where it cannot work, found in a DataLoader worker: torch
+    re-raises a worker's error in the main process as its type made from the worker's whole
+    report (``Caught ... in DataLoader worker process 0.`` and the worker's traceback); this
+    type keeps only the report's last line, the message itself, which says what to write
+    instead: the user's mistake is in the main process's code, not in the worker."""
+
+    def __init__(self, message: str) -> None:
+        if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            last = message.rstrip().rsplit("\n", 1)[-1]
+            message = last.split(f"{type(self).__name__}: ", 1)[-1]
+        super().__init__(message)
+
+
 # --- data format -------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from tests.torch.conftest import N
 from tierfeed.errors import ConfigError
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.torch import Dataset, ImageFolder, Loader, MapDataset, TierConfig
+from tierfeed.torch.misuse import BATCHED_AGAIN
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,8 +113,10 @@ def test_a_dataloader_that_batches_again_is_refused(store_dir: Path, workers: in
     ds = Dataset(store_dir, batch_size=8)
     for kwargs in ({}, {"batch_size": 64}):
         loader = DataLoader(ds, num_workers=workers, **kwargs)
-        with pytest.raises(ConfigError, match=r"batch_size=None"):
+        with pytest.raises(ConfigError, match=r"batch_size=None") as caught:
             next(iter(loader))
+        # One line in the main process, not torch's report of the worker's traceback.
+        assert str(caught.value) == BATCHED_AGAIN
 
 
 def test_a_dataloader_without_batching_reads_the_epoch(store_dir: Path) -> None:

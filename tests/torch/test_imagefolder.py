@@ -109,3 +109,28 @@ def test_a_corrupt_image_names_its_path_and_chunk(tmp_path: Path) -> None:
     assert "cat/bad.jpg" in message and "chunks/000000.tar" in message
     assert isinstance(caught.value, OSError)  # what code written around PIL catches
     assert caught.value.__cause__ is not None
+    assert "on_error='skip'" in message and "LOAD_TRUNCATED_IMAGES" not in message
+
+
+def test_a_truncated_jpeg_fails_as_in_torchvision_and_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JPEG an interrupted copy cut short: the error names it and PIL's own switch, and with
+    the switch set it decodes as far as it goes, at its full size, as torchvision's would."""
+    from PIL import ImageFile
+
+    from tests.format.conftest import write_tree
+    from tests.test_docs import _jpeg, _truncated_jpeg
+
+    write_tree(tmp_path / "src", {b"cat/cut.jpg": _truncated_jpeg(), b"cat/ok.jpg": _jpeg(1)})
+    pack(tmp_path / "src", tmp_path / "store", PackOptions(progress=False))
+    ds = ImageFolder(tmp_path / "store")
+    assert [path for path, _ in ds.samples] == ["cat/cut.jpg", "cat/ok.jpg"]
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+    with pytest.raises(DecodeError, match="truncated") as caught:
+        ds[0]
+    assert "cat/cut.jpg" in str(caught.value)
+    assert "PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True" in str(caught.value)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    image, label = ds[0]
+    assert image.size == (8, 8) and label == 0

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from tierfeed.config import worker_heap_wanted, world_for, world_from_env
-from tierfeed.errors import ConfigError
+from tierfeed.errors import ConfigError, MisuseError
 from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
@@ -192,7 +192,7 @@ class Dataset(Feed, IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Any]:
         if not self._wrapped and batched_again():
-            raise ConfigError(BATCHED_AGAIN)
+            raise MisuseError(BATCHED_AGAIN)
         info = get_worker_info()
         if info is None:
             batches = self.iterate(0, 1, in_worker=False)

@@ -214,7 +214,7 @@ class ImageFolder(Dataset[tuple[Any, int]]):
             raise DecodeError(
                 f"{path!r} (chunk {chunk}): the loader failed with {type(exc).__name__}: {exc} "
                 "(its bytes match the checksum taken when it was packed, so the file itself is "
-                "not what the loader expects); fix or remove it and re-pack",
+                f"not what the loader expects); {_remedy(exc)}",
                 key=path,
                 chunk=str(chunk),
             ) from exc
@@ -229,6 +229,21 @@ class ImageFolder(Dataset[tuple[Any, int]]):
         state = self.__dict__.copy()
         state["_store"], state["_pid"] = None, -1  # descriptors do not cross processes
         return state
+
+
+def _remedy(exc: Exception) -> str:
+    """What to do about a file the loader failed on: torchvision's own habit where there is
+    one (PIL's switch for images an interrupted copy cut short), else fix, skip or re-pack."""
+    either = (
+        "fix or remove it and re-pack, or read the store with "
+        "tierfeed.torch.Dataset(..., on_error='skip'), which leaves such a sample out"
+    )
+    if isinstance(exc, OSError) and "truncated" in str(exc):
+        return (
+            "`PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True` decodes it as far as it goes, "
+            f"as with torchvision; or {either}"
+        )
+    return either
 
 
 def _load(loader: Callable[[Any], Any], data: bytes) -> Any:
