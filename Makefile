@@ -60,7 +60,7 @@ BENCH_PIP   := $(BENCH_VENV)/bin/python -m pip install -q --disable-pip-version-
 
 $(BENCH_STAMP): pyproject.toml bench/peers/constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
-	$(BENCH_PIP) torch==2.14.1 torchvision==0.29.1 mosaicml-streaming litdata webdataset
+	$(BENCH_PIP) torch==2.14.1 torchvision==0.29.1 mosaicml-streaming litdata webdataset s3torchconnector
 	$(BENCH_PIP) -e '.[fuse,image,report,fsspec]' 'moto[server,s3]'
 	touch $(BENCH_STAMP)
 

@@ -1,12 +1,14 @@
-"""Side by side from an object store: tierfeed, MosaicML Streaming and LitData read the same
-generated JPEGs from a slowed S3 endpoint, in one run.
+"""Side by side from an object store: tierfeed, MosaicML Streaming, LitData and AWS's
+s3torchconnector read the same generated JPEGs from a slowed S3 endpoint, in one run.
 
 Usage (in the benchmark environment, `make bench-env`):
     .venv-bench/bin/python bench/s3_compare.py [--images 2000] [--median-kb 64] [--epochs 3]
-        [--latency-ms 20] [--mbps 25] [--systems tierfeed,streaming,litdata] [--out bench-out/s3]
+        [--latency-ms 20] [--mbps 25] [--systems tierfeed,streaming,litdata,s3torchconnector]
+        [--out bench-out/s3]
 
 Steps: generate an ImageFolder tree of real JPEGs (as `bench/compare.py`); convert it with each
-system's own tool; start moto's S3 server (its own process, on loopback) and upload each
+system's own tool (s3torchconnector reads one object per sample: the tree as it is, its users'
+layout); start moto's S3 server (its own process, on loopback) and upload each
 converted dataset to ``s3://bench/<system>``; start the slowing proxy in front of it
 (`tests/s3proxy.py`, its own process: ``--latency-ms`` before every request, each response's
 body at most ``--mbps`` MB/s, as one connection to S3 is). The proxy answers GET and HEAD of the
@@ -18,7 +20,8 @@ fetches index.json before the DataLoader forks, and its forked workers then shar
 connection, whose responses interleave (a corrupted shard, or a 60 s read timeout). Run each
 system's loader in a fresh process for ``--epochs`` epochs with the same workers, batch size and
 a local cache with room for everything, pointed at the proxy by the SDKs' own settings
-(``AWS_ENDPOINT_URL``, and Streaming's ``S3_ENDPOINT_URL``). Per epoch: samples/s, the first
+(``AWS_ENDPOINT_URL``, and Streaming's ``S3_ENDPOINT_URL``; s3torchconnector, which has no
+cache, is given that URL as its ``endpoint``). Per epoch: samples/s, the first
 batch's wait (from asking for the epoch's iterator: the DataLoader workers' start included),
 batch waits, and the GET requests and bytes the proxy served. The origin's own limit: N
 threads of 8 MiB ranged GETs of tierfeed's chunk objects through the proxy, the best N (timed
@@ -49,6 +52,10 @@ from bench.compare import SYSTEMS, convert_all, plot, read_run  # noqa: E402
 from bench.peers.common import origin_counters  # noqa: E402
 from tierfeed.synth import SynthSpec, make_imagefolder  # noqa: E402
 
+# s3torchconnector reads only from S3, so it is a peer here and not in compare.py's run through
+# a slowed file system: registered beside the others for convert_all, read_run and plot.
+SYSTEMS.setdefault("s3torchconnector", ("run_s3torch.py", "s3torchconnector"))
+PEERS = ("tierfeed", "streaming", "litdata", "s3torchconnector")
 BUCKET = "bench"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
@@ -144,8 +151,9 @@ def render(result: dict[str, Any]) -> str:
     ]
     for system in dict.fromkeys(r["system"] for r in result["rows"]):
         rows = [r for r in result["rows"] if r["system"] == system]
-        if "failed" in rows[0]:
-            lines.append(f"| {system} | failed | | | | | | |")
+        if "failed" in rows[0]:  # not run: the last line its process wrote says why
+            reason = (rows[0]["failed"].strip().splitlines() or ["?"])[-1].replace("|", "/")
+            lines.append(f"| {system} | not run: {reason} | | | | | | |")
             continue
         cold, warm = rows[0], rows[1:] or rows
         lines.append(
@@ -170,11 +178,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--mbps", type=float, default=25.0, help="MB/s per response (one connection)")
-    p.add_argument("--systems", default="tierfeed,streaming,litdata")
+    p.add_argument("--systems", default=",".join(PEERS), help=f"some of {','.join(PEERS)}")
     p.add_argument("--run-timeout", type=float, default=900)
     p.add_argument("--out", type=Path, default=Path("bench-out/s3"))
     p.add_argument("--work", type=Path, default=None, help="scratch directory")
     args = p.parse_args()
+    unknown = set(args.systems.split(",")) - set(PEERS)
+    if unknown:
+        p.error(f"--systems: unknown {','.join(sorted(unknown))}; choose from {','.join(PEERS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         run(Path(tmp), args.systems.split(","), args)

@@ -3,9 +3,11 @@
 Packs `bench/s3_compare.py`'s data (``--images`` JPEGs, 64 MiB chunks), starts moto's server
 (its own process) and the slowing proxy (`tests/s3proxy.py`, in this process); then, per
 trial, fetches every 4 MiB piece of the two large chunks with 32 threads: once through
-`FsspecDriver.read_range` (aiobotocore on fsspec's one event loop, each object's HEAD made
-before the clock starts), once through `FsspecDriver.read_block` (a copy's pieces: botocore
-on the calling threads, `S3Ranges`, its client made before the clock starts), once through a
+`FsspecDriver.read_range` (obstore since issue 47; aiobotocore on fsspec's one event loop
+before it; each object's HEAD made before the clock starts), twice through
+`FsspecDriver.read_block` (a copy's pieces on the calling threads: obstore's client,
+`NativeRanges`, then botocore's, `S3Ranges`, as ``TIERFEED_S3_CLIENT=botocore`` asks; each
+client made before the clock starts), once through a
 boto3 client (urllib3, one connection per thread), as the origin-limit row of
 `bench/s3_compare.py` does. Prints the wall time of each and the
 span the proxy took to send the bytes: where the first is much longer than the second, the
@@ -86,13 +88,17 @@ def main() -> None:
                 timed(proxy, "FsspecDriver.read_range", items,
                       lambda it, d=driver: len(d.read_range(*it)))  # fmt: skip
                 driver.close()
-                driver = FsspecDriver(f"s3://{BUCKET}/tierfeed", read_only=True)
-                for name in {k for k, _, _ in items}:
-                    driver.size(name)
-                driver.read_block(items[0][0], 0, 1)  # its client made (once per process)
-                timed(proxy, "FsspecDriver.read_block", items,
-                      lambda it, d=driver: len(d.read_block(*it)))  # fmt: skip
-                driver.close()
+                for client in ("obstore", "botocore"):
+                    os.environ["TIERFEED_S3_CLIENT"] = client
+                    driver = FsspecDriver(f"s3://{BUCKET}/tierfeed", read_only=True)
+                    for name in {k for k, _, _ in items}:
+                        driver.size(name)
+                    driver.read_block(items[0][0], 0, 1)  # its client made (once per process)
+                    kind = type(driver._threaded()).__name__
+                    timed(proxy, f"FsspecDriver.read_block ({kind})", items,
+                          lambda it, d=driver: len(d.read_block(*it)))  # fmt: skip
+                    driver.close()
+                os.environ.pop("TIERFEED_S3_CLIENT")
                 s3 = s3_client(proxy.url)
 
                 def get(it: tuple[str, int, int], s3: Any = s3) -> int:

@@ -8,16 +8,21 @@ process, with every GET's start, end and bytes recorded; then runs one cold epoc
 child process that writes the wall-clock time of its start, its first iteration and every
 batch. Times are from the child's start (its imports, the Dataset, the workers' start
 included), in ms. Per run also the CPU seconds each process used in the epoch (the Loader's
-process and each worker, from /proc; the proxy's, this process's, over the child's run).
+process and each worker, from /proc; the proxy's, this process's, over the child's run), and
+the same per GB the proxy sent for the epoch (``cpu_s_per_GB``): a figure that holds across
+machines where samples/s do not. ``--clients obstore,botocore`` alternates the runs between
+the S3 clients that receive (`tierfeed.storage.nativeranges`, and botocore's: the path before
+it, ``TIERFEED_S3_CLIENT=botocore``).
 
 ``--row`` also times the origin-limit row of `bench/s3_compare.py` once (N = 32 threads of
 8 MiB ranged GETs of the chunk objects through the same proxy, boto3, in a child process): its
-seconds from the first GET to the last, the CPU seconds its process used and the proxy's. On
-a machine of few cores the cold epoch's share of the row is bounded by the CPU both need.
+seconds from the first GET to the last, the CPU seconds its process used (and per GB) and the
+proxy's. On a machine of few cores the cold epoch's share of the row is bounded by the CPU
+both need.
 
 Usage (in the benchmark environment, or any with moto, s3fs and torch):
     python bench/s3_trace.py [--images 2000] [--latency-ms 20] [--mbps 25] [--runs 1]
-        [--requests] [--row]
+        [--requests] [--row] [--clients obstore,botocore]
 """
 
 from __future__ import annotations
@@ -90,8 +95,9 @@ def row_child(endpoint: str, keys: str, out: str) -> None:
     cpu0, started = time.process_time(), time.perf_counter()
     total = parallel_gets(s3, work, 32)
     seconds = time.perf_counter() - started
-    result = {"s": round(seconds, 3), "MB": round(total / 1e6, 1),
-              "cpu_s": round(time.process_time() - cpu0, 3)}  # fmt: skip
+    cpu = time.process_time() - cpu0
+    result = {"s": round(seconds, 3), "MB": round(total / 1e6, 1), "cpu_s": round(cpu, 3),
+              "cpu_s_per_GB": round(cpu / (total / 1e9), 2)}  # fmt: skip
     Path(out).write_text(json.dumps(result))
 
 
@@ -173,6 +179,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--requests", action="store_true", help="list every chunk GET too")
     p.add_argument("--row", action="store_true", help="time the origin-limit row once too")
+    p.add_argument("--clients", default="default",
+                   help="comma-separated S3 clients to alternate (obstore, botocore)")  # fmt: skip
     p.add_argument("--child", nargs=3, metavar=("PREFIX", "CACHE", "MARKS"))
     p.add_argument("--row-child", nargs=3, metavar=("ENDPOINT", "KEYS", "OUT"))
     a = p.parse_args()
@@ -208,25 +216,28 @@ def trace(work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
         upload_tree(endpoint, work / "origin" / "tierfeed", "tierfeed")
         proxy = traced_proxy(endpoint, a.latency_ms / 1e3, a.mbps * 1e6, work / "origin")
         env = dict(os.environ, **KEYS, AWS_ENDPOINT_URL=proxy.url)
-        for run in range(a.runs):
+        runs = [(run, c) for run in range(a.runs) for c in a.clients.split(",")]
+        for run, client in runs:
             proxy.gets.clear()
             proxy.log.clear()
             with tempfile.TemporaryDirectory(dir=work) as cache:
                 marks = work / "marks.json"
                 argv = [sys.executable, __file__, "--workers", str(a.workers), "--child",
                         f"s3://{BUCKET}/tierfeed", cache, str(marks)]  # fmt: skip
+                chosen = {"TIERFEED_S3_CLIENT": client} if client != "default" else {}
                 proxy_cpu = time.process_time()
-                subprocess.run(argv, check=True, timeout=600, env=env)
+                subprocess.run(argv, check=True, timeout=600, env=dict(env, **chosen))
                 proxy_cpu = time.process_time() - proxy_cpu
                 marked = json.loads(marks.read_text())
                 line = timeline(list(proxy.gets), marked)
                 line["fetch"] = marked.get("tiers", {}).get("fetch", {})  # the epoch's counters
                 line["cpu_s"] = dict(marked["cpu_s"], proxy=round(proxy_cpu, 3))
+                line["cpu_s_per_GB"] = per_gb(marked["cpu_s"], line["get_MB"])
                 if a.requests:
                     t0 = marked["start"]
                     line["requests"] = [(round((s - t0) * 1e3), round((e - t0) * 1e3), k, r)
                                         for s, e, k, r in sorted(proxy.log)]  # fmt: skip
-                out.append(dict(run=run, **line))
+                out.append(dict(run=run, client=client, **line))
         if a.row:
             out.append({"row": origin_row(proxy.url, work / "origin" / "tierfeed", env, work)})
         proxy.stop()
@@ -234,6 +245,14 @@ def trace(work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
         server.terminate()
         server.wait(timeout=10)
     return out
+
+
+def per_gb(cpu_s: dict[str, Any], mb: float) -> dict[str, Any]:
+    """The epoch's CPU seconds per GB received: the Loader's process, each worker, all."""
+    gb = max(mb, 1e-9) / 1e3
+    workers = [round(w / gb, 2) for w in cpu_s["workers"]]
+    whole = (cpu_s["main"] + sum(cpu_s["workers"])) / gb
+    return {"main": round(cpu_s["main"] / gb, 2), "workers": workers, "all": round(whole, 2)}
 
 
 def origin_row(url: str, store: Path, env: dict[str, str], work: Path) -> dict[str, Any]:

@@ -1,11 +1,10 @@
 """The README's and the coming-from guide's code blocks run as written (issue 33): every block
 runs, in order, each Python block in a namespace of its own (issue 46: a block copied alone
-works), on a small world made for it (an ImageFolder tree of real JPEGs where the
-docs say /data/..., with an upper-case extension, a truncated JPEG and a linked file in each
-tree, WebDataset
-shards plain and gzipped, an MDS and a LitData dataset their
-own writers made, moto's S3 for s3://my-bucket), unless an HTML comment right above it says
-why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
+works), on a small world made for it (an ImageFolder tree of real JPEGs where the docs say
+/data/..., with an upper-case extension, a truncated JPEG and a linked file in each tree,
+WebDataset shards plain and gzipped, an MDS and a LitData dataset their own writers made,
+moto's S3 for s3://my-bucket with the plain shards under shards/), unless an HTML comment
+right above it says why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
 library's example). What the test changes, and only that: the docs' absolute example paths
 are moved under the world, and their sizes made small (8 workers -> 2, 90 epochs -> 2)."""
 
@@ -158,7 +157,10 @@ def test_the_code_blocks_run(
     for name, value in env(s3_endpoint).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TIERFEED_CACHE", str(tmp_path / "cache"))
-    client(s3_endpoint).create_bucket(Bucket="my-bucket")
+    s3 = client(s3_endpoint)
+    s3.create_bucket(Bucket="my-bucket")
+    for shard in sorted((world / "data/shards").glob("*.tar")):  # a bucket only read
+        s3.put_object(Bucket="my-bucket", Key=f"shards/{shard.name}", Body=shard.read_bytes())
     monkeypatch.chdir(world)
     bin_dir = str(Path(sys.executable).parent)
     shell_env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}

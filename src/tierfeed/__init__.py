@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from tierfeed.format.writer import WriteReport
     from tierfeed.loader.compose import open_store
     from tierfeed.loader.convert import convert
-    from tierfeed.loader.upload import Writer, index_shards, optimize, pack
+    from tierfeed.loader.upload import Writer, optimize, pack
+    from tierfeed.loader.urlshards import index_shards
     from tierfeed.storage.source import ChunkSource
     from tierfeed.storage.store import PathStat, Sample, Store
     from tierfeed.world import World
@@ -58,7 +59,7 @@ _LAZY = {
     "PackOptions": "tierfeed.format.pack",
     "PackReport": "tierfeed.format.pack",
     "pack": "tierfeed.loader.upload",
-    "index_shards": "tierfeed.loader.upload",
+    "index_shards": "tierfeed.loader.urlshards",
     "PathStat": "tierfeed.storage.store",
     "Sample": "tierfeed.storage.store",
     "Store": "tierfeed.storage.store",

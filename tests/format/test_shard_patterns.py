@@ -23,7 +23,7 @@ from tests.hostile.test_cli_errors import assert_user_error, tierfeed
 from tierfeed.errors import ConfigError
 from tierfeed.format.braces import expand_braces
 from tierfeed.loader.location import StoreLocation
-from tierfeed.loader.upload import _shard_names
+from tierfeed.loader.urlshards import _names_under, index_shards
 from tierfeed.torch import Dataset, Loader
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,17 +83,22 @@ def test_the_cli_expands_a_quoted_pattern(tmp_path: Path, shards: tuple[Path, Sa
     assert snapshot(ro) == before
 
 
-def test_url_patterns_expand_before_globs() -> None:
+def test_url_patterns_expand_before_globs(tmp_path: Path) -> None:
     root = "s3://bucket/shards"
-    names = _shard_names(None, root, [f"{root}/shard-{{000000..000002}}.tar"])  # type: ignore[arg-type]
+    names = _names_under(None, root, [f"{root}/shard-{{000000..000002}}.tar"])  # type: ignore[arg-type]
     assert names == [f"shard-{i:06d}.tar" for i in range(3)]
-    with pytest.raises(ConfigError, match="gzipped shard"):
-        _shard_names(None, root, [f"{root}/s-{{0,1}}.tar.gz"])  # type: ignore[arg-type]
+    for out in (root, tmp_path / "store"):  # refused before any request
+        with pytest.raises(ConfigError, match="gzipped shard"):
+            index_shards([f"{root}/s-{{0,1}}.tar.gz"], out)
 
 
-def test_url_shards_into_a_local_store_are_one_line(tmp_path: Path) -> None:
-    done = tierfeed("index", "s3://bucket/s-{0..3}.tar", "--out", tmp_path / "store", "-q")
-    assert "--out s3://" in assert_user_error(done, "index", "s3://bucket/s-{0..3}.tar")
+def test_url_shards_a_local_store_cannot_hold_are_one_line(tmp_path: Path) -> None:
+    local = tmp_path / "s-0.tar"
+    done = tierfeed("index", "s3://bucket/s-0.tar", local, "--out", tmp_path / "store", "-q")
+    assert "all local files or all at URLs" in assert_user_error(done, "index", local)
+    done = tierfeed("index", "s3://a/s-0.tar", "s3://b/s-0.tar", "--out", tmp_path / "store")
+    assert "in one bucket" in assert_user_error(done, "index", "s3://a/s-0.tar", "s3://b/")
+    assert not (tmp_path / "store").exists()
 
 
 def test_dataset_takes_a_list_and_a_pattern_indexed_once(

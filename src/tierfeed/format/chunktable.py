@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.format.chunkref import ChunkInfo
-from tierfeed.format.chunkroot import chunk_root
+from tierfeed.format.chunkroot import chunk_root, chunk_url
 from tierfeed.format.indexcheck import check_chunk_rows, damaged
 from tierfeed.format.rowcheck import name_check
 
@@ -27,13 +27,15 @@ class ChunkTable(Sequence[ChunkInfo]):
 
     It holds views of the chunk table's sections, so it outlives `Index.close` as a list did.
     ``root`` is the directory the chunk names are relative to: the index's own, or the chunk
-    root its header records (`tierfeed.format.chunkroot`).
+    root its header records (`tierfeed.format.chunkroot`); ``url`` the URL they are relative
+    to instead, when the header records one (``root`` is then the index's directory).
     """
 
     def __init__(self, arrays: dict[str, Any], where: Path, recorded_root: str | None) -> None:
         self._a = {name: arrays[name] for name in _CHUNK_SECTIONS if name in arrays}
         self._where = where
         self.root = chunk_root(where, recorded_root)
+        self.url = chunk_url(recorded_root)
         self.checked = False  # every row checked (the index's checks ran, or a stamp)
         self._made: dict[int, ChunkInfo] = {}
         self._rows_done: npt.NDArray[np.bool_] | None = None

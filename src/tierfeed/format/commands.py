@@ -147,13 +147,13 @@ def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) 
         "shards", nargs="+",
         help=".tar shards, read where they lie (any directory, read-only too; links to them "
         "too); .tar.gz/.tgz ones are decompressed once into --out; quoted brace patterns "
-        "expand as WebDataset's ('shard-{000000..000009}.tar'); URLs: under an --out URL, "
-        "quoted glob patterns too",
+        "expand as WebDataset's ('shard-{000000..000009}.tar'); URLs (s3://...), read "
+        "where they lie, quoted glob patterns too",
     )  # fmt: skip
     p.add_argument(
         "--out", required=True,
-        help="store directory for the index (made if missing; shards outside it are recorded "
-        "as its shard root), or the shards' URL",
+        help="store directory for the index (made if missing; shards outside it, or at URLs "
+        "in a bucket you cannot write, are recorded as its shard root), or the shards' URL",
     )  # fmt: skip
     p.add_argument(
         "--labels",

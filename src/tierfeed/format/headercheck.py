@@ -17,6 +17,7 @@ import numpy as np
 
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, checksum_bytes
+from tierfeed.format.chunkroot import url_root_problem
 from tierfeed.format.layout import NARROW, TREE_SECTIONS, as_dtype, present_sections
 
 __all__ = [
@@ -114,8 +115,10 @@ MAX_CHUNK_ROOT_BYTES = 4096  # PATH_MAX
 
 
 def _check_chunk_root(header: dict[str, Any], where: Path) -> None:
-    """A chunk root (`tierfeed.format.chunkroot`) is a path: not empty, no NUL, at most
-    PATH_MAX bytes."""
+    """A chunk root (`tierfeed.format.chunkroot`) is a directory path (not empty, no NUL, at
+    most PATH_MAX bytes) or a URL directory (``s3://bucket/path``: `url_root_problem`). A URL
+    root is honoured only in a store's own local index: the index of a store at a URL names
+    no root at all (`tierfeed.loader.location.fetch_index` refuses it)."""
     root = header.get("chunk_root")
     if root is None:
         return
@@ -125,6 +128,9 @@ def _check_chunk_root(header: dict[str, Any], where: Path) -> None:
         size = -1
     if not root or "\0" in root or not 0 < size <= MAX_CHUNK_ROOT_BYTES:
         raise damaged(where, f"the header's chunk root {root[:80]!r} is not a directory path")
+    problem = url_root_problem(root) if "://" in root else None
+    if problem is not None:
+        raise damaged(where, f"the header's chunk root {root[:80]!r} {problem}")
 
 
 def _check_root(header: dict[str, Any], where: Path) -> None:

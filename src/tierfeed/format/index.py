@@ -115,8 +115,8 @@ class Index:
         self.row_checks = "sample_check" in arrays
         if self.version >= ROW_CHECKS_SINCE and not self.row_checks:
             raise damaged(self.path, f"a format {self.version} index without its row checks")
-        self._chunk_table = ChunkTable(arrays, self.path, h.get("chunk_root"))
-        self.chunk_root: Path = self._chunk_table.root  # where the chunk files lie
+        chunks = self._chunk_table = ChunkTable(arrays, self.path, h.get("chunk_root"))
+        self.chunk_root, self.chunk_url = chunks.root, chunks.url  # where chunks lie (`chunkroot`)
         # Directory paths of the tree (root excluded), sorted: few next to the members.
         self.dir_paths: list[bytes] = []
         self._total = sum(nbytes for _, nbytes in h["sections"].values())
@@ -276,7 +276,7 @@ class Index:
         return self.key_bytes(self.member_owner(member)) + self.exts[ext]
 
     def chunk_name(self, chunk: int) -> str:
-        """The chunk's path relative to `chunk_root` (the store directory, or its shards')."""
+        """The chunk's path under `chunk_root` (the store's, or its shards'), or `chunk_url`."""
         return self.chunks()[chunk].name
 
     def chunk(self, chunk: int) -> ChunkInfo:

@@ -5,19 +5,19 @@ place, as before), or elsewhere, even read-only (their directory is recorded as 
 chunk root: `tierfeed.format.chunkroot`). A shard that is a symbolic link is indexed as the
 file it points to. Gzipped shards are decompressed once into the store directory
 (`tierfeed.format.gunzip`); brace patterns name shard lists as WebDataset's do
-(`tierfeed.format.braces`).
+(`tierfeed.format.braces`). Shards at URLs come as a `ShardSet` (`tierfeed.format.shardset`)
+whose local copies are read one at a time (`tierfeed.loader.urlshards`).
 
 Foreign shards are untrusted: member names that are absolute, contain ``..`` or NUL, or repeat
 another are refused (or skipped and counted when asked), links and devices are not data, and
 no chunk path in the resulting index can resolve outside the directory it is relative to.
-Every input is checked before any work (a missing shard, a directory, a FIFO, an ``--out``
-that is not a directory), and each shard is parsed strictly (`tierfeed.format.tarscan`).
+Every input is checked before any work (`tierfeed.format.shardset`), and each shard is parsed
+strictly (`tierfeed.format.tarscan`).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,16 +33,14 @@ from tierfeed.errors import (
     FormatError,
     PackError,
 )
-from tierfeed.format.braces import expand_braces
 from tierfeed.format.chunkref import checksum_range
-from tierfeed.format.chunkroot import chunk_root, shard_names
-from tierfeed.format.destination import already_holds_a_store
-from tierfeed.format.gunzip import Gunzip, gunzip_shards, is_gzipped, plan_gunzip
+from tierfeed.format.chunkroot import chunk_root, is_url
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import normalize_member_name, split_key
 from tierfeed.format.packplan import OWNER_BITS, SHARED_READ
+from tierfeed.format.shardset import ShardSet, shard_set
 from tierfeed.format.tarscan import TarMember, open_shard, scan_tar_fd
 
 __all__ = ["IndexReport", "index_shards"]
@@ -58,7 +56,7 @@ class IndexReport:
     chunks: int
     data_bytes: int
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (shard:member, reason)
-    shard_root: Path | None = None  # where the shards lie, when outside the store directory
+    shard_root: Path | str | None = None  # where the shards lie (a directory, a URL), if not in it
 
 
 @dataclass
@@ -82,46 +80,6 @@ class _Collected:
         return [next((f[e] for e in CLS_EXTS if e in f), None) for f in found]
 
 
-def _check_out(out: Path, index_path: Path) -> None:
-    """``--out`` must be a directory (or an index path inside one), or not exist yet."""
-    where = index_path.parent if out == index_path else out
-    try:
-        mode = where.stat().st_mode
-    except FileNotFoundError:
-        return  # made once every input is checked
-    except OSError as exc:
-        raise PackError(f"{where}: cannot use --out: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(mode):
-        raise PackError(
-            f"{where}: --out is not a directory; give the store directory the index goes into"
-        )
-
-
-def _make_out(store: Path) -> None:
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PackError(f"{store}: cannot make the store directory: {exc.strerror}") from None
-
-
-def _shard_size(shard: Path) -> int:
-    """Size of a shard that must be a regular file; stat only, so a FIFO is never opened."""
-    try:
-        st = shard.stat()
-    except FileNotFoundError:
-        raise FormatError(f"{shard}: no such shard (does not exist); check the path") from None
-    except OSError as exc:
-        raise FormatError(f"{shard}: cannot stat shard: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise FormatError(f"{shard}: is a directory; a shard must be a plain .tar file")
-    if not stat.S_ISREG(st.st_mode):
-        raise FormatError(
-            f"{shard}: is not a regular file (FIFO, socket, device); a shard must be a plain "
-            ".tar file"
-        )
-    return st.st_size
-
-
 def _checksum_range(
     fd: int, offset: int, size: int, where: str, on_block: Callable[[int], object] | None = None
 ) -> int:
@@ -141,18 +99,19 @@ def _checksum_range(
 def _add_shard(
     got: _Collected,
     chunk: int,
-    shard: Path,
+    shard: tuple[Path, str],
     skip_bad: bool,
     skipped: list[tuple[str, str]],
     on_block: Callable[[int], object],
 ) -> tuple[int, int]:
-    """Checksum and scan one shard; returns its (size, checksum)."""
-    fd = open_shard(shard)  # non-blocking open; refuses anything but a regular file
+    """Checksum and scan one shard (its file, and how messages name it); returns its (size,
+    checksum)."""
+    fd = open_shard(shard[0])  # non-blocking open; refuses anything but a regular file
     try:
-        _add_members(got, chunk, shard, fd, skip_bad, skipped)  # a bad header fails first
+        _add_members(got, chunk, shard[1], fd, skip_bad, skipped)  # a bad header fails first
         st = os.fstat(fd)
         size, got.shared = st.st_size, got.shared | (st.st_mode & SHARED_READ)
-        checksum = _checksum_range(fd, 0, size, str(shard), on_block)
+        checksum = _checksum_range(fd, 0, size, shard[1], on_block)
     finally:
         os.close(fd)
     return size, checksum
@@ -161,12 +120,12 @@ def _add_shard(
 def _add_members(
     got: _Collected,
     chunk: int,
-    shard: Path,
+    shard: str,
     fd: int,
     skip_bad: bool,
     skipped: list[tuple[str, str]],
 ) -> None:
-    for member in scan_tar_fd(fd, str(shard)):
+    for member in scan_tar_fd(fd, shard):
         if member.is_dir:
             continue  # directory entries carry no data
         where = f"{shard}: member {member.name!r}"
@@ -175,7 +134,7 @@ def _add_members(
                 raise BadMemberError(
                     f"{where} is a {member.kind}, not a regular file (a link or device is not data)"
                 )
-            path = normalize_member_name(member.name, str(shard))
+            path = normalize_member_name(member.name, shard)
             if path in got.seen_paths:
                 raise BadMemberError(f"{where} repeats an earlier member of the same name")
         except BadMemberError as exc:
@@ -199,7 +158,7 @@ def _add_members(
         got.offset.append(member.offset)
         got.length.append(member.size)
         # The scanner checked the size against the file: the reads stay inside it.
-        got.checksum.append(_checksum_range(fd, member.offset, member.size, str(shard)))
+        got.checksum.append(_checksum_range(fd, member.offset, member.size, shard))
         got.ext.append(ext)
         if got.want_cls and ext in CLS_EXTS:
             got.cls.setdefault(len(got.keys) - 1, {})[ext] = _read_cls(fd, member, where)
@@ -216,25 +175,29 @@ def _read_cls(fd: int, member: TarMember, where: str) -> int:
 
 def _scan_shards(
     got: _Collected,
-    paths: list[Path],
+    shards: ShardSet,
     skip_bad: bool,
     skipped: list[tuple[str, str]],
     progress: bool,
 ) -> tuple[list[int], list[int]]:
-    """Collect the members of every shard in order; each shard's (size, checksum) lists.
+    """Collect the members of every shard in order (each read from its local file, one at a
+    time); each shard's (size, checksum) lists.
 
     Raises:
         EmptySourceError: the shards hold no regular file.
     """
     sizes, sums = [], []
-    total = sum(_shard_size(p) for p in paths)
+    total = sum(shards.sizes)
     with tqdm(total=total, unit="B", unit_scale=True, desc="index", disable=not progress) as bar:
-        for chunk, shard in enumerate(paths):
-            size, checksum = _add_shard(got, chunk, shard, skip_bad, skipped, bar.update)
+        for chunk, shown in enumerate(shards.shown):
+            with shards.fetch(chunk) as path:
+                size, checksum = _add_shard(
+                    got, chunk, (path, shown), skip_bad, skipped, bar.update
+                )
             sizes.append(size)
             sums.append(checksum)
     if not got.keys:
-        raise EmptySourceError(f"{', '.join(map(str, paths))}: no regular file in the shards")
+        raise EmptySourceError(f"{', '.join(shards.shown)}: no regular file in the shards")
     return sizes, sums
 
 
@@ -281,40 +244,8 @@ def _write(index_path: Path, content: IndexContent, shared: int) -> None:
         raise PackError(f"{index_path}: cannot write the index: {exc.strerror or exc}") from None
 
 
-def _shard_paths(shards: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """The shards given: each brace pattern (a string, ``shard-{000000..000009}.tar``)
-    expanded as WebDataset expands it (`tierfeed.format.braces`)."""
-    paths: list[Path] = []
-    for shard in shards:
-        names = expand_braces(shard) if isinstance(shard, str) else [os.fspath(shard)]
-        paths.extend(map(Path, names))
-    return paths
-
-
-def _check_inputs(paths: list[Path], out: Path, index_path: Path, overwrite: bool) -> None:
-    """Every input checked before any work: the shards, then --out."""
-    if not paths:
-        raise EmptySourceError("no shard given to index")
-    for p in paths:
-        _shard_size(p)
-    _check_out(out, index_path)  # a file given as --out
-    if not overwrite and index_path.exists():
-        raise already_holds_a_store(index_path.parent, "--overwrite (overwrite=True from Python)")
-
-
-def _into_store(paths: list[Path], plan: list[Gunzip], store: Path, progress: bool) -> list[Path]:
-    """Make the store directory; the shards as plain tars: each gzipped one decompressed
-    there (``plan``)."""
-    _make_out(store)
-    if not plan:
-        return paths
-    gunzip_shards(plan, store, progress)
-    plain = iter(g.target for g in plan)
-    return [next(plain) if is_gzipped(p) else p for p in paths]
-
-
 def index_shards(
-    shards: Sequence[str | os.PathLike[str]],
+    shards: Sequence[str | os.PathLike[str]] | ShardSet,
     out: str | os.PathLike[str],
     labels: str = "auto",
     skip_bad_names: bool = False,
@@ -329,7 +260,9 @@ def index_shards(
             they lie, only read (in ``out``, or elsewhere: their directory is then recorded
             as the store's chunk root, `tierfeed.format.chunkroot`), or ``.tar.gz``/``.tgz``
             files decompressed once into ``out`` (`tierfeed.format.gunzip`). A string may be
-            a brace pattern (``"shard-{000000..000009}.tar"``).
+            a brace pattern (``"shard-{000000..000009}.tar"``). Or a `ShardSet`: shards at
+            a URL, read through local copies, recorded as it says
+            (`tierfeed.format.shardset`).
         out: the store directory, made if missing (or the index file's path inside it).
         labels: ``auto`` (labels from ``.cls`` members, integer text, when any sample has one
             (``.cls2`` where a sample has no ``.cls``); else ImageFolder labels as for pack),
@@ -344,22 +277,19 @@ def index_shards(
     out_path = Path(out)
     index_path = out_path if out_path.suffix == ".tfi" else out_path / INDEX_NAME
     store = index_path.parent
-    paths = _shard_paths(shards)
-    _check_inputs(paths, out_path, index_path, overwrite)
-    plan = plan_gunzip([p for p in paths if is_gzipped(p)], store)  # each one gzip, or refused
-    paths = _into_store(paths, plan, store, progress)
-    where = shard_names(paths, store)
+    shards = shard_set(shards, out_path, index_path, overwrite, progress)  # checked, in place
     names_of_cls = None if classes is None else load_classes(classes)
     got = _Collected(want_cls=labels in ("auto", "cls"))
     skipped: list[tuple[str, str]] = []
-    sizes, sums = _scan_shards(got, paths, skip_bad_names, skipped, progress)
+    sizes, sums = _scan_shards(got, shards, skip_bad_names, skipped, progress)
     label_of, class_names = resolve_labels(
         got.keys, got.labels_of_cls(), labels, names_of_cls, store
     )
+    where = shards.where
     content = _content(got, label_of, class_names, where.names, sizes, sums, len(skipped))
     content.chunk_root = where.root
     _write(index_path, content, got.shared)
-    root = None if where.root is None else chunk_root(index_path, where.root)
-    return IndexReport(
-        index_path, len(got.keys), len(got.offset), len(paths), sum(got.length), skipped, root
-    )
+    root = where.root
+    shard_root = root if root is None or is_url(root) else chunk_root(index_path, root)
+    counts = (len(got.keys), len(got.offset), len(sizes), sum(got.length))
+    return IndexReport(index_path, *counts, skipped, shard_root)

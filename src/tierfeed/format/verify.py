@@ -182,15 +182,20 @@ def verify_store(
         path: the store's directory or index file, or its index open already (checked by the
             caller: a URL's copy, opened through its checked cache directory); closed here.
         progress: show a progress bar.
-        fetch: where the chunks are not files beside the index (a store at a URL): gives a
-            local copy of each in turn (and the name problems give it); its errors
-            (TierfeedError) are problems of that chunk.
+        fetch: where the chunks are not local files (a store at a URL, or one whose index
+            records a URL root: `Index.chunk_url`): gives a local copy of each in turn (and
+            the name problems give it); its errors (TierfeedError) are problems of that chunk.
     """
     try:
         ix = path if isinstance(path, Index) else Index(path, recheck=True)
     except TierfeedError as exc:
         return [str(exc)]
     with ix:
+        if fetch is None and ix.chunk_url is not None:  # no file of its own to check
+            return [
+                f"{ix.path}: its chunks lie under {ix.chunk_url}; check them there with "
+                "`tierfeed verify` (or `tierfeed.loader.commands.verify_location`)"
+            ]
         problems = _check_structure(ix)
         total = int(ix.chunk_size.sum())
         with tqdm(
@@ -225,7 +230,7 @@ class StoreSummary:
     classes: list[str]
     exts: dict[str, int]
     size_histogram: list[tuple[int, int]]  # (upper bound in bytes, samples), powers of two
-    chunk_root: str | None = None  # where the chunks lie, when not beside the index
+    chunk_root: str | None = None  # where the chunks lie (a directory, a URL), if not beside it
 
 
 def summarize(path: str | os.PathLike[str] | Index) -> StoreSummary:
@@ -244,5 +249,6 @@ def summarize(path: str | os.PathLike[str] | Index) -> StoreSummary:
             classes=list(ix.classes),
             exts={os.fsdecode(e): int(n) for e, n in zip(ix.exts, ext_counts, strict=True)},
             size_histogram=[(int(v), int(c)) for v, c in zip(values, counts, strict=True)],
-            chunk_root=None if ix.chunk_root == ix.path.parent else str(ix.chunk_root),
+            chunk_root=ix.chunk_url
+            or (None if ix.chunk_root == ix.path.parent else str(ix.chunk_root)),
         )

@@ -21,7 +21,7 @@ from tierfeed.errors import ChunkCorruptError, StorageError, TierfeedError
 from tierfeed.format.commands import register_index as register_local_index
 from tierfeed.format.commands import register_pack as register_local_pack
 from tierfeed.format.verify import ChunkFetch, summarize, verify_store
-from tierfeed.loader import upload
+from tierfeed.loader import upload, urlshards
 from tierfeed.loader.location import StoreLocation
 from tierfeed.storage import Driver
 from tierfeed.units import human
@@ -36,9 +36,9 @@ __all__ = [
 
 
 def register_index(sub: Any) -> None:
-    """Add `tierfeed index`, of shards in a directory or at a URL (only the index is
-    uploaded)."""
-    register_local_index(sub, upload.index_shards)
+    """Add `tierfeed index`, of shards in a directory or at URLs, into a directory or at the
+    shards' URL (only the index is uploaded)."""
+    register_local_index(sub, urlshards.index_shards)
 
 
 def register_pack(sub: Any) -> None:
@@ -77,20 +77,22 @@ def register_inspect(sub: Any) -> None:
 
 
 def verify_location(location: StoreLocation, progress: bool = True) -> list[str]:
-    """`verify_store` for a store by path or URL: the problems found (empty: good)."""
-    if not location.remote:
-        return verify_store(location.text, progress)
-    try:  # through the checked cache directory; no stamp spares its checks (bit rot)
+    """`verify_store` for a store by path or URL: the problems found (empty: good). Chunks
+    at a URL (the store's, or the shards' its local index records) are checked there."""
+    try:  # a URL's through the checked cache directory; no stamp spares its checks (bit rot)
         index = location.open_index(recheck=True)
     except TierfeedError as exc:
         return [str(exc)]
+    if not location.remote and index.chunk_url is None:
+        return verify_store(index, progress)
     scratch = default_cache_dir()  # made 0700 and checked
     with (
         index,  # verify_store closes it too; a second close is a no-op
-        location.origin() as origin,
+        location.chunk_origin(index) as origin,
         tempfile.TemporaryDirectory(dir=scratch, prefix=".verify-") as tmp,
     ):
-        return verify_store(index, progress, _fetcher(origin, location.root, Path(tmp)))
+        root = location.chunks_at(index)
+        return verify_store(index, progress, _fetcher(origin, root, Path(tmp)))
 
 
 def _fetcher(origin: Driver, root: str, scratch: Path) -> ChunkFetch:

@@ -48,8 +48,17 @@ __all__ = [
 
 def tier_stack(index: Index, tiers: TierConfig, origin: Driver | None = None) -> TierStack:
     """A tier stack over ``origin`` (read-only: e.g. a job's namespace, or a URL's driver), by
-    default over the chunk files under the index's `chunk_root` (opened read-only)."""
+    default over the chunk files under the index's `chunk_root` (opened read-only).
+
+    Raises:
+        ConfigError: no ``origin`` for an index whose chunks lie under a URL it records.
+    """
     if origin is None:
+        if index.chunk_url is not None:
+            raise ConfigError(
+                f"{index.path}: its chunks lie under {index.chunk_url}; read them through "
+                "that URL's driver (`StoreLocation.chunk_origin`)"
+            )
         origin = PosixDriver(index.chunk_root, read_only=True)
     return TierStack(
         index.chunks(), origin, tiers.tiers(), tiers.policy, TierOptions(tiers.threads)
@@ -68,7 +77,9 @@ def open_store(
 
     A URL's index is fetched once per host into the local cache (beside the disk tier's
     chunks, else `tierfeed.config.default_cache_dir`) and mapped from there; chunk bytes are
-    ranged reads of the objects, copied into the tiers as for a directory.
+    ranged reads of the objects, copied into the tiers as for a directory. A directory whose
+    index records a URL chunk root (shards in a bucket its user cannot write:
+    `tierfeed.format.chunkroot`) reads its chunks under that URL the same way.
 
     Args:
         path: the store; or tar shards by name (a list of paths, a brace pattern), indexed
@@ -76,7 +87,8 @@ def open_store(
         tiers: read it through these cache tiers (RAM, local disk); none by default.
         source: read chunk bytes from here instead (e.g. a job's namespace).
         storage_options: for a URL, what its fsspec file system takes (credentials,
-            ``client_kwargs={"endpoint_url": ...}``); by default the environment's.
+            ``client_kwargs={"endpoint_url": ...}``); by default the environment's. For a
+            directory whose index records a URL chunk root, that URL's.
         lazy: a large index this host has not checked is checked on use (`Index`): the
             store's reads check the rows they take. For readers of samples by id (the
             loader); a walk over every path (a mount) wants it checked in full.
@@ -92,9 +104,23 @@ def open_store(
     index = location.open_index(cache, lazy=lazy)
     if source is not None:
         return Store(index, source)  # the caller's (a job's namespace): no second way known
-    root = index.chunk_root  # beside the index, or the shards' directory it records
+    return _open_local(location, index, tiers)
+
+
+def _open_local(location: StoreLocation, index: Index, tiers: TierConfig | None) -> Store:
+    """A store in a directory (its ``index`` open): its chunk files, beside the index or in
+    the shards' directory it records, read through ``tiers`` if given, else straight; or the
+    shards under the URL it records, read as a store at a URL is."""
+    if index.chunk_url is not None:
+        try:
+            origin = location.chunk_origin(index)
+        except BaseException:
+            index.close()
+            raise
+        return _store_at_url(location, index, origin, tiers, None)
+    root = index.chunk_root
     if tiers is not None:
-        source = tier_stack(index, tiers)
+        source: ChunkSource = tier_stack(index, tiers)
     else:
         source = DirectoryChunks(root, index.chunks(), index.path)
 
@@ -111,23 +137,36 @@ def _open_remote(
     source: ChunkSource | None,
     lazy: bool,
 ) -> Store:
-    """A store at a URL: one driver (one client) checks the index and reads the chunks; a
-    hedged read gets a driver of its own (a second ranged GET)."""
+    """A store at a URL: one driver (one client) checks the index and reads the chunks."""
     origin = location.origin()
     try:
         index = location.open_index(cache, origin, lazy=lazy)
     except BaseException:
         origin.close()
         raise
+    return _store_at_url(location, index, origin, tiers, source)
+
+
+def _store_at_url(
+    location: StoreLocation,
+    index: Index,
+    origin: Driver,
+    tiers: TierConfig | None,
+    source: ChunkSource | None,
+) -> Store:
+    """A store whose chunks lie under a URL (its own, or the one its local index records),
+    read through ``origin`` and the tiers, a store at a URL's (the defaults without
+    ``tiers``); a hedged read gets a driver of its own (a second ranged GET). Errors name
+    each chunk by its URL."""
     if source is None:
         source = tier_stack(index, tiers or TierConfig(), origin)
     else:
         origin.close()  # the chunks come from the caller's source
 
     def second() -> ChunkSource:
-        return TierStack(index.chunks(), location.origin())
+        return TierStack(index.chunks(), location.chunk_origin(index))
 
-    return Store(index, source, location=location.root, second_source=second)
+    return Store(index, source, location=location.chunks_at(index), second_source=second)
 
 
 @dataclass(frozen=True)
@@ -148,12 +187,20 @@ class StoreOpener:
         return self.index_and_origin(keep=False)[0]
 
     def index_and_origin(self, keep: bool = True) -> tuple[Index, Driver | None]:
-        """The store's index and, for a URL with ``keep``, the driver that fetched or checked
-        it, open (its client made: the caller closes it); None for a directory."""
+        """The store's index and, with ``keep``, for a URL the driver that fetched or checked
+        it, for a directory whose index records a URL chunk root that URL's driver, open (its
+        client made: the caller closes it); None for a directory of chunk files."""
         location = StoreLocation.of(self.path)
         cache = self.tiers.index_cache() if self.tiers else None
         if not (location.remote and keep):
-            return location.open_index(cache, lazy=self.lazy), None
+            index = location.open_index(cache, lazy=self.lazy)
+            if not keep or index.chunk_url is None:
+                return index, None
+            try:
+                return index, location.chunk_origin(index)
+            except BaseException:
+                index.close()
+                raise
         origin = location.origin()
         try:
             return location.open_index(cache, origin, lazy=self.lazy), origin
@@ -164,16 +211,16 @@ class StoreOpener:
     def copier_over(self, index: Index, origin: Driver | None = None) -> TierStack | None:
         """A tier stack over ``index`` (this store's, which the caller has open) that only
         copies: the disk tier the host's processes share, no RAM tier (it serves no read);
-        for a URL through ``origin`` if given (the stack closes it), else a driver of its own.
-        None where the tiers have no disk tier or do not follow the plan (`ColdStart`)."""
+        for chunks at a URL through ``origin`` if given (the stack closes it), else a driver of
+        its own (`StoreLocation.chunk_origin`). None where the tiers have no disk tier or do
+        not follow the plan (`ColdStart`)."""
         tiers = self.tiers
         if tiers is None or tiers.disk_dir is None or tiers.policy != "clairvoyant":
             if origin is not None:
                 origin.close()
             return None
-        location = StoreLocation.of(self.path)
-        if origin is None and location.remote:
-            origin = location.origin()
+        if origin is None:
+            origin = StoreLocation.of(self.path).chunk_origin(index)
         return tier_stack(index, dataclasses.replace(tiers, ram_bytes=0), origin)
 
 

@@ -3,11 +3,16 @@ other fsspec protocols) whose index is fetched once per host into the local cach
 
 Every face names a store the same way: `tierfeed.open_store`, `torch.Dataset`,
 `torch.ImageFolder`, and the commands take a path or a URL, and `StoreLocation` turns it into
-the origin's driver (always read-only) and its index, open. A remote index is cached under its
-URL and its ETag and size: a store rewritten in place is fetched anew, an unchanged one never
-again. The cache directory is checked once and opened (`tierfeed.cachedir.CacheFolder`); the
-copy, its folder and its lock are then made, opened, mapped and removed relative to that
-descriptor, never through a link and only if they are this user's.
+the origin's driver (always read-only) and its index, open. A local store whose index records
+a URL as its chunk root (shards in a bucket its user cannot write, indexed into a local
+directory: `tierfeed.format.chunkroot`) reads its chunks under that URL (`chunk_origin`), and
+takes the ``storage_options`` of that URL's storage; an index fetched from a URL names no root.
+
+A remote index is cached under its URL and its ETag and size: a store rewritten in place is
+fetched anew, an unchanged one never again. The cache directory is checked once and opened
+(`tierfeed.cachedir.CacheFolder`); the copy, its folder and its lock are then made, opened,
+mapped and removed relative to that descriptor, never through a link and only if they are
+this user's.
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ from typing import Any
 
 from tierfeed.cachedir import CacheFolder, host_lock, list_names, open_own_file
 from tierfeed.config import default_cache_dir
-from tierfeed.errors import ConfigError, IndexFormatError, NotFoundError, StorageError
+from tierfeed.errors import (
+    ConfigError,
+    IndexFormatError,
+    NotFoundError,
+    StorageError,
+    TierfeedError,
+)
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.loader.shardstore import shard_list, shard_store
@@ -34,11 +46,6 @@ __all__ = ["StoreLocation", "fetch_index", "is_url"]
 _LOCK_WAIT_S = 900.0  # at most this long for another process of the host fetching the index
 
 
-def is_url(text: str) -> bool:
-    """Whether ``text`` names a store by URL (``file://`` is a local path)."""
-    return "://" in text and not text.startswith("file://")
-
-
 @dataclass(frozen=True)
 class StoreLocation:
     """A store's place: a local path, or a URL with the options its storage takes.
@@ -48,6 +55,7 @@ class StoreLocation:
             a trailing slash or index name).
         storage_options: for a URL, what fsspec's file system takes (credentials,
             ``client_kwargs={"endpoint_url": ...}``); never written to the index or cache.
+            For a local store only where its index records a URL chunk root: that URL's.
     """
 
     text: str
@@ -77,9 +85,9 @@ class StoreLocation:
         text = os.fspath(where)
         if not is_url(text):
             path = Path(text.removeprefix("file://")).expanduser().absolute()
-            if storage_options:
+            if storage_options and not _chunks_at_a_url(path):
                 raise ConfigError(f"{path}: storage_options apply to URLs, not to local paths")
-            return cls(os.fspath(path))
+            return cls(os.fspath(path), dict(storage_options or {}))
         text = text.rstrip("/").removesuffix("/" + INDEX_NAME)
         return cls(text, dict(storage_options or {}))
 
@@ -103,14 +111,20 @@ class StoreLocation:
         return PosixDriver(self.root, read_only=True)
 
     def chunks_at(self, index: Index) -> str:
-        """Where the chunks of this store (whose index is ``index``) lie: its URL, or the
-        index's `chunk_root` (the store directory, or the shards' it records)."""
-        return self.text if self.remote else os.fspath(index.chunk_root)
+        """Where the chunks of this store (whose index is ``index``) lie: its URL, or what
+        its local index records: the URL of its shards (`Index.chunk_url`), else its
+        `chunk_root` (the store directory, or the shards' directory)."""
+        if self.remote:
+            return self.text
+        return index.chunk_url or os.fspath(index.chunk_root)
 
     def chunk_origin(self, index: Index) -> Driver:
-        """A read-only driver over `chunks_at`: what reads this store's chunks by name."""
+        """A read-only driver over `chunks_at`: what reads this store's chunks by name (for a
+        URL, the object-store driver, with `storage_options` and its retry policy)."""
         if self.remote:
             return self.origin()
+        if index.chunk_url is not None:  # its own user's index: the shards' URL
+            return driver_for(index.chunk_url, read_only=True, **self.storage_options)
         return PosixDriver(index.chunk_root, read_only=True)
 
     def open_index(
@@ -174,9 +188,20 @@ def fetch_index(
         raise IndexFormatError(
             f"{url}/{INDEX_NAME}: names a chunk root ({index.header['chunk_root']!r}), which "
             "only a store's own local index may do: a store at a URL reads the chunks under "
-            "its URL; index them there (`tierfeed index URL/... --out URL`)"
+            "its URL; index them there (`tierfeed index URL/... --out URL`), or into a local "
+            "directory of yours (`--out DIR`)"
         )
     return index
+
+
+def _chunks_at_a_url(path: Path) -> bool:
+    """Whether the local store at ``path`` has an index that records a URL chunk root (its
+    reads then take that URL's storage_options); False where no index opens there."""
+    try:
+        with Index(path, lazy=True) as index:
+            return index.chunk_url is not None
+    except (TierfeedError, OSError):
+        return False
 
 
 def _cache_folder(cache: str | os.PathLike[str] | CacheFolder | None) -> CacheFolder:

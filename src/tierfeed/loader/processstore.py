@@ -28,7 +28,7 @@ class ProcessStore:
     ) -> None:
         self.opener = opener
         self._index = index  # the index this process planned from, kept open
-        self._origin = origin  # the driver that fetched it, open, until `take_origin`
+        self._origin = origin  # the driver of its chunks' URL, open, until `take_origin`
         self._origin_pid = os.getpid()
         self._store: Store | None = None
         self._pid = -1
@@ -61,8 +61,9 @@ class ProcessStore:
         return self.store().index
 
     def take_origin(self) -> Driver | None:
-        """The open driver that fetched this process's index (its client made), handed over
-        once (the taker closes it); None after that, in another process, or for a directory."""
+        """The open driver that fetched this process's index, or for a directory whose index
+        records a URL chunk root that URL's (its client made), handed over once (the taker
+        closes it); None after that, in another process, or for a directory of chunk files."""
         origin, self._origin = self._origin, None
         return origin if self._origin_pid == os.getpid() else None
 

@@ -10,9 +10,10 @@ when one changed, was replaced, or a link now points elsewhere, they are indexed
 process of the host indexes while the others wait for it (boundedly), as for a URL's index
 (`tierfeed.loader.location`). Indexing says so in one line on stderr.
 
-Shards at URLs are not indexed here: a store reads the chunks of a URL under that URL, so
-they are indexed there once (`tierfeed index 'URL/...' --out URL`) and the store is named by
-its URL.
+Shards at URLs are not indexed here: they are indexed once where they lie, into a store at
+their URL (`tierfeed index 'URL/...' --out URL`) or, where the bucket is not the user's to
+write, into a local directory that records their URL (`--out DIR`), and the store is named by
+that URL or directory.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def shard_store(shards: Sequence[str], cache: Path | None = None) -> Path:
     if urls:
         raise ConfigError(
             f"{urls[0]}: shards at a URL are indexed once where they lie, then named by "
-            "their directory's URL: tierfeed index 'URL/shard-{000000..000009}.tar' --out URL"
+            "their directory's URL: tierfeed index 'URL/shard-{000000..000009}.tar' --out URL; "
+            "or, where you cannot write there (a public bucket), by a local directory that "
+            "keeps the index: --out LOCAL_DIR"
         )
     paths = [Path(s.removeprefix("file://")).expanduser().absolute() for s in shards]
     key = hashlib.sha256("\0".join(map(os.fspath, paths)).encode(errors="surrogateescape"))

@@ -1,14 +1,23 @@
-"""An fsspec file system's connection: the store's kind, the options it opens with, its closing."""
+"""An fsspec file system's connection: the store's kind, the options it opens with, its closing,
+and the ranged GETs made on its event loop where fsspec's own cannot pin a version."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
+from tierfeed.errors import StorageError
 from tierfeed.storage.s3ranges import mark_default_session
 
-__all__ = ["POOL_CONNECTIONS", "connection_closer", "open_options", "store_kind"]
+if TYPE_CHECKING:
+    from tierfeed.storage.s3ranges import Received
+
+__all__ = [
+    "POOL_CONNECTIONS", "az_range", "connection_closer", "open_options", "s3_range", "store_kind",
+]  # fmt: skip
+
+_BLOCK = 1 << 20  # bytes per read of a response body: what arrived before a cut is kept
 
 
 def connection_closer(fs: Any) -> Callable[[], Any] | None:
@@ -102,3 +111,54 @@ def _s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
     config.setdefault("max_pool_connections", POOL_CONNECTIONS)
     out["config_kwargs"] = config
     return out
+
+
+def s3_range(
+    fs: Any, full: str, start: int, end: int, etag: str | None, got: Received
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """One ranged GET on ``fs``'s event loop (its coroutine function), on the pinned ETag (S3
+    answers 412 if the object changed), its bytes kept in ``got`` as they arrive."""
+
+    async def get() -> None:
+        bucket, key, version = fs.split_path(full)
+        extra = {"IfMatch": etag} if etag else {}
+        if version:
+            extra["VersionId"] = version
+        response = await fs._call_s3(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
+        )
+        body = response["Body"]
+        limit = len(got) + end - start  # a server ignoring the range is not read on
+        try:
+            while block := await body.read(_BLOCK):
+                got.extend(block)
+                if len(got) > limit:
+                    raise StorageError(f"{full}: answered more than bytes {start}-{end - 1}")
+        finally:
+            body.close()
+
+    return get
+
+
+def az_range(
+    fs: Any, full: str, start: int, end: int, etag: str, got: Received
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """One ranged GET of a blob on ``fs``'s event loop (its coroutine function), on the pinned
+    ETag (adlfs's ``cat_file`` cannot ask it)."""
+    from azure.core import MatchConditions
+
+    async def get() -> None:
+        container, blob, _ = fs.split_path(full)
+        async with fs.service_client.get_blob_client(container=container, blob=blob) as bc:
+            stream = await bc.download_blob(
+                offset=start, length=end - start, etag=etag,
+                match_condition=MatchConditions.IfNotModified,
+                retry_total=0,  # tried again here, counted
+            )  # fmt: skip
+            limit = len(got) + end - start  # a server ignoring the range is not read on
+            async for block in stream.chunks():
+                got.extend(block)
+                if len(got) > limit:
+                    raise StorageError(f"{full}: answered more than bytes {start}-{end - 1}")
+
+    return get

@@ -25,7 +25,14 @@ from typing import Any, NamedTuple, TypeVar, cast
 from tierfeed.errors import ConfigError, NotFoundError, ReadOnlyError, StorageError
 from tierfeed.format.relpath import relative_parts
 from tierfeed.storage.driver import Driver
-from tierfeed.storage.fsspec_connection import connection_closer, open_options, store_kind
+from tierfeed.storage.fsspec_connection import (
+    az_range,
+    connection_closer,
+    open_options,
+    s3_range,
+    store_kind,
+)
+from tierfeed.storage.nativeranges import NativeRanges, usable
 from tierfeed.storage.objectfaults import (
     CHANGED,
     DENIED,
@@ -36,12 +43,12 @@ from tierfeed.storage.objectfaults import (
     transient_kind,
 )
 from tierfeed.storage.retry import RetryPolicy, Verdict
-from tierfeed.storage.s3ranges import S3Ranges
+from tierfeed.storage.s3ranges import Received, S3Ranges
 
 __all__ = ["FsspecDriver", "RetryPolicy", "error_code"]
 
 T = TypeVar("T")
-_Get = Callable[[str, int, int, "_Pin", bytearray, float], None]  # one try of a ranged read
+_Get = Callable[[str, int, int, "_Pin", Received, float], None]  # one try of a ranged read
 
 _ADVICE = ("the store is throttling, unreachable or cutting connections: lower the request rate "
            "(fewer DataLoader workers or fetch threads) or retry later")  # fmt: skip
@@ -114,6 +121,7 @@ class FsspecDriver(Driver):
         self._lock = threading.Lock()
         self._closed = False
         self._ranges: S3Ranges | bool | None = False  # False: not made yet (`read_block`)
+        self._native: NativeRanges | bool | None = False  # False: not made yet
 
     def _full(self, path: str) -> str:
         parts = relative_parts(
@@ -218,30 +226,48 @@ class FsspecDriver(Driver):
             return self._pins.setdefault(path, seen)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        return self._read(path, offset, length, self._get)
+        """For S3 received by obstore where it can be (`NativeRanges`), else on fsspec's
+        event loop."""
+        native = self._received_natively() if self._s3 else None
+        return self._read(path, offset, length, self._get if native is None else native.get)
 
     def read_block(self, path: str, offset: int, length: int) -> bytes:
-        """A copy's piece: for S3 on the calling thread (`S3Ranges`), else as `read_range`."""
+        """A copy's piece: for S3 on the calling thread (`NativeRanges`, else `S3Ranges`),
+        else as `read_range`."""
         ranges = self._threaded() if self._s3 else None
         return self._read(path, offset, length, self._get if ranges is None else ranges.get)
 
     def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
         ranges = self._threaded() if blocks and self._s3 else None
-        if ranges is not None:  # copies come: their client made now, in the background
+        if isinstance(ranges, S3Ranges):  # copies come: their client made now, in the background
             ranges.ahead()
 
-    def _threaded(self) -> S3Ranges | None:
+    def _threaded(self) -> NativeRanges | S3Ranges | None:
+        """The calling thread's ranged GETs: obstore's where this process can use it, else
+        botocore's (`S3Ranges`)."""
+        native = self._received_natively()
+        if native is not None:
+            return native
         with self._lock:
             if self._ranges is False:
                 self._ranges = S3Ranges.of(self.fs)
             return self._ranges if isinstance(self._ranges, S3Ranges) else None
+
+    def _received_natively(self) -> NativeRanges | None:
+        """obstore's ranged GETs, if this file system's settings carry over and this process
+        may use it (`tierfeed.storage.nativeranges.usable`)."""
+        with self._lock:
+            if self._native is False:
+                self._native = NativeRanges.of(self.fs)
+            native = self._native
+        return native if isinstance(native, NativeRanges) and usable() else None
 
     def _read(self, path: str, offset: int, length: int, get: _Get) -> bytes:
         pin = self._pin(path)
         end = min(offset + length, pin.size)
         if end <= offset:
             return b""  # at or past the end: an empty range is no request
-        full, got = self._full(path), bytearray()
+        full, got = self._full(path), Received()
 
         def rest(left: float) -> None:
             # Each try asks only for the bytes not received yet, of the pinned version.
@@ -255,17 +281,17 @@ class FsspecDriver(Driver):
                 f"{self.where(path)}: asked for bytes {offset}-{end - 1}, got {len(got)} bytes"
             )
         self.counters.add(reads=1, bytes_read=len(got))
-        return bytes(got)
+        return got.value()
 
-    def _get(self, full: str, start: int, end: int, pin: _Pin, got: bytearray, left: float) -> None:
+    def _get(self, full: str, start: int, end: int, pin: _Pin, got: Received, left: float) -> None:
         """One ranged GET of the pinned version, its bytes appended to ``got`` as they arrive
         (kept when the connection breaks), cancelled after ``left`` seconds: the store refuses
         it (412) or, for GCS, finds no such generation, if the object was replaced."""
         if self._s3:
-            self._s3_range(full, start, end, pin.etag, got, left)
+            self._bounded(left, s3_range(self.fs, full, start, end, pin.etag, got), _none)
             return
         if self.scheme == "az" and pin.etag:
-            self._az_range(full, start, end, pin.etag, got, left)
+            self._bounded(left, az_range(self.fs, full, start, end, pin.etag, got), _none)
             return
         pinned: dict[str, Any] = {}
         if self.scheme == "gs" and pin.generation:
@@ -277,56 +303,6 @@ class FsspecDriver(Driver):
             lambda: self.fs._cat_file(full, start=start, end=end, **pinned),
             lambda: self.fs.cat_file(full, start=start, end=end, **pinned),
         )
-
-    def _s3_range(
-        self, full: str, start: int, end: int, etag: str | None, got: bytearray, left: float
-    ) -> None:
-        """One ranged GET, on the pinned ETag (S3 answers 412 if the object changed)."""
-        fs: Any = self.fs
-
-        async def get() -> None:
-            bucket, key, version = fs.split_path(full)
-            extra = {"IfMatch": etag} if etag else {}
-            if version:
-                extra["VersionId"] = version
-            response = await fs._call_s3(
-                "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
-            )
-            body = response["Body"]
-            limit = len(got) + end - start  # a server ignoring the range is not read on
-            try:
-                while block := await body.read(_BLOCK):
-                    got.extend(block)
-                    if len(got) > limit:
-                        raise StorageError(f"{full}: answered more than bytes {start}-{end - 1}")
-            finally:
-                body.close()
-
-        self._bounded(left, get, lambda: None)
-
-    def _az_range(
-        self, full: str, start: int, end: int, etag: str, got: bytearray, left: float
-    ) -> None:
-        """One ranged GET of a blob, on the pinned ETag (adlfs's ``cat_file`` cannot ask it)."""
-        from azure.core import MatchConditions
-
-        fs: Any = self.fs
-
-        async def get() -> None:
-            container, blob, _ = fs.split_path(full)
-            async with fs.service_client.get_blob_client(container=container, blob=blob) as bc:
-                stream = await bc.download_blob(
-                    offset=start, length=end - start, etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                    retry_total=0,  # tried again here, counted
-                )  # fmt: skip
-                limit = len(got) + end - start  # a server ignoring the range is not read on
-                async for block in stream.chunks():
-                    got.extend(block)
-                    if len(got) > limit:
-                        raise StorageError(f"{full}: answered more than bytes {start}-{end - 1}")
-
-        self._bounded(left, get, lambda: None)
 
     def size(self, path: str) -> int:
         """The object's size (as pinned: the first look of this process)."""
@@ -373,8 +349,9 @@ class FsspecDriver(Driver):
         if self._closed:
             return
         self._closed = True
-        if isinstance(self._ranges, S3Ranges):
-            self._ranges.close()
+        for ranges in (self._ranges, self._native):
+            if isinstance(ranges, (S3Ranges, NativeRanges)):
+                ranges.close()
         closing = connection_closer(self.fs)
         if closing is not None:
             from fsspec.asyn import sync
@@ -389,6 +366,10 @@ class FsspecDriver(Driver):
             return bool(self._call(path, lambda _: self.fs.exists(self._full(path))))
         except NotFoundError:
             return False
+
+
+def _none() -> None:
+    return None
 
 
 class _Pin(NamedTuple):

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from tierfeed.errors import StorageError
 
-__all__ = ["Pinned", "S3Ranges", "mark_default_session"]
+__all__ = ["Pinned", "Received", "S3Ranges", "is_default_session", "mark_default_session"]
 
 _BLOCK = 1 << 20  # bytes per read of a body: what arrived before a cut is kept, and the
 # deadline is checked between reads
@@ -37,6 +37,33 @@ _BLOCK = 1 << 20  # bytes per read of a body: what arrived before a cut is kept,
 # caller's, so botocore's default session reads the same settings.
 _defaults: weakref.WeakSet[Any] = weakref.WeakSet()
 _CREDENTIALS = frozenset({"aws_access_key_id", "aws_secret_access_key", "aws_session_token"})
+
+
+class Received:
+    """The bytes of one ranged read as they arrived, kept as the buffers the client handed
+    over and joined once (`value`): a connection cut midway leaves what arrived before it."""
+
+    def __init__(self) -> None:
+        self._parts: list[Any] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iadd__(self, block: Any) -> Received:
+        self.extend(block)
+        return self
+
+    def extend(self, block: Any) -> None:
+        """Keep ``block`` (bytes, or any buffer) after what arrived before it."""
+        size = len(block)
+        if size:
+            self._parts.append(block)
+            self._size += size
+
+    def value(self) -> bytes:
+        """Every byte received, in order, as one bytes."""
+        return b"".join(self._parts)
 
 
 class Pinned(Protocol):
@@ -49,6 +76,11 @@ class Pinned(Protocol):
 def mark_default_session(session: Any) -> None:
     """Note ``session`` as one made with no settings of the caller's (see `S3Ranges.of`)."""
     _defaults.add(session)
+
+
+def is_default_session(session: Any) -> bool:
+    """Whether ``session`` is one tierfeed made with no settings of the caller's."""
+    return session in _defaults
 
 
 _alive: weakref.WeakSet[S3Ranges] = weakref.WeakSet()  # every S3Ranges of this process
@@ -94,7 +126,7 @@ class S3Ranges:
             from botocore.session import Session
         except ImportError:
             return None
-        if fs.session is not None and fs.session not in _defaults:
+        if fs.session is not None and not is_default_session(fs.session):
             return None  # the caller's own session: its settings are not ours to copy
         session = dict(getattr(fs, "kwargs", None) or {})
         options = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
@@ -159,9 +191,7 @@ class S3Ranges:
         with contextlib.suppress(Exception):
             self._client(math.inf)
 
-    def get(
-        self, full: str, start: int, end: int, pin: Pinned, got: bytearray, left: float
-    ) -> None:
+    def get(self, full: str, start: int, end: int, pin: Pinned, got: Received, left: float) -> None:
         """One ranged GET of bytes ``start``..``end - 1`` of ``full`` (bucket/key), on the
         pinned ETag (S3 answers 412 if the object changed), its bytes appended to ``got``
         as they arrive (kept when the connection breaks). Its waits are bounded by the
