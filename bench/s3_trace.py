@@ -15,7 +15,8 @@ the S3 clients that receive (`tierfeed.storage.nativeranges`, and botocore's: th
 it, ``TIERFEED_S3_CLIENT=botocore``).
 
 ``--row`` also times the origin-limit row of `bench/s3_compare.py` once (N = 32 threads of
-8 MiB ranged GETs of the chunk objects through the same proxy, boto3, in a child process): its
+8 MiB ranged GETs of the chunk objects through the same proxy, boto3, in a child process;
+then the same through obstore, the client alone): its
 seconds from the first GET to the last, the CPU seconds its process used (and per GB) and the
 proxy's. On a machine of few cores the cold epoch's share of the row is bounded by the CPU
 both need.
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,19 +88,44 @@ def cpu_seconds() -> dict[int, float]:
     return out
 
 
-def row_child(endpoint: str, keys: str, out: str) -> None:
-    """The origin-limit row once (run as ``--row-child``): 32 threads of 8 MiB ranged GETs."""
+def row_child(endpoint: str, keys: str, out: str, client: str = "boto3") -> None:
+    """The origin-limit row once (run as ``--row-child``): 32 threads of 8 MiB ranged GETs,
+    through boto3 (the row of `bench/s3_compare.py`) or obstore (the client alone, no driver)."""
     from bench.s3_compare import parallel_gets, ranges_of, s3_client
 
     work = ranges_of([(key, size) for key, size in json.loads(keys)])
-    s3 = s3_client(endpoint)
+    if client == "obstore":
+        gets = obstore_gets(endpoint)
+        gets(work[:1])  # its client made, as boto3's is before the clock starts
+    else:
+        s3 = s3_client(endpoint)
+        gets = lambda w: parallel_gets(s3, w, 32)  # noqa: E731
     cpu0, started = time.process_time(), time.perf_counter()
-    total = parallel_gets(s3, work, 32)
+    total = gets(work)
     seconds = time.perf_counter() - started
     cpu = time.process_time() - cpu0
     result = {"s": round(seconds, 3), "MB": round(total / 1e6, 1), "cpu_s": round(cpu, 3),
               "cpu_s_per_GB": round(cpu / (total / 1e9), 2)}  # fmt: skip
     Path(out).write_text(json.dumps(result))
+
+
+def obstore_gets(endpoint: str) -> Any:
+    """The row's GETs through obstore: 32 threads of ``obstore.get_range``; bytes."""
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", access_key_id="testing",
+                    secret_access_key="testing", client_options={"allow_http": True})  # fmt: skip
+
+    def get(item: tuple[str, int, int]) -> int:
+        key, off, length = item
+        return len(obstore.get_range(store, key, start=off, length=length))
+
+    def run(work: list[tuple[str, int, int]]) -> int:
+        with ThreadPoolExecutor(32) as pool:
+            return sum(pool.map(get, work))
+
+    return run
 
 
 def traced_proxy(upstream: str, latency_s: float, bps: float, root: Path) -> Any:
@@ -182,7 +209,7 @@ def main() -> None:
     p.add_argument("--clients", default="default",
                    help="comma-separated S3 clients to alternate (obstore, botocore)")  # fmt: skip
     p.add_argument("--child", nargs=3, metavar=("PREFIX", "CACHE", "MARKS"))
-    p.add_argument("--row-child", nargs=3, metavar=("ENDPOINT", "KEYS", "OUT"))
+    p.add_argument("--row-child", nargs=4, metavar=("ENDPOINT", "KEYS", "OUT", "CLIENT"))
     a = p.parse_args()
     if a.child:
         child(*a.child, a.workers)
@@ -239,7 +266,9 @@ def trace(work: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
                                         for s, e, k, r in sorted(proxy.log)]  # fmt: skip
                 out.append(dict(run=run, client=client, **line))
         if a.row:
-            out.append({"row": origin_row(proxy.url, work / "origin" / "tierfeed", env, work)})
+            for client in ("boto3", "obstore"):
+                row = origin_row(proxy.url, work / "origin" / "tierfeed", env, work, client)
+                out.append({"row": dict(row, client=client)})
         proxy.stop()
     finally:
         server.terminate()
@@ -255,12 +284,14 @@ def per_gb(cpu_s: dict[str, Any], mb: float) -> dict[str, Any]:
     return {"main": round(cpu_s["main"] / gb, 2), "workers": workers, "all": round(whole, 2)}
 
 
-def origin_row(url: str, store: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
+def origin_row(
+    url: str, store: Path, env: dict[str, str], work: Path, client: str = "boto3"
+) -> dict[str, Any]:
     """The origin-limit row once, in a child process; with the proxy's CPU seconds meanwhile."""
     chunks = sorted((store / "chunks").iterdir())
     keys = [(f"tierfeed/chunks/{c.name}", c.stat().st_size) for c in chunks]
     out = work / "row.json"
-    argv = [sys.executable, __file__, "--row-child", url, json.dumps(keys), str(out)]
+    argv = [sys.executable, __file__, "--row-child", url, json.dumps(keys), str(out), client]
     proxy_cpu = time.process_time()
     subprocess.run(argv, check=True, timeout=600, env=env)
     row = json.loads(out.read_text())

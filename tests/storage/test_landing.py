@@ -709,3 +709,24 @@ def test_threads_listing_arrivals_at_once_each_see_them_all(tmp_path: Path) -> N
     assert len(seen) == 160 and all(s == want for s in seen)
     for arrival in arrivals:
         landing.end(arrival)
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_piece_lands_from_the_buffers_it_arrived_in(where: str, tmp_path: Path) -> None:
+    """A copy's piece as its client handed it over (`Driver.read_parts`): several buffers, of
+    any kind with the buffer protocol, written as they are (a file: one pwritev), in order, and
+    no more of them than the piece holds."""
+    from tierfeed.format.chunkref import checksum_bytes
+
+    data = os.urandom(3 * 4096 + 100)
+    info = ChunkInfo(0, "chunks/000000.tar", len(data), checksum_bytes(data))
+    landing = FileLanding(tmp_path) if where == "file" else MemoryLanding()
+    arrival = landing.begin(info, 4096)
+    first = data[:4096]
+    arrival.put(0, [memoryview(bytearray(first[:1000])), first[1000:3000], first[3000:] + b"x"])
+    arrival.put(1, [bytearray(data[4096:8192])])
+    arrival.put(2, data[8192:12288])
+    arrival.put(3, [data[12288:12300], data[12300:] + b"past the end"])
+    assert arrival.complete() and arrival.whole() == data
+    assert arrival.digest() == (len(data), info.checksum)
+    arrival.close()

@@ -156,3 +156,11 @@ def test_settings_carried_over(monkeypatch: pytest.MonkeyPatch) -> None:
     profiled = NativeRanges.of(_fs(profile="research"))  # credentials: botocore's session
     assert profiled is not None and profiled._settings.session == {"profile": "research"}
     assert "access_key_id" not in profiled._settings.config
+
+
+def test_a_pieces_buffers_come_as_obstore_handed_them_over(proxy: Any, bucket: str) -> None:  # noqa: F811
+    d = _driver(proxy, bucket)
+    parts = d.read_parts("obj.bin", 5, len(DATA) - 5)
+    assert b"".join(parts) == DATA[5:] and all(len(part) for part in parts)
+    assert len(parts) > 1  # as they came, not joined into one copy
+    d.close()

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tierfeed.errors import NotFoundError, ReadOnlyError, StorageError
 from tierfeed.publish import PendingFile
@@ -177,6 +178,12 @@ class Driver(ABC):
             StorageError: the read failed.
         """
         return self.read_range(path, offset, length)
+
+    def read_parts(self, path: str, offset: int, length: int) -> Sequence[Any]:
+        """`read_block`'s bytes as the buffers they arrived in (bytes, or any object with the
+        buffer protocol), in order, for a writer that takes them as they are (``os.pwritev``):
+        no copy joins them first. The default: one, `read_block`'s."""
+        return [self.read_block(path, offset, length)]
 
     def for_hedges(self) -> Driver:
         """A second way to the same objects for a request made beside a stalled one, which

@@ -10,17 +10,19 @@ import struct
 import threading
 import weakref
 from pathlib import Path
+from typing import Any
 
 from tierfeed.cachedir import list_names, open_cache_dir, open_subdir
 from tierfeed.format.chunkref import ChunkInfo, checksum_range
 from tierfeed.publish import temporary_path, writer_pid
-from tierfeed.storage.landing import Arrival, Landing, MemoryLanding, pieces_of
+from tierfeed.storage.landing import Arrival, Landing, MemoryLanding, pieces_of, views_of
 
 __all__ = ["FileLanding", "landing_for"]
 
 _DIR = ".landing"
 _HEADER = struct.Struct("<4sIQQ")  # magic, owner pid, piece size, chunk size
 _MAGIC = b"TFL1"
+_IOV_MAX = 1024  # buffers one pwritev takes (Linux's IOV_MAX)
 _MAP_NAME = re.compile(r"([0-9]{8,})-([0-9a-f]{16})\.map")  # `FileLanding._names`
 
 
@@ -84,11 +86,16 @@ class _FileArrival(Arrival):
             done += len(part)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def put(self, index: int, data: bytes) -> None:
+    def put(self, index: int, data: bytes | list[Any]) -> None:
         start, length = self.span(index)
-        view, done = memoryview(data)[:length], 0
-        while done < length:
-            done += os.pwrite(self._data_fd, view[done:], start + done)
+        views, done = views_of(data, length), 0
+        while views:  # the buffers as they came, in one call, none joined first
+            wrote = os.pwritev(self._data_fd, views[:_IOV_MAX], start + done)
+            done += wrote
+            while views and wrote >= len(views[0]):
+                wrote -= len(views.pop(0))
+            if views and wrote:
+                views[0] = views[0][wrote:]
         os.pwrite(self._map_fd, b"\x01", _HEADER.size + index)
 
     def alive(self) -> bool:

@@ -237,6 +237,12 @@ class FsspecDriver(Driver):
         ranges = self._threaded() if self._s3 else None
         return self._read(path, offset, length, self._get if ranges is None else ranges.get)
 
+    def read_parts(self, path: str, offset: int, length: int) -> Sequence[Any]:
+        """`read_block`'s bytes as obstore (or botocore) handed them over, not joined."""
+        ranges = self._threaded() if self._s3 else None
+        got = self._receive(path, offset, length, self._get if ranges is None else ranges.get)
+        return got.parts()
+
     def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
         ranges = self._threaded() if blocks and self._s3 else None
         if isinstance(ranges, S3Ranges):  # copies come: their client made now, in the background
@@ -263,10 +269,13 @@ class FsspecDriver(Driver):
         return native if isinstance(native, NativeRanges) and usable() else None
 
     def _read(self, path: str, offset: int, length: int, get: _Get) -> bytes:
+        return self._receive(path, offset, length, get).value()
+
+    def _receive(self, path: str, offset: int, length: int, get: _Get) -> Received:
         pin = self._pin(path)
         end = min(offset + length, pin.size)
         if end <= offset:
-            return b""  # at or past the end: an empty range is no request
+            return Received()  # at or past the end: an empty range is no request
         full, got = self._full(path), Received()
 
         def rest(left: float) -> None:
@@ -281,7 +290,7 @@ class FsspecDriver(Driver):
                 f"{self.where(path)}: asked for bytes {offset}-{end - 1}, got {len(got)} bytes"
             )
         self.counters.add(reads=1, bytes_read=len(got))
-        return got.value()
+        return got
 
     def _get(self, full: str, start: int, end: int, pin: _Pin, got: Received, left: float) -> None:
         """One ranged GET of the pinned version, its bytes appended to ``got`` as they arrive

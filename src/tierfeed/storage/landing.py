@@ -29,6 +29,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.telemetry.counters import Counters
@@ -79,8 +80,9 @@ class Arrival(ABC):
         """Bytes at ``offset`` (landed ones only are asked for)."""
 
     @abstractmethod
-    def put(self, index: int, data: bytes) -> None:
-        """Write piece ``index`` (the fetcher), then record it landed."""
+    def put(self, index: int, data: bytes | list[Any]) -> None:
+        """Write piece ``index`` (the fetcher), then record it landed: its bytes, or the
+        buffers they arrived in, in order (`Driver.read_parts`), written as they are."""
 
     @abstractmethod
     def alive(self) -> bool:
@@ -166,13 +168,27 @@ class _MemoryArrival(Arrival):
     def _read(self, offset: int, length: int) -> bytes:
         return bytes(self._data[offset : offset + length])
 
-    def put(self, index: int, data: bytes) -> None:
+    def put(self, index: int, data: bytes | list[Any]) -> None:
         start, length = self.span(index)
-        self._data[start : start + length] = data[:length]
+        for view in views_of(data, length):
+            self._data[start : start + len(view)] = view
+            start += len(view)
         self._state[index] = 1
 
     def alive(self) -> bool:
         return not self.ended
+
+
+def views_of(data: bytes | list[Any], length: int) -> list[memoryview]:
+    """The first ``length`` bytes of ``data`` (bytes, or buffers in order) as byte views, none
+    copied."""
+    views, left = [], length
+    for part in [data] if isinstance(data, bytes) else data:
+        view = memoryview(part).cast("B")[:left]
+        if view:
+            views.append(view)
+            left -= len(view)
+    return views
 
 
 class MemoryLanding(Landing):

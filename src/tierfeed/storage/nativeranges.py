@@ -1,16 +1,17 @@
 """S3 ranged GETs received outside the interpreter: `obstore` (Rust's ``object_store``).
 
 Through the same slowed endpoint, 32 threads of ranged GETs reach more of the link with obstore
-than with botocore's blocking client, and spend less CPU per byte: the request is made, the
-answer parsed and its body received by Rust on obstore's own threads while the asking thread
-waits without the interpreter's lock, and the body is handed over in the buffers it arrived
-in, not read through Python's ``http.client`` (bench/s3_receive.py; docs/BENCHMARKS.md says
-how much). `NativeRanges` serves the ranged GETs of an s3fs file system with the settings that file
-system was opened with, where obstore can be given the same ones: the endpoint, region,
-credentials (from a botocore session, so the environment, ``AWS_PROFILE``, config files and
-instance roles are read as botocore reads them), unsigned requests, path- or virtual-host-style
-addressing, requester-pays and TLS verification (on or off). Where a setting cannot be carried
-over (a session of the caller's own, a CA bundle, a botocore option only botocore knows)
+than with botocore's blocking client, and spend less CPU per byte: the request is made, the answer
+parsed and its body received by Rust on obstore's own threads while the asking thread waits without
+the interpreter's lock, and the body is handed over as it arrived (one bytes per read of the
+connection), not read through Python's ``http.client``; a copy's piece lands from those bytes as
+they are (`Driver.read_parts`), with no copy joining them first (bench/s3_receive.py;
+docs/BENCHMARKS.md says how much). `NativeRanges` serves the ranged GETs of an s3fs file system
+with the settings that file system was opened with, where obstore can be given the same ones: the
+endpoint, region, credentials (from a botocore session, so the environment, ``AWS_PROFILE``, config
+files and instance roles are read as botocore reads them), unsigned requests, path- or virtual-
+host-style addressing, requester-pays and TLS verification (on or off). Where a setting cannot be
+carried over (a session of the caller's own, a CA bundle, a botocore option only botocore knows)
 there is no `NativeRanges`, and `tierfeed.storage.s3ranges` serves the reads.
 
 What a GET promises is the driver's (`FsspecDriver`): this module makes one try of one range

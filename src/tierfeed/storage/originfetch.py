@@ -113,6 +113,20 @@ class OriginFetch:
         Raises:
             ChunkCorruptError: the origin returned fewer bytes than the index says are there.
         """
+        parts = self.read_parts(info, offset, length, begun, hedge, block)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read_parts(
+        self,
+        info: ChunkInfo,
+        offset: int,
+        length: int,
+        begun: Callable[[], None] | None = None,
+        hedge: bool = False,
+        block: bool = False,
+    ) -> list[Any]:
+        """`read`'s bytes as the buffers they arrived in (`Driver.read_parts`) for a piece of
+        a copy, which lands them as they are; one bytes for any other read."""
         piece = begun is not None
         gated = piece and not hedge
         if gated:
@@ -122,16 +136,20 @@ class OriginFetch:
                 begun()
             started = time.perf_counter()
             way = self._hedge_origin if hedge else self.origin
-            data = (way.read_block if piece or block else way.read_range)(info.name, offset, length)
+            if piece:
+                parts = list(way.read_parts(info.name, offset, length))
+            else:
+                parts = [(way.read_block if block else way.read_range)(info.name, offset, length)]
             took = time.perf_counter() - started
-        self.tuner.observe(len(data), took, time.monotonic(), piece=piece)
-        if len(data) != length:
+        size = sum(len(part) for part in parts)
+        self.tuner.observe(size, took, time.monotonic(), piece=piece)
+        if size != length:
             raise short_chunk(info, self.origin.name, offset, length)
         if piece:
             self.origin_counters.add(bytes=length)
         else:
             self.origin_counters.add(hits=1, bytes=length)
-        return data
+        return parts
 
     def heads_begin(self, reads: int) -> None:
         """``reads`` head reads began: pieces of copies wait until they end, or at most
@@ -198,7 +216,9 @@ class OriginFetch:
         if size != info.size or checksum != info.checksum:
             raise damaged_chunk(info, self.origin.name, size)
 
-    def _piece(self, arrival: Arrival, index: int, begun: Callable[[], None], hedge: bool) -> bytes:
+    def _piece(
+        self, arrival: Arrival, index: int, begun: Callable[[], None], hedge: bool
+    ) -> list[Any]:
         """Piece ``index`` of ``arrival``'s chunk. Until the tuner can tell latency from
         bandwidth, a few pieces are read as two halves: requests of two sizes are what the fit
         needs. A few: all of a chunk's pieces may start before the first ends, and each split
@@ -211,10 +231,11 @@ class OriginFetch:
             self._splits += 1
             halves = 2
         cut = [offset + length * k // halves for k in range(halves + 1)]
-        parts = [
-            self.read(arrival.info, a, b - a, begun, hedge) for a, b in itertools.pairwise(cut)
+        return [
+            part
+            for a, b in itertools.pairwise(cut)
+            for part in self.read_parts(arrival.info, a, b - a, begun, hedge)
         ]
-        return parts[0] if halves == 1 else b"".join(parts)
 
     def _may_hedge(self, nbytes: int) -> bool:
         """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges

@@ -66,7 +66,7 @@ class PieceFetch:
     def __init__(
         self,
         arrival: Arrival,
-        read: Callable[[int, Callable[[], None], bool], bytes],
+        read: Callable[[int, Callable[[], None], bool], bytes | list[Any]],
         pool: DaemonPool,
         hedge_pool: Executor,
         late_after: Callable[[], float | None],
@@ -183,7 +183,8 @@ class PieceFetch:
                 return
             self.arrival.put(index, data)
             self._landed.add(index)
-        self._counters.add(pieces=1, piece_bytes=len(data), hedge_wins=int(hedge))
+        size = len(data) if isinstance(data, bytes) else sum(len(part) for part in data)
+        self._counters.add(pieces=1, piece_bytes=size, hedge_wins=int(hedge))
 
 
 def piece_order(ranks: npt.NDArray[np.int64]) -> list[int]:

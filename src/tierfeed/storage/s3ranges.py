@@ -65,6 +65,10 @@ class Received:
         """Every byte received, in order, as one bytes."""
         return b"".join(self._parts)
 
+    def parts(self) -> list[Any]:
+        """Every byte received, in order, as the buffers that came (no copy)."""
+        return list(self._parts)
+
 
 class Pinned(Protocol):
     """An object as the driver first saw it: its ETag (None where the store gave none)."""
