@@ -122,7 +122,7 @@ class Driver(ABC):
         with PendingFile(local, mode=0o600, fsync=fsync, dir_fd=dir_fd) as out:
             for offset in range(0, size, GET_BLOCK):
                 want = min(GET_BLOCK, size - offset)
-                data = self.read_range(path, offset, want)
+                data = self.read_whole_file(path, offset, want)
                 if len(data) != want:
                     raise StorageError(
                         f"{self}: {path}: {size} bytes listed, but the read at {offset} gave "
@@ -130,6 +130,11 @@ class Driver(ABC):
                     )
                 out.write(data)
         return size
+
+    def read_whole_file(self, path: str, offset: int, length: int) -> bytes:
+        """A range of `get_file`'s object (an index, fetched by the process that opens a
+        store, usually before it forks its DataLoader workers). The default: `read_range`."""
+        return self.read_range(path, offset, length)
 
     def put_file(self, local: Path, path: str) -> None:
         """Store the file ``local`` at ``path`` atomically (an upload). Raises ReadOnlyError on

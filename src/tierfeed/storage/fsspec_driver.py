@@ -231,6 +231,12 @@ class FsspecDriver(Driver):
         native = self._received_natively() if self._s3 else None
         return self._read(path, offset, length, self._get if native is None else native.get)
 
+    def read_whole_file(self, path: str, offset: int, length: int) -> bytes:
+        """Through fsspec's event loop, never obstore: `get_file` fetches a store's index in
+        the process that opened it, usually before it forks its DataLoader workers, and a
+        child of a process that made an obstore request cannot use obstore (`usable`)."""
+        return self._read(path, offset, length, self._get)
+
     def read_block(self, path: str, offset: int, length: int) -> bytes:
         """A copy's piece: for S3 on the calling thread (`NativeRanges`, else `S3Ranges`),
         else as `read_range`."""
