@@ -3,11 +3,11 @@
 Packs `bench/s3_compare.py`'s data (``--images`` JPEGs, 64 MiB chunks), starts moto's server
 (its own process) and the slowing proxy (`tests/s3proxy.py`, in this process); then, per
 trial, fetches every 4 MiB piece of the two large chunks with 32 threads: once through
-`FsspecDriver.read_range` (obstore since issue 47; aiobotocore on fsspec's one event loop
-before it; each object's HEAD made before the clock starts), twice through
-`FsspecDriver.read_block` (a copy's pieces on the calling threads: obstore's client,
-`NativeRanges`, then botocore's, `S3Ranges`, as ``TIERFEED_S3_CLIENT=botocore`` asks; each
-client made before the clock starts), once through a
+`FsspecDriver.read_range` (aiobotocore on fsspec's one event loop, each object's HEAD made
+before the clock starts), twice through `FsspecDriver.read_block` (a copy's pieces on the
+calling threads: obstore's client, `NativeRanges`, as ``TIERFEED_S3_CLIENT=obstore`` asks,
+then botocore's, `S3Ranges`, the default; each client made before the clock starts), once
+through a
 boto3 client (urllib3, one connection per thread), as the origin-limit row of
 `bench/s3_compare.py` does. Prints the wall time of each and the
 span the proxy took to send the bytes: where the first is much longer than the second, the

@@ -11,8 +11,8 @@ included), in ms. Per run also the CPU seconds each process used in the epoch (t
 process and each worker, from /proc; the proxy's, this process's, over the child's run), and
 the same per GB the proxy sent for the epoch (``cpu_s_per_GB``): a figure that holds across
 machines where samples/s do not. ``--clients obstore,botocore`` alternates the runs between
-the S3 clients that receive (`tierfeed.storage.nativeranges`, and botocore's: the path before
-it, ``TIERFEED_S3_CLIENT=botocore``).
+the S3 clients that receive (``TIERFEED_S3_CLIENT``: obstore's, `tierfeed.storage.nativeranges`,
+and botocore's, the default).
 
 ``--row`` also times the origin-limit row of `bench/s3_compare.py` once (N = 32 threads of
 8 MiB ranged GETs of the chunk objects through the same proxy, boto3, in a child process;

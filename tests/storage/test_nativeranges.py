@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def receiver(monkeypatch: pytest.MonkeyPatch) -> str:
-    """Whose client receives: obstore's."""
-    monkeypatch.delenv("TIERFEED_S3_CLIENT", raising=False)
+    """Whose client receives: obstore's, as asked."""
+    monkeypatch.setenv("TIERFEED_S3_CLIENT", "obstore")
     return "obstore"
 
 
@@ -135,7 +135,7 @@ def test_settings_obstore_cannot_take_keep_botocore(options: dict[str, Any]) -> 
 
 def test_asking_for_botocore_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
     assert NativeRanges.of(_fs(key="k", secret="s")) is not None
-    monkeypatch.setenv("TIERFEED_S3_CLIENT", "botocore")
+    monkeypatch.delenv("TIERFEED_S3_CLIENT")  # the default: botocore
     assert NativeRanges.of(_fs(key="k", secret="s")) is None
 
 

@@ -27,8 +27,8 @@ DATA = os.urandom(3 * 2**20 + 12345)  # more than one block of a body
 
 @pytest.fixture(autouse=True)
 def receiver(monkeypatch: pytest.MonkeyPatch) -> str:
-    """Whose client receives: botocore's, here (obstore's where it can otherwise)."""
-    monkeypatch.setenv("TIERFEED_S3_CLIENT", "botocore")
+    """Whose client receives: botocore's, the default."""
+    monkeypatch.delenv("TIERFEED_S3_CLIENT", raising=False)
     return "botocore"
 
 

@@ -1,4 +1,5 @@
-"""A Loader's workers receive S3 through obstore (`tierfeed.storage.nativeranges`): the main
+"""A Loader's workers receive S3 through obstore where asked (`TIERFEED_S3_CLIENT=obstore`,
+`tierfeed.storage.nativeranges`): the main
 process starts no obstore runtime before it forks them (it fetches the store's index through
 fsspec's event loop, `FsspecDriver.read_whole_file`), so each worker may use it. In a fresh
 process (this one may have made obstore requests already)."""
@@ -68,7 +69,7 @@ def test_the_workers_receive_through_obstore(
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=100,
-        env={**os.environ, "TIERFEED_S3_CLIENT": ""},
+        env={**os.environ, "TIERFEED_S3_CLIENT": "obstore"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])

@@ -226,8 +226,8 @@ class FsspecDriver(Driver):
             return self._pins.setdefault(path, seen)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        """For S3 received by obstore where it can be (`NativeRanges`), else on fsspec's
-        event loop."""
+        """For S3 received by obstore where asked and it can be (`NativeRanges`), else on
+        fsspec's event loop."""
         native = self._received_natively() if self._s3 else None
         return self._read(path, offset, length, self._get if native is None else native.get)
 
@@ -255,8 +255,8 @@ class FsspecDriver(Driver):
             ranges.ahead()
 
     def _threaded(self) -> NativeRanges | S3Ranges | None:
-        """The calling thread's ranged GETs: obstore's where this process can use it, else
-        botocore's (`S3Ranges`)."""
+        """The calling thread's ranged GETs: obstore's where asked and this process can use
+        it, else botocore's (`S3Ranges`)."""
         native = self._received_natively()
         if native is not None:
             return native
@@ -266,8 +266,8 @@ class FsspecDriver(Driver):
             return self._ranges if isinstance(self._ranges, S3Ranges) else None
 
     def _received_natively(self) -> NativeRanges | None:
-        """obstore's ranged GETs, if this file system's settings carry over and this process
-        may use it (`tierfeed.storage.nativeranges.usable`)."""
+        """obstore's ranged GETs, if asked (``TIERFEED_S3_CLIENT=obstore``), this file system's
+        settings carry over and this process may use it (`tierfeed.storage.nativeranges.usable`)."""
         with self._lock:
             if self._native is False:
                 self._native = NativeRanges.of(self.fs)

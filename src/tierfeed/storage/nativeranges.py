@@ -1,18 +1,24 @@
-"""S3 ranged GETs received outside the interpreter: `obstore` (Rust's ``object_store``).
+"""S3 ranged GETs received outside the interpreter, where asked: obstore (Rust's object_store).
 
-Through the same slowed endpoint, 32 threads of ranged GETs reach more of the link with obstore
-than with botocore's blocking client, and spend less CPU per byte: the request is made, the answer
-parsed and its body received by Rust on obstore's own threads while the asking thread waits without
-the interpreter's lock, and the body is handed over as it arrived (one bytes per read of the
-connection), not read through Python's ``http.client``; a copy's piece lands from those bytes as
-they are (`Driver.read_parts`), with no copy joining them first (bench/s3_receive.py;
-docs/BENCHMARKS.md says how much). `NativeRanges` serves the ranged GETs of an s3fs file system
-with the settings that file system was opened with, where obstore can be given the same ones: the
-endpoint, region, credentials (from a botocore session, so the environment, ``AWS_PROFILE``, config
-files and instance roles are read as botocore reads them), unsigned requests, path- or virtual-
-host-style addressing, requester-pays and TLS verification (on or off). Where a setting cannot be
-carried over (a session of the caller's own, a CA bundle, a botocore option only botocore knows)
-there is no `NativeRanges`, and `tierfeed.storage.s3ranges` serves the reads.
+``TIERFEED_S3_CLIENT=obstore`` has a driver's S3 reads received by obstore: the request is
+made, the answer parsed and its body received by Rust on obstore's own threads while the
+asking thread waits without the interpreter's lock, and the body is handed over as it arrived
+(one bytes per read of the connection); a copy's piece lands from those bytes as they are
+(`Driver.read_parts`). It is not the default, by measurement (docs/BENCHMARKS.md, "Object
+stores at the link"): in one process of 32 threads it receives a third more of the slowed
+link than botocore's blocking client (`tierfeed.storage.s3ranges`, bench/s3_receive.py), but
+in a Loader's cold epoch on 2 cores, where each worker runs obstore's runtime threads beside
+its own, the epoch was slower with it (bench/s3_compare.py, alternated) and its CPU seconds per
+GB no lower (bench/s3_trace.py). Where cores are many and one process reads, it may pay: the
+choice is the user's, and every promise below is tested for both clients.
+
+`NativeRanges` serves the ranged GETs of an s3fs file system with the settings that file
+system was opened with, where obstore can be given the same ones: the endpoint, region,
+credentials (from a botocore session, so the environment, ``AWS_PROFILE``, config files and
+instance roles are read as botocore reads them), unsigned requests, path- or virtual-host-style
+addressing, requester-pays and TLS verification (on or off). Where a setting cannot be carried
+over (a session of the caller's own, a CA bundle, a botocore option only botocore knows) there
+is no `NativeRanges`, and botocore serves the reads.
 
 What a GET promises is the driver's (`FsspecDriver`): this module makes one try of one range
 of a pinned version (``If-Match``), bounded in time, translates obstore's failures into what
@@ -131,8 +137,8 @@ class NativeRanges:
             import obstore  # noqa: F401
         except ImportError:
             return None
-        if os.environ.get("TIERFEED_S3_CLIENT", "").lower() == "botocore":
-            return None  # asked for: botocore's client (a comparison, or a workaround)
+        if os.environ.get("TIERFEED_S3_CLIENT", "").lower() != "obstore":
+            return None  # botocore's client, the default (the module's docstring says why)
         if fs.session is not None and not is_default_session(fs.session):
             return None  # the caller's own session: its settings are not ours to copy
         client, config = dict(fs.client_kwargs), dict(fs.config_kwargs)
