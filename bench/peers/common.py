@@ -21,7 +21,7 @@ import resource
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,3 +195,23 @@ def run_command(convert: Callable[[list[str]], None], read: Callable[[list[str]]
         read(rest)
     else:
         raise SystemExit(f"unknown command {command!r}: convert or read")
+
+
+def counted(loader: Iterable[Any], tallies: list[tuple[int, int]]) -> Iterator[Any]:
+    """Yield ``loader``'s batches (JPEG lengths first), appending (samples, JPEG bytes) of the
+    epoch to ``tallies``."""
+    samples = jpg_bytes = 0
+    for batch in loader:
+        samples += len(batch[0])
+        jpg_bytes += int(batch[0].sum())
+        yield batch
+    tallies.append((samples, jpg_bytes))
+
+
+def check_epochs(system: str, tallies: list[tuple[int, int]], expected: int) -> None:
+    """Fail unless every epoch delivered ``expected`` samples and the same bytes in all."""
+    counts = {samples for samples, _ in tallies}
+    sums = {jpg_bytes for _, jpg_bytes in tallies}
+    if counts != {expected} or len(sums) != 1:
+        raise SystemExit(f"{system}: epochs delivered (samples, JPEG bytes) {tallies}, "
+                         f"expected {expected} samples and equal bytes in every epoch")  # fmt: skip

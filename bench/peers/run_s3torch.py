@@ -21,9 +21,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -31,7 +29,16 @@ import torch
 from s3torchconnector import S3ClientConfig, S3MapDataset, S3Reader, S3ReaderConstructor
 from torch.utils.data import DataLoader
 
-from bench.peers.common import is_url, measure, parse_read, raw_samples, run_command, tree_bytes
+from bench.peers.common import (
+    check_epochs,
+    counted,
+    is_url,
+    measure,
+    parse_read,
+    raw_samples,
+    run_command,
+    tree_bytes,
+)
 
 SYSTEM = "s3torchconnector"
 REGION = "us-east-1"
@@ -69,23 +76,6 @@ class LengthAndLabel:
         return len(data), self.labels[reader.key.rsplit("/", 2)[-2]]
 
 
-def counted(loader: DataLoader[Any], tallies: list[tuple[int, int]]) -> Iterator[Any]:
-    """Yield ``loader``'s batches, appending (samples, JPEG bytes) of the epoch to ``tallies``."""
-    samples = jpg_bytes = 0
-    for batch in loader:
-        samples += len(batch[0])
-        jpg_bytes += int(batch[0].sum())
-        yield batch
-    tallies.append((samples, jpg_bytes))
-
-
-def check_epochs(tallies: list[tuple[int, int]], expected: int) -> None:
-    """Fail unless every epoch delivered ``expected`` samples and the same bytes in all."""
-    if {samples for samples, _ in tallies} != {expected} or len({b for _, b in tallies}) != 1:
-        raise SystemExit(f"{SYSTEM}: epochs delivered (samples, JPEG bytes) {tallies}, "
-                         f"expected {expected} samples and equal bytes in every epoch")  # fmt: skip
-
-
 def read(argv: list[str]) -> None:
     args = parse_read(SYSTEM, argv)
     if not is_url(args.data):
@@ -117,7 +107,7 @@ def read(argv: list[str]) -> None:
     tallies: list[tuple[int, int]] = []
     extra = {"dataset_samples": len(ds), "classes": len(classes)}
     measure(SYSTEM, args, lambda epoch: counted(loader, tallies), extra=extra)
-    check_epochs(tallies, len(ds))
+    check_epochs(SYSTEM, tallies, len(ds))
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,15 @@ from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.peers.common import ReadArgs, measure, parse_read, raw_samples, tree_bytes
+from bench.peers.common import (
+    ReadArgs,
+    check_epochs,
+    counted,
+    measure,
+    parse_read,
+    raw_samples,
+    tree_bytes,
+)
 from bench.peers.common import dataset_bytes as stored_bytes
 
 SYSTEM = "streaming"
@@ -52,25 +59,6 @@ def convert(src: Path, out: Path, size_limit: str) -> dict[str, Any]:
             "shards": shards}  # fmt: skip
 
 
-def counted(loader: StreamingDataLoader, tallies: list[tuple[int, int]]) -> Iterator[Any]:
-    """Yield ``loader``'s batches, appending (samples, JPEG bytes) of the epoch to ``tallies``."""
-    samples = jpg_bytes = 0
-    for batch in loader:
-        samples += len(batch[0])
-        jpg_bytes += int(batch[0].sum())
-        yield batch
-    tallies.append((samples, jpg_bytes))
-
-
-def check_epochs(tallies: list[tuple[int, int]], expected: int) -> None:
-    """Fail unless every epoch delivered ``expected`` samples and the same bytes in all."""
-    counts = {samples for samples, _ in tallies}
-    sums = {jpg_bytes for _, jpg_bytes in tallies}
-    if counts != {expected} or len(sums) != 1:
-        raise SystemExit(f"streaming: epochs delivered (samples, JPEG bytes) {tallies}, "
-                         f"expected {expected} samples and equal bytes in every epoch")  # fmt: skip
-
-
 def read(args: ReadArgs) -> None:
     """Read the dataset through slowfs for ``args.epochs`` epochs and record each one."""
     torch.set_num_threads(1)
@@ -90,7 +78,7 @@ def read(args: ReadArgs) -> None:
     extra = {"shards": ds.num_shards, "dataset_bytes": dataset_bytes, "cache_limit": cache_limit,
              "predownload": ds.predownload}  # fmt: skip
     measure(SYSTEM, args, lambda epoch: counted(loader, tallies), extra=extra)
-    check_epochs(tallies, ds.num_samples)
+    check_epochs(SYSTEM, tallies, ds.num_samples)
 
 
 def main(argv: list[str]) -> None:
