@@ -59,6 +59,15 @@ def indexed(url: str, store: Path, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out.strip()
 
 
+@pytest.fixture
+def store(
+    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str]
+) -> Path:
+    """The bucket's shards indexed into ``tmp_path/store`` by the CLI."""
+    indexed(bucket_shards[0], tmp_path / "store", capsys)
+    return tmp_path / "store"
+
+
 def test_url_shards_indexed_into_a_local_directory_read_there(
     tmp_path: Path, s3_endpoint: str, bucket: str, bucket_shards: tuple[str, Samples],
     capsys: pytest.CaptureFixture[str],
@@ -85,11 +94,9 @@ def test_url_shards_indexed_into_a_local_directory_read_there(
 
 
 def test_a_disk_tier_copies_the_shards_from_their_url_once(
-    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, bucket_shards: tuple[str, Samples], store: Path
 ) -> None:
     url, samples = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
     tiers = TierConfig(disk_dir=str(tmp_path / "disk"), disk_bytes=2**30, policy="fill-top")
     with open_store(store, tiers) as opened:
         assert opened.chunk_location(1) == f"{url}/shard-000001.tar"
@@ -104,11 +111,10 @@ def test_a_disk_tier_copies_the_shards_from_their_url_once(
 
 
 def test_inspect_and_verify_name_the_shards_url(
-    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str]
-) -> None:
+    tmp_path: Path, bucket_shards: tuple[str, Samples], store: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     url, _ = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
     assert main(["inspect", str(store)]) == 0
     assert f"shards    {url} (the chunks: read there, never written)" in capsys.readouterr().out
     assert main(["verify", "-q", str(store)]) == 0
@@ -119,11 +125,9 @@ def test_inspect_and_verify_name_the_shards_url(
 
 def test_a_shard_replaced_after_indexing_fails_naming_it(
     tmp_path: Path, s3_endpoint: str, bucket: str, bucket_shards: tuple[str, Samples],
-    capsys: pytest.CaptureFixture[str],
+    store: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     url, _ = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
     shard = bytearray((tmp_path / "shards/shard-000001.tar").read_bytes())
     shard[600] ^= 0xFF  # one byte of the first member's data: the same size, other bytes
     client(s3_endpoint).put_object(Bucket=bucket, Key="public/wds/shard-000001.tar", Body=shard)
@@ -139,12 +143,9 @@ def test_a_shard_replaced_after_indexing_fails_naming_it(
 
 
 def test_an_index_at_a_url_naming_a_url_root_is_refused(
-    tmp_path: Path, s3_endpoint: str, bucket: str, bucket_shards: tuple[str, Samples],
+    tmp_path: Path, s3_endpoint: str, bucket: str, store: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    url, _ = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
     elsewhere = f"s3://{bucket}/mirror"  # someone else's index, naming the shards' URL
     client(s3_endpoint).put_object(
         Bucket=bucket, Key=f"mirror/{INDEX_NAME}", Body=(store / INDEX_NAME).read_bytes()
@@ -196,12 +197,8 @@ def test_a_local_index_reaches_nothing_outside_its_url_root(
     ],
 )
 def test_a_crafted_url_root_is_damaged(
-    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str],
-    root: str, match: str,
+    tmp_path: Path, store: Path, capsys: pytest.CaptureFixture[str], root: str, match: str,
 ) -> None:  # fmt: skip
-    url, _ = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
     raw = (store / INDEX_NAME).read_bytes()
     edited = ie.read_header(raw) | {"chunk_root": root}
     (store / INDEX_NAME).write_bytes(ie.with_header(raw, edited))  # resealed, as crafted
@@ -244,14 +241,9 @@ def test_a_glob_and_a_list_of_urls_index_the_same_store(
     assert not (tmp_path / "missing").exists()  # refused before any work
 
 
-def test_stage_in_copies_the_shards_from_their_url(
-    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_stage_in_copies_the_shards_from_their_url(tmp_path: Path, store: Path) -> None:
     from tierfeed.distributed.staging import stage
 
-    url, _ = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
     report = stage(store, tmp_path / "local", progress=False)
     assert report.chunks_copied == 4 and report.origin_reads > 0
     for s in range(4):
@@ -262,13 +254,11 @@ def test_stage_in_copies_the_shards_from_their_url(
 
 @pytest.mark.fuse
 def test_the_mount_reads_the_shards_from_their_url(
-    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, bucket_shards: tuple[str, Samples], store: Path
 ) -> None:
     from tierfeed.fuse.process import FuseProcess
 
-    url, samples = bucket_shards
-    store = tmp_path / "store"
-    indexed(url, store, capsys)
+    _, samples = bucket_shards
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     argv = [sys.executable, "-m", "tierfeed", "mount", str(store), str(mnt), "--foreground"]

@@ -52,7 +52,6 @@ _Get = Callable[[str, int, int, "_Pin", Received, float], None]  # one try of a 
 
 _ADVICE = ("the store is throttling, unreachable or cutting connections: lower the request rate "
            "(fewer DataLoader workers or fetch threads) or retry later")  # fmt: skip
-_BLOCK = 1 << 20  # bytes per read of a response body: what arrived before a cut is kept
 
 
 class FsspecDriver(Driver):
@@ -238,16 +237,18 @@ class FsspecDriver(Driver):
         return self._read(path, offset, length, self._get)
 
     def read_block(self, path: str, offset: int, length: int) -> bytes:
-        """A copy's piece: for S3 on the calling thread (`NativeRanges`, else `S3Ranges`),
-        else as `read_range`."""
-        ranges = self._threaded() if self._s3 else None
-        return self._read(path, offset, length, self._get if ranges is None else ranges.get)
+        """A copy's piece: for S3 on the calling thread (`S3Ranges`, or `NativeRanges` where
+        asked), else as `read_range`."""
+        return self._read(path, offset, length, self._piece_get())
 
     def read_parts(self, path: str, offset: int, length: int) -> Sequence[Any]:
-        """`read_block`'s bytes as obstore (or botocore) handed them over, not joined."""
+        """`read_block`'s bytes as botocore (or obstore) handed them over, not joined."""
+        return self._receive(path, offset, length, self._piece_get()).parts()
+
+    def _piece_get(self) -> _Get:
+        """One try of a copy's piece: on the calling thread where the client allows."""
         ranges = self._threaded() if self._s3 else None
-        got = self._receive(path, offset, length, self._get if ranges is None else ranges.get)
-        return got.parts()
+        return self._get if ranges is None else ranges.get
 
     def open_ahead(self, paths: Sequence[str], blocks: bool = False) -> None:
         ranges = self._threaded() if blocks and self._s3 else None

@@ -107,10 +107,9 @@ def translated(exc: Exception) -> Exception:
     if isinstance(exc, FileNotFoundError):
         return exc
     text = str(exc)
-    status, code = _STATUS.search(text), _CODE.search(text)
-    if status or code:
-        found = code.group(1) if code else status.group(1)  # type: ignore[union-attr]
-        return NativeError(text.split("\n", 1)[0][:300], found)
+    answered = _CODE.search(text) or _STATUS.search(text)  # S3's code, else the status
+    if answered:
+        return NativeError(text.split("\n", 1)[0][:300], answered.group(1))
     kind = _KIND.search(text)
     if kind and kind.group(1) in _KINDS:
         return _KINDS[kind.group(1)](text.split("\n", 1)[0][:300])
@@ -133,12 +132,12 @@ class NativeRanges:
     def of(cls, fs: Any) -> NativeRanges | None:
         """Ranged GETs for ``fs`` (an s3fs file system) with its settings, or None where
         obstore is missing or cannot be given the same ones."""
-        try:
+        if os.environ.get("TIERFEED_S3_CLIENT", "").lower() != "obstore":
+            return None  # botocore's client, the default (the module's docstring says why)
+        try:  # imported only where asked for: not on every driver's first read
             import obstore  # noqa: F401
         except ImportError:
             return None
-        if os.environ.get("TIERFEED_S3_CLIENT", "").lower() != "obstore":
-            return None  # botocore's client, the default (the module's docstring says why)
         if fs.session is not None and not is_default_session(fs.session):
             return None  # the caller's own session: its settings are not ours to copy
         client, config = dict(fs.client_kwargs), dict(fs.config_kwargs)

@@ -95,38 +95,35 @@ class OriginFetch:
         # pieces of copies, hedges); ``copies``, ``copy_failures``: whole-chunk copies.
         self.origin_counters = TierCounters()
 
-    def read(
-        self,
-        info: ChunkInfo,
-        offset: int,
-        length: int,
-        begun: Callable[[], None] | None = None,
-        hedge: bool = False,
-        block: bool = False,
-    ) -> bytes:
-        """One request, timed for the tuner. A piece of a copy (``begun`` given: told when it
-        starts) waits for a place within the tuner's requests in flight, and is read past the
-        page cache where the origin can (`Driver.read_block`), as a ``block`` read is (a head
-        read); a ``hedge`` goes its own way and past that limit, so it does not queue behind
-        the requests it hedges.
+    def read(self, info: ChunkInfo, offset: int, length: int, block: bool = False) -> bytes:
+        """One request that is not a piece of a copy, timed for the tuner: a sample read, or
+        a ``block`` read (a head read), read past the page cache where the origin can
+        (`Driver.read_block`).
 
         Raises:
             ChunkCorruptError: the origin returned fewer bytes than the index says are there.
         """
-        parts = self.read_parts(info, offset, length, begun, hedge, block)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return bytes(self._request(info, offset, length, None, False, block)[0])
 
-    def read_parts(
+    def _request(
         self,
         info: ChunkInfo,
         offset: int,
         length: int,
-        begun: Callable[[], None] | None = None,
-        hedge: bool = False,
+        begun: Callable[[], None] | None,
+        hedge: bool,
         block: bool = False,
     ) -> list[Any]:
-        """`read`'s bytes as the buffers they arrived in (`Driver.read_parts`) for a piece of
-        a copy, which lands them as they are; one bytes for any other read."""
+        """One request, timed for the tuner. A piece of a copy (``begun`` given: told when it
+        starts) waits for a place within the tuner's requests in flight, is read past the page
+        cache where the origin can, and comes as the buffers it arrived in
+        (`Driver.read_parts`), which it lands as they are; a ``hedge`` goes its own way and past
+        that limit, so it does not queue behind the requests it hedges. Any other read comes as
+        one bytes.
+
+        Raises:
+            ChunkCorruptError: the origin returned fewer bytes than the index says are there.
+        """
         piece = begun is not None
         gated = piece and not hedge
         if gated:
@@ -234,7 +231,7 @@ class OriginFetch:
         return [
             part
             for a, b in itertools.pairwise(cut)
-            for part in self.read_parts(arrival.info, a, b - a, begun, hedge)
+            for part in self._request(arrival.info, a, b - a, begun, hedge)
         ]
 
     def _may_hedge(self, nbytes: int) -> bool:
