@@ -17,6 +17,7 @@ SIGTERM) still leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -340,6 +341,11 @@ def main(argv: list[str] | None = None) -> None:
         raise StopError(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
+    # SIGUSR1 prints every thread's stack, in this process and in each worker it forks (the
+    # handler is inherited): what a run that hangs was waiting on. And the budget is a bound:
+    # a minute past it, the stacks are printed and the run ends (rows are saved as they end).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.dump_traceback_later(a.budget_s + 60, exit=True)
     try:
         run(a, result, save)
         result["complete"] = True

@@ -39,7 +39,9 @@ __all__ = [
     "DIR_FLAGS",
     "CacheFolder",
     "host_lock",
+    "let_go",
     "list_names",
+    "lock_within",
     "open_cache_dir",
     "open_own_file",
     "open_subdir",
@@ -341,20 +343,45 @@ def host_lock(folder_fd: int, path: Path, doing: str, wait_s: float) -> Iterator
     except FileNotFoundError as exc:  # the folder was removed meanwhile
         raise StorageError(f"{path}: cannot lock the cache ({exc.strerror})") from None
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise StorageError(f"{path}: cannot lock ({exc.strerror})") from None
-                if time.monotonic() > deadline:
-                    raise StorageError(
-                        f"{path}: another process has been {doing} for {wait_s:.0f} s; if "
-                        "none is running, remove this file"
-                    ) from None
-                time.sleep(0.05)
+        try:
+            locked = lock_within(fd, wait_s)
+        except OSError as exc:
+            raise StorageError(f"{path}: cannot lock ({exc.strerror})") from None
+        if not locked:
+            raise StorageError(
+                f"{path}: another process has been {doing} for {wait_s:.0f} s; if none is "
+                "running, remove this file"
+            )
         yield
     finally:
-        os.close(fd)
+        let_go(fd)
+
+
+def lock_within(fd: int, wait_s: float) -> bool:
+    """Take ``fd``'s exclusive lock (flock), polling, since flock has no timeout, for at most
+    ``wait_s`` seconds; False if another process held it all that time.
+
+    Raises:
+        OSError: the lock cannot be taken at all (not a wait).
+    """
+    deadline, pause = time.monotonic() + wait_s, 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+
+
+def let_go(fd: int) -> None:
+    """Unlock, then close ``fd``. A lock belongs to the open file, which a process forked
+    while it was held shares: closed alone, it would stay held for as long as that process
+    (a DataLoader worker) lives, and every later taker on the host would wait on it."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)

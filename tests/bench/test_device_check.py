@@ -5,13 +5,38 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_or_show_stacks(
+    cmd: list[str], env: dict[str, str], tmp: Path, out: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; past ``timeout``, fail with what it was waiting on: every process of its
+    session prints its threads' stacks (SIGUSR1, faulthandler's), then all are killed."""
+    with (tmp / "stdout").open("w+") as o, (tmp / "stderr").open("w+") as e:
+        proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True, env=env, cwd=ROOT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGUSR1)
+            time.sleep(3)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        o.seek(0), e.seek(0)
+        stdout, stderr = o.read(), e.read()
+    if proc.returncode == -signal.SIGKILL:
+        saved = out.read_text() if out.exists() else "(no JSON saved)"
+        pytest.fail(f"no end in {timeout} s; rows saved: {saved[-2000:]}\n{stderr[-8000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
@@ -21,10 +46,8 @@ def test_cpu_tiny_runs_the_whole_check(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     args = ["--cpu", "--tiny", "--data", str(tmp_path / "d"), "--out", str(out)]
     args += ["--epoch-s", "8", "--budget-s", "150"]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "device_check.py"), *args],
-        capture_output=True, text=True, timeout=220, env=env, cwd=ROOT,
-    )  # fmt: skip
+    done = run_or_show_stacks([sys.executable, str(ROOT / "bench" / "device_check.py"), *args],
+                              env, tmp_path, out, timeout=200)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "synthetic on device (ceiling)" in done.stdout
     result = json.loads(out.read_text())

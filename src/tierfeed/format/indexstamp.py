@@ -21,14 +21,12 @@ one of this user's processes check an unstamped index while the others wait for 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tierfeed.cachedir import CacheFolder, open_own_file
+from tierfeed.cachedir import CacheFolder, let_go, lock_within, open_own_file
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import TierfeedError
 from tierfeed.format.chunkref import checksum_bytes
@@ -134,15 +132,8 @@ def one_checker(path: Path, st: os.stat_result, wait_s: float | None = None) -> 
         yield
         return
     try:
-        deadline = time.monotonic() + (CHECKER_WAIT_S if wait_s is None else wait_s)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
+        with contextlib.suppress(OSError):  # not lockable: check on our own
+            lock_within(fd, CHECKER_WAIT_S if wait_s is None else wait_s)
         yield
     finally:
-        os.close(fd)  # lets the lock go
+        let_go(fd)

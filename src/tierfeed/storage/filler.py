@@ -290,14 +290,14 @@ class Filler:
     def _begin(self, info: ChunkInfo, claims: TierFiles) -> Arrival | None:
         """The chunk's arrival, decided again and begun under the tier's placement lock: a
         sibling deciding at the same moment sees this copy landing (its room taken)."""
-        with claims.placing():
-            if self._h.shared is not None and not self._needed(info.id, fresh=True):
-                return None
-            try:
+        try:
+            with claims.placing():  # bounded: past it, a TimeoutError (an OSError)
+                if self._h.shared is not None and not self._needed(info.id, fresh=True):
+                    return None
                 return self.landing.begin(info, self._piece(info))
-            except OSError as exc:
-                self._landing_failed(info, exc)
-                return None
+        except OSError as exc:
+            self._landing_failed(info, exc)
+            return None
 
     def _piece(self, info: ChunkInfo) -> int:
         """The piece size of the chunk's copy: the tuner's, or less where the plan's reads of
@@ -334,11 +334,14 @@ class Filler:
         self._h.warn("copy", f"copy of chunk {name} from the origin failed: {exc!r}")
 
     def _landing_failed(self, info: ChunkInfo, exc: OSError) -> None:
-        """The chunk could not land where copies land (the disk tier's directory: full, gone):
-        counted as that tier's failure to keep it; reads go on from the origin."""
+        """The chunk could not land where copies land (the disk tier's directory: full, gone,
+        or held by another process past the lock's bound): counted as that tier's failure to
+        keep it; reads go on from the origin (after a held lock, without waiting again)."""
         tier = self._h.shared
         if tier is None:  # landing in memory: not a disk's failure
             raise exc
+        if isinstance(exc, TimeoutError):  # another process holds the tier: don't wait again
+            self._h.shunned.add(info.id)
         self._placer.failed(tier, info, exc)
 
     def drain(self, timeout: float = 60.0) -> None:

@@ -42,7 +42,8 @@ class Holdings:
             or the future changes).
         complete: chunks whose copy in flight this process saw landed whole: read as local
             until placed. A set: membership and updates are atomic, no lock.
-        shunned: chunks whose copy in flight served bad bytes: read from the origin.
+        shunned: chunks whose copy in flight served bad bytes, or whose copy waited out
+            another process's placement lock: read from the origin.
     """
 
     def __init__(

@@ -10,7 +10,11 @@ kept beside the cached chunks let them cooperate without a server:
   others take it from the directory once it lands instead of reading the origin again.
 
 Locks are released by the kernel when their process dies: a killed process leaves no lock
-or claim that blocks the others.
+or claim that blocks the others. A lock belongs to the open file, which a process forked while
+it is held shares: so each is let go explicitly (``LOCK_UN``) before its descriptor is closed,
+never by the close alone, or a worker forked at that moment would hold it for as long as it
+lives. And the placement lock is waited for at most `LOCK_WAIT_S`: past that the copy is not
+placed (the read is served all the same), never waited out without a bound.
 
 ``root`` is a descriptor of the checked directory (`tierfeed.cachedir`: every name below it
 is opened relative to it, never through a link) or, for tests and tools, its path.
@@ -24,10 +28,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from tierfeed.cachedir import open_subdir
+from tierfeed.cachedir import let_go, lock_within, open_subdir
 from tierfeed.publish import publish
 
-__all__ = ["Root", "copy_claim", "mark", "marked", "placement_lock", "unmark"]
+__all__ = ["LOCK_WAIT_S", "Root", "copy_claim", "mark", "marked", "placement_lock", "unmark"]
+
+# The longest a process waits for another's placement (an eviction and one chunk's write).
+LOCK_WAIT_S = 30.0
 
 _LOCK = ".tier.lock"
 _MARKS = ".verified"
@@ -66,15 +73,26 @@ def _folder(root: Root, name: str, create: bool = False) -> Iterator[tuple[str, 
 
 
 @contextlib.contextmanager
-def placement_lock(root: Root) -> Iterator[None]:
-    """Serialise placement decisions (evict, then write) on ``root`` across processes."""
+def placement_lock(root: Root, wait_s: float | None = None) -> Iterator[None]:
+    """Serialise placement decisions (evict, then write) on ``root`` across processes.
+
+    Raises:
+        TimeoutError: another process held the lock for ``wait_s`` seconds (default
+            `LOCK_WAIT_S`); an `OSError`, as a full disk is: the caller leaves this copy
+            unplaced.
+    """
     path, at = _at(root, _LOCK)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | _FLAGS, 0o600, dir_fd=at)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+        if not lock_within(fd, wait_s):
+            raise TimeoutError(
+                f"{path}: another process held the cache's placement lock for {wait_s:g} s;"
+                " this chunk is not cached by this process"
+            )
         yield
     finally:
-        os.close(fd)
+        let_go(fd)
 
 
 @contextlib.contextmanager
@@ -96,7 +114,7 @@ def copy_claim(root: Root, key: str) -> Iterator[bool]:
         if fd < 0:
             yield True
             return
-        stack.callback(os.close, fd)
+        stack.callback(let_go, fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,0 +1,100 @@
+"""The shared disk tier's locks against a fork and against a holder that does not let go.
+
+A lock taken with flock belongs to the open file, and a process forked while it is held (a
+DataLoader worker started as a copy thread places a chunk) shares that open file: let go by
+closing the descriptor alone, the lock stays held by the worker for as long as it lives, and
+every later placement on the host waits on it. And a placement waits for another process at
+most its bound, then leaves the copy unplaced; the read is served all the same.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.storage.test_tiers import read_all, stack
+from tierfeed.loader.compose import open_store
+from tierfeed.storage.shared_dir import copy_claim, placement_lock
+from tierfeed.storage.tiers import disk_tier
+
+pytestmark = pytest.mark.timeout(60)
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _hold(root: str, taken: object, release: object) -> None:
+    with placement_lock(root):
+        taken.set()  # type: ignore[attr-defined]
+        release.wait(30)  # type: ignore[attr-defined]
+
+
+def test_a_process_forked_while_the_lock_is_held_does_not_keep_it(tmp_path: Path) -> None:
+    with placement_lock(tmp_path):
+        worker = FORK.Process(target=time.sleep, args=(30,), daemon=True)
+        worker.start()  # shares the locked open file, and outlives this placement
+    try:
+        started = time.monotonic()
+        with placement_lock(tmp_path, wait_s=5):
+            pass
+        assert time.monotonic() - started < 1.0
+    finally:
+        worker.kill()
+        worker.join(5)
+
+
+def test_a_claim_forked_while_held_is_free_once_its_holder_lets_go(tmp_path: Path) -> None:
+    with copy_claim(tmp_path, "k") as mine:
+        assert mine
+        worker = FORK.Process(target=time.sleep, args=(30,), daemon=True)
+        worker.start()
+    try:
+        with copy_claim(tmp_path, "k") as again:
+            assert again  # not "another process copies it" for as long as the worker lives
+    finally:
+        worker.kill()
+        worker.join(5)
+
+
+def test_the_placement_lock_is_waited_for_at_most_its_bound(tmp_path: Path) -> None:
+    taken, release = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold, args=(str(tmp_path), taken, release), daemon=True)
+    holder.start()
+    try:
+        assert taken.wait(20)
+        started = time.monotonic()
+        waiting = placement_lock(tmp_path, wait_s=0.3)
+        with pytest.raises(TimeoutError, match=r"\.tier\.lock: another process held"):
+            waiting.__enter__()
+        assert 0.3 <= time.monotonic() - started < 2.0
+    finally:
+        release.set()
+        holder.join(10)
+    with placement_lock(tmp_path, wait_s=5):  # given back with its holder's placement
+        pass
+
+
+def test_reads_go_on_while_another_process_holds_the_placement_lock(
+    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setattr("tierfeed.storage.shared_dir.LOCK_WAIT_S", 0.2)
+    taken, release = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold, args=(str(cache), taken, release), daemon=True)
+    holder.start()
+    try:
+        assert taken.wait(20)
+        disk = disk_tier(cache, 10**9)
+        with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+            started = time.monotonic()
+            first = read_all(store)
+            tiers.drain(30)
+            assert len(first) == len(store) and time.monotonic() - started < 20
+            assert disk.counters.copy_failures > 0  # counted, and said once
+            assert disk.counters.copies == 0 and tiers.origin_counters.bytes > 0  # served
+    finally:
+        release.set()
+        holder.join(10)
