@@ -149,7 +149,7 @@ def fetch(
     """One rank's fetch schedule of an epoch (global plan over a staged job): its own side
     (`rank_fetch`: its order and the inverse shuffle of what it staged) against computing every
     rank's order, as the exchanger did before. Median of 3, peak memory by tracemalloc."""
-    from tierfeed.distributed.holders import Holdings
+    from tierfeed.distributed.holders import SampleHolders
     from tierfeed.distributed.schedule import rank_fetch
     from tierfeed.world import World
 
@@ -158,7 +158,7 @@ def fetch(
         shape = DatasetShape.uniform(n, 500)
         spec = PlanSpec.parse(spec_text, seed=1)
         sizes = np.bincount(shape.sample_chunk) * 110_000
-        holdings = Holdings.of(shape, sizes, spec, World(0, ranks, 0, per_node))
+        holdings = SampleHolders.of(shape, sizes, spec, World(0, ranks, 0, per_node))
         # Every order of 16,384 ranks at 100M samples would take minutes: only up to 10M.
         for how in ("own side", "every order") if n <= 10_000_000 else ("own side",):
 
@@ -166,7 +166,7 @@ def fetch(
                 how: str = how,
                 shape: DatasetShape = shape,
                 spec: PlanSpec = spec,
-                holdings: Holdings = holdings,
+                holdings: SampleHolders = holdings,
             ) -> None:
                 plan = Plan(shape, spec)
                 if how == "own side":

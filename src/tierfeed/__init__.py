@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from tierfeed.format.chunkref import ChunkInfo
     from tierfeed.format.index import Index
     from tierfeed.format.pack import PackOptions, PackReport
+    from tierfeed.format.tree import PathStat
     from tierfeed.format.verify import verify_store
     from tierfeed.format.writer import WriteReport
     from tierfeed.loader.compose import open_store
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from tierfeed.loader.upload import Writer, optimize, pack
     from tierfeed.loader.urlshards import index_shards
     from tierfeed.storage.source import ChunkSource
-    from tierfeed.storage.store import PathStat, Sample, Store
+    from tierfeed.storage.store import Sample, Store
     from tierfeed.world import World
 
 __version__ = "0.1.0"
@@ -60,7 +61,7 @@ _LAZY = {
     "PackReport": "tierfeed.format.pack",
     "pack": "tierfeed.loader.upload",
     "index_shards": "tierfeed.loader.urlshards",
-    "PathStat": "tierfeed.storage.store",
+    "PathStat": "tierfeed.format.tree",
     "Sample": "tierfeed.storage.store",
     "Store": "tierfeed.storage.store",
     "open_store": "tierfeed.loader.compose",

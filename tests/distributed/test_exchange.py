@@ -17,7 +17,7 @@ N = 192
 
 @pytest.mark.parametrize("plan", ["global", "partial:0.5"])
 def test_stage_in_reads_each_chunk_once_and_resumes(tmp_path: Path, plan: str) -> None:
-    from tierfeed.distributed.holders import SPLIT, Holdings
+    from tierfeed.distributed.holders import SPLIT, SampleHolders
     from tierfeed.loader.compose import plan_for
     from tierfeed.world import World
 
@@ -28,7 +28,7 @@ def test_stage_in_reads_each_chunk_once_and_resumes(tmp_path: Path, plan: str) -
     with Index(store) as ix:
         sizes = np.asarray(ix.chunk_size, dtype=np.int64)
         p = plan_for(ix, plan)
-        holdings = Holdings.of(p.shape, sizes, p.spec, World(0, 4, 0, 2))
+        holdings = SampleHolders.of(p.shape, sizes, p.spec, World(0, 4, 0, 2))
         parts = [part for r in range(4) for part in holdings.parts_of(r)]
         starts = np.asarray(ix.sample_member_start)
         ends = np.asarray(ix.member_offset, np.int64) + np.asarray(ix.member_length, np.int64)

@@ -1,4 +1,4 @@
-"""Holdings under partitions balanced to the sample: every sample staged by exactly one rank,
+"""SampleHolders under partitions balanced to the sample: every sample staged by exactly one rank,
 the rank whose first partition holds it; at most M - 1 chunks split into parts (hypothesis)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierfeed.distributed.holders import SPLIT, Holdings
+from tierfeed.distributed.holders import SPLIT, SampleHolders
 from tierfeed.distributed.schedule import fetch_transfers
 from tierfeed.plan import DatasetShape, Plan, PlanSpec
 from tierfeed.world import World
@@ -29,7 +29,7 @@ def test_each_sample_is_staged_once_by_its_first_partitions_rank(case, policy) -
     shape, m, per_node = case
     spec = PlanSpec.parse(policy)
     sizes = np.bincount(shape.sample_chunk) * 100
-    holdings = Holdings.of(shape, sizes, spec, World(0, m, 0, per_node))
+    holdings = SampleHolders.of(shape, sizes, spec, World(0, m, 0, per_node))
     plan = Plan(shape, spec)
     staged = np.full(shape.num_samples, -1)
     starts = shape.chunk_starts()
@@ -60,7 +60,7 @@ def test_each_sample_is_staged_once_by_its_first_partitions_rank(case, policy) -
 def test_global_holdings_stay_whole_chunks(case) -> None:
     shape, m, per_node = case
     sizes = np.bincount(shape.sample_chunk) * 100
-    holdings = Holdings.of(shape, sizes, PlanSpec("global"), World(0, m, 0, per_node))
+    holdings = SampleHolders.of(shape, sizes, PlanSpec("global"), World(0, m, 0, per_node))
     assert np.all(holdings.holder >= 0) and all(holdings.parts_of(r) == [] for r in range(m))
     everything = np.arange(shape.num_samples)
     assert np.array_equal(holdings.sample_holder(everything), holdings.holder[shape.sample_chunk])
@@ -80,7 +80,7 @@ def test_one_ranks_fetch_schedule_is_its_rows_of_the_whole_one(
     shape, m, per_node = case
     spec = PlanSpec("global", window=chunkwise, drop_last=drop_last, seed=epoch)
     sizes = np.bincount(shape.sample_chunk) * 100
-    holdings = Holdings.of(shape, sizes, spec, World(0, m, 0, per_node))
+    holdings = SampleHolders.of(shape, sizes, spec, World(0, m, 0, per_node))
     plan = Plan(shape, spec)
     orders = [plan.order(epoch, r, m) for r in range(m)]
     mine = [rank_fetch(plan, holdings, epoch, r, m, window) for r in range(m)]

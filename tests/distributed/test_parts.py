@@ -12,7 +12,7 @@ import pytest
 
 from tests.distributed.ranks import make_store
 from tierfeed.distributed import stage
-from tierfeed.distributed.holders import SPLIT, Holdings
+from tierfeed.distributed.holders import SPLIT, SampleHolders
 from tierfeed.distributed.inbox import parts_dir
 from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir
 from tierfeed.errors import ChunkCorruptError, ExchangeError
@@ -38,13 +38,13 @@ def stage_all(store: Path, to: str, plan: str, per_node: int = 2) -> list[str]:
     return [r.local_dir for r in reports]
 
 
-def holdings_of(store: Path, plan: str, per_node: int = 2) -> Holdings:
+def holdings_of(store: Path, plan: str, per_node: int = 2) -> SampleHolders:
     with Index(store) as ix:
         p = plan_for(ix, plan)
-        return Holdings.of(p.shape, np.asarray(ix.chunk_size), p.spec, world(0, per_node))
+        return SampleHolders.of(p.shape, np.asarray(ix.chunk_size), p.spec, world(0, per_node))
 
 
-def namespace_store(local_dir: str, holdings: Holdings, rank: int) -> Store:
+def namespace_store(local_dir: str, holdings: SampleHolders, rank: int) -> Store:
     index = Index(local_dir)
     origin = NamespaceDriver(
         index, holdings.local_to(rank), inbox_dir(local_dir, rank), timeout_s=0.3,

@@ -247,6 +247,7 @@ def test_classes_need_a_label_column(tmp_path: Path) -> None:
         convert(PEERS / "mds", tmp_path / "st", classes=["a", "b", "c"])
 
 
+@pytest.mark.hostile
 def test_a_damaged_sample_names_its_shard_and_sample(tmp_path: Path) -> None:
     root = copy_peer("mds", tmp_path)
     edit_index(root, no_hashes)  # past the hash check: the sample's own sizes are checked
@@ -258,6 +259,7 @@ def test_a_damaged_sample_names_its_shard_and_sample(tmp_path: Path) -> None:
         convert(root, tmp_path / "st")
 
 
+@pytest.mark.hostile
 def test_a_changed_byte_fails_the_shard_hash(tmp_path: Path) -> None:
     root = copy_peer("mds", tmp_path)
     shard = bytearray((root / "shard.00002.mds").read_bytes())
@@ -267,6 +269,7 @@ def test_a_changed_byte_fails_the_shard_hash(tmp_path: Path) -> None:
         convert(root, tmp_path / "st")
 
 
+@pytest.mark.hostile
 def test_a_huge_sample_count_is_refused_without_allocating_it(tmp_path: Path) -> None:
     root = copy_peer("mds", tmp_path)
 
@@ -282,6 +285,7 @@ def test_a_huge_sample_count_is_refused_without_allocating_it(tmp_path: Path) ->
         convert(root, tmp_path / "st")
 
 
+@pytest.mark.hostile
 def test_a_shard_name_may_not_leave_the_dataset(tmp_path: Path) -> None:
     root = copy_peer("mds", tmp_path)
     edit_index(root, lambda ix: ix["shards"][0]["raw_data"].update(basename="../x/shard.mds"))
@@ -289,6 +293,7 @@ def test_a_shard_name_may_not_leave_the_dataset(tmp_path: Path) -> None:
         convert(root, tmp_path / "st")
 
 
+@pytest.mark.hostile
 def test_a_damaged_litdata_item_names_its_chunk_and_sample(tmp_path: Path) -> None:
     root = copy_peer("litdata", tmp_path)
     chunk = bytearray((root / "chunk-0-1.bin").read_bytes())
@@ -299,6 +304,7 @@ def test_a_damaged_litdata_item_names_its_chunk_and_sample(tmp_path: Path) -> No
         convert(root, tmp_path / "st")
 
 
+@pytest.mark.hostile
 def test_a_litdata_array_header_cannot_claim_a_huge_shape(tmp_path: Path) -> None:
     root = copy_peer("litdata", tmp_path)
     chunk = bytearray((root / "chunk-0-0.bin").read_bytes())
@@ -311,6 +317,7 @@ def test_a_litdata_array_header_cannot_claim_a_huge_shape(tmp_path: Path) -> Non
         convert(root, tmp_path / "st")
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize(
     "leaf",
     [
@@ -386,6 +393,7 @@ def test_the_command_refuses_a_directory_of_neither_format(tmp_path: Path) -> No
     assert "LitData" in line
 
 
+@pytest.mark.hostile
 def test_the_command_names_a_truncated_shard(tmp_path: Path) -> None:
     root = copy_peer("mds-gz", tmp_path)
     shard = root / "shard.00002.mds.gz"

@@ -80,6 +80,15 @@ def test_modes_mtimes_and_empty_directories_round_trip(messy: tuple[Path, Path])
         assert ix.num_dirs == len(want)
 
 
+def test_file_list_packs_only_listed_files(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {b"a/x.jpg": b"x" * 3000, b"a/y.jpg": b"y", b"b/z.jpg": b"z"})
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(b"b/z.jpg\na/x.jpg\n")
+    pack(tmp_path / "src", tmp_path / "store", QUIET, files=listing)
+    with open_store(tmp_path / "store") as store:
+        assert [store.index.key(i) for i in range(len(store))] == ["a/x", "b/z"]
+
+
 def test_files_listing_records_only_their_directories(tmp_path: Path) -> None:
     write_messy_tree(tmp_path / "src")
     listing = tmp_path / "list.txt"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -227,10 +228,33 @@ def test_eight_threads_read_the_right_bytes(
         assert sum(pool.map(reads, range(8))) == 0
 
 
-def test_close_is_idempotent(source: ChunkSource, store: tuple[Index, list[bytes]]) -> None:
-    source.read_range(0, 0, 1)
-    source.close()
-    source.close()
+def _running(before: set[threading.Thread]) -> list[str]:
+    """Names of the threads alive now that were not before."""
+    return sorted(t.name for t in threading.enumerate() if t not in before)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_close_is_idempotent_and_ends_reads(
+    name: str, store: tuple[Index, list[bytes]], tmp_path: Path
+) -> None:
+    """close() joins what the source started; a second close() is a no-op without error; a
+    read after close() fails with a StorageError that names the chunk and says closed."""
+    index, chunks = store
+    before = set(threading.enumerate())
+    source = SOURCES[name](index, tmp_path)
+    try:
+        for c, data in enumerate(chunks):  # every chunk read, and copied where a tier copies
+            assert source.read_range(c, 0, len(data)) == data
+        source.drain(timeout=30)
+        source.close()
+        assert _running(before) == []
+        source.close()
+        assert _running(before) == []
+        for c, info in enumerate(index.chunks()):
+            with pytest.raises(StorageError, match=rf"{re.escape(info.name)}: closed"):
+                source.read_range(c, 0, 1)
+    finally:
+        source.close()
 
 
 def test_capability_defaults_answer(source: ChunkSource, store: tuple[Index, list[bytes]]) -> None:

@@ -303,8 +303,8 @@ def test_a_bad_byte_in_a_copy_landed_whole_is_refused_and_read_from_the_origin(
             assert got.fields == store.read_sample(s).fields
         o, n = int(store.index.member_offset[bad]), int(store.index.member_length[bad])
         assert store.read_member(bad) == want[o : o + n]
-        assert (
-            0 not in tiers.holdings.complete and 0 in tiers.holdings.shunned
+        assert not tiers.holdings.is_landed_whole(0) and tiers.holdings.shuns(
+            0
         )  # from the origin from now on
     arrival.close()
 
@@ -602,14 +602,14 @@ def test_a_copy_landing_for_a_sibling_takes_room_in_the_shared_tier(
         assert first.schedule(0)
         until(lambda: first.filler.landing.find(first.chunks[0]) is not None)
         assert not second.filler._needed(1)
-        second.holdings.refused.clear()
+        second.holdings.ask_again()
         second.set_future([0, 1] * 25)  # its prefetch copies nothing while chunk 0 lands
         second.drain()
         assert second.stats()["fetch"]["pieces"] == 0 and 1 not in second.tiers[0].held
         first.drain()
         assert 0 in first.tiers[0].held
         time.sleep(0.15)  # past the sibling's view of the directory
-        second.holdings.refused.clear()
+        second.holdings.ask_again()
         assert not second.filler._needed(1)  # placed now: held, still no room
 
 

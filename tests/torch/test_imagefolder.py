@@ -96,6 +96,7 @@ def test_pickled_for_workers_without_descriptors(store: Path) -> None:
     assert np.array_equal(np.asarray(copy[3][0]), np.asarray(ds[3][0]))
 
 
+@pytest.mark.hostile
 def test_a_corrupt_image_names_its_path_and_chunk(tmp_path: Path) -> None:
     """PIL says `cannot identify image file <_io.BytesIO ...>`; torchvision names the path."""
     from tests.format.conftest import write_tree
@@ -112,6 +113,7 @@ def test_a_corrupt_image_names_its_path_and_chunk(tmp_path: Path) -> None:
     assert "on_error='skip'" in message and "LOAD_TRUNCATED_IMAGES" not in message
 
 
+@pytest.mark.hostile
 def test_a_truncated_jpeg_fails_as_in_torchvision_and_says_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

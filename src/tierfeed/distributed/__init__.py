@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tierfeed.distributed.comm import Comm
     from tierfeed.distributed.exchanger import ExchangeCounters, ExchangeOptions, Exchanger
-    from tierfeed.distributed.holders import Holdings, chunk_holders
+    from tierfeed.distributed.holders import SampleHolders, chunk_holders
     from tierfeed.distributed.job import Namespace
     from tierfeed.distributed.namespace import NamespaceDriver
     from tierfeed.distributed.pls import Scheduler
@@ -23,8 +23,8 @@ _LAZY = {
     "ExchangeCounters": "exchanger",
     "ExchangeOptions": "exchanger",
     "Exchanger": "exchanger",
-    "Holdings": "holders",
     "chunk_holders": "holders",
+    "SampleHolders": "holders",
     "Namespace": "job",
     "NamespaceDriver": "namespace",
     "Scheduler": "pls",
@@ -38,9 +38,9 @@ __all__ = [
     "ExchangeCounters",
     "ExchangeOptions",
     "Exchanger",
-    "Holdings",
     "Namespace",
     "NamespaceDriver",
+    "SampleHolders",
     "Scheduler",
     "StageReport",
     "chunk_holders",

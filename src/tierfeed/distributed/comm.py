@@ -2,6 +2,8 @@
 
 Sample bytes travel on a gloo group of their own: training may use NCCL for gradients, and a
 background thread's collectives must never interleave with the training loop's on one group.
+torch is imported in the methods that use a group: `stage` without one and `tierfeed simulate`
+import this module and never load torch.
 """
 
 from __future__ import annotations
@@ -9,10 +11,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
 from tierfeed.config import world_for
 from tierfeed.errors import ConfigError, ExchangeError
@@ -33,6 +34,8 @@ class Comm:
     """
 
     def __init__(self, timeout_s: float = 120.0) -> None:
+        import torch.distributed as dist
+
         if not (dist.is_available() and dist.is_initialized()):
             raise ConfigError(
                 "torch.distributed is not initialized: call init_process_group first "
@@ -61,6 +64,9 @@ class Comm:
         Raises:
             ExchangeError: a peer died or timed out; names this rank and ``what``.
         """
+        import torch
+        import torch.distributed as dist
+
         send_sizes = [len(b) for b in sends]
         out = torch.empty(int(sum(recv_sizes)), dtype=torch.uint8)
         payload = b"".join(bytes(b) for b in sends)
@@ -81,23 +87,25 @@ class Comm:
         """This group's rank and size as a World (ranks per node from torchrun's variables)."""
         return world_for(self.rank, self.world_size)
 
-    def _reduce(
-        self, values: Sequence[float], op: dist.ReduceOp.RedOpType, what: str
-    ) -> list[float]:
+    def _reduce(self, values: Sequence[float], op: Literal["SUM", "MAX"], what: str) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
         t = torch.tensor(list(values), dtype=torch.float64)
         try:
-            dist.all_reduce(t, op=op, group=self.group)
+            reduce_op = dist.ReduceOp.SUM if op == "SUM" else dist.ReduceOp.MAX
+            dist.all_reduce(t, op=reduce_op, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(what, exc) from exc
         return [float(v) for v in t.tolist()]
 
     def sum(self, values: Sequence[float], what: str) -> list[float]:
         """Element-wise sum of ``values`` over all ranks."""
-        return self._reduce(values, dist.ReduceOp.SUM, what)
+        return self._reduce(values, "SUM", what)
 
     def max(self, values: Sequence[float], what: str) -> list[float]:
         """Element-wise maximum of ``values`` over all ranks."""
-        return self._reduce(values, dist.ReduceOp.MAX, what)
+        return self._reduce(values, "MAX", what)
 
     def barrier(self, what: str) -> None:
         """Wait for every rank (with this group's timeout)."""
@@ -105,6 +113,8 @@ class Comm:
 
     def close(self) -> None:
         """Destroy the group; idempotent."""
+        import torch.distributed as dist
+
         if self.group is not None and dist.is_initialized():
             with contextlib.suppress(RuntimeError, ValueError):
                 dist.destroy_process_group(self.group)

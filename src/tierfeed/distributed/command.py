@@ -1,55 +1,69 @@
-"""CLI subcommand `tierfeed stage`: one process, or every rank of a torchrun/Slurm job."""
+"""CLI subcommand `tierfeed stage`: one process (no torch), or every rank of a torchrun/Slurm job
+(torch.distributed)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierfeed.errors import INSTALL_TORCH, ConfigError, ExchangeError
+
+if TYPE_CHECKING:
+    from tierfeed.distributed.comm import Comm
+    from tierfeed.world import World
 
 __all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        import torch.distributed as dist
-    except ImportError as exc:
-        raise ConfigError(
-            f"stage needs PyTorch's torch.distributed ({exc}); {INSTALL_TORCH}"
-        ) from None
-
-    from tierfeed.config import gloo_on_loopback_if_local, world_from_env
-    from tierfeed.distributed.comm import Comm
+    from tierfeed.config import world_from_env
     from tierfeed.distributed.staging import stage
 
     world = world_from_env()
-    comm: Comm | None = None
-    own_group = False
-    if world.world_size > 1:
-        if not dist.is_initialized():
-            gloo_on_loopback_if_local()
-            try:
-                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-            except (RuntimeError, ValueError) as exc:  # no rendezvous: MASTER_ADDR/PORT wrong
-                raise ExchangeError(
-                    f"rank {world.rank}: cannot join the process group of {world.world_size} "
-                    f"ranks ({' '.join(str(exc).split())}); check MASTER_ADDR, MASTER_PORT, "
-                    "RANK and WORLD_SIZE"
-                ) from None
-            own_group = True
-        comm = Comm(timeout_s=args.timeout)
+    comm, own_group = _join(world, args.timeout) if world.world_size > 1 else (None, False)
     try:
         report = stage(args.store, args.to, args.plan, world, comm, progress=not args.quiet)
     finally:
         if comm is not None:
             comm.close()
         if own_group:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
     if world.rank == 0:
         print(json.dumps(report.to_dict()) if args.json else report.summary())
     return 0
+
+
+def _join(world: World, timeout: float) -> tuple[Comm, bool]:
+    """This rank's byte group (torch is needed from here on only), and whether this call
+    created the default process group (then the caller destroys it)."""
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise ConfigError(
+            f"stage on {world.world_size} ranks needs PyTorch's torch.distributed ({exc}); "
+            f"{INSTALL_TORCH}"
+        ) from None
+
+    from tierfeed.config import gloo_on_loopback_if_local
+    from tierfeed.distributed.comm import Comm
+
+    own_group = False
+    if not dist.is_initialized():
+        gloo_on_loopback_if_local()
+        try:
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+        except (RuntimeError, ValueError) as exc:  # no rendezvous: MASTER_ADDR/PORT wrong
+            raise ExchangeError(
+                f"rank {world.rank}: cannot join the process group of {world.world_size} "
+                f"ranks ({' '.join(str(exc).split())}); check MASTER_ADDR, MASTER_PORT, "
+                "RANK and WORLD_SIZE"
+            ) from None
+        own_group = True
+    return Comm(timeout_s=timeout), own_group
 
 
 def register(sub: Any) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import SampleHolders
 from tierfeed.distributed.inbox import (
     Inbox,
     mark_punched,
@@ -42,7 +42,7 @@ class LocalCopies:
         rank: this rank.
     """
 
-    def __init__(self, local_dir: Path, inbox: Path, holdings: Holdings, rank: int) -> None:
+    def __init__(self, local_dir: Path, inbox: Path, holdings: SampleHolders, rank: int) -> None:
         self.index = Index(local_dir)
         self.inbox = Inbox(inbox)
         self.inbox.clear()

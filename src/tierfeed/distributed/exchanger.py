@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.copies import LocalCopies
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import SampleHolders
 from tierfeed.distributed.namespace import inbox_dir
 from tierfeed.distributed.schedule import num_windows
 from tierfeed.distributed.strategies import EpochState, MoveStrategy, strategy_for
@@ -70,7 +70,7 @@ class Exchanger:
         comm: Comm,
         local_dir: str | Path,
         plan: Plan,
-        holdings: Holdings,
+        holdings: SampleHolders,
         options: ExchangeOptions | None = None,
     ) -> None:
         self.comm, self.plan, self.holdings = comm, plan, holdings

@@ -21,7 +21,7 @@ from tierfeed.plan import DatasetShape, PlanSpec
 from tierfeed.plan.shuffle import local_bounds
 from tierfeed.world import World
 
-__all__ = ["SPLIT", "Holdings", "Part", "chunk_holders"]
+__all__ = ["SPLIT", "Part", "SampleHolders", "chunk_holders"]
 
 IntArray = npt.NDArray[np.int64]
 SPLIT = -1  # the holder of a chunk cut between ranks: each holds its own samples of it
@@ -61,7 +61,7 @@ class Part:
 
 
 @dataclass(frozen=True)
-class Holdings:
+class SampleHolders:
     """Where each sample lives after stage-in, and what each rank can read without a peer.
 
     Attributes:
@@ -83,8 +83,8 @@ class Holdings:
     @classmethod
     def of(
         cls, shape: DatasetShape, chunk_bytes: npt.ArrayLike, spec: PlanSpec, world: World
-    ) -> Holdings:
-        """The holdings of a job: ``world`` gives the ranks and the ranks per node."""
+    ) -> SampleHolders:
+        """Who holds what in a job: ``world`` gives the ranks and the ranks per node."""
         holder = chunk_holders(shape, chunk_bytes, spec, world.world_size)
         partitions = spec.policy in ("local", "partial")
         bounds = local_bounds(shape.num_samples, world.world_size) if partitions else None

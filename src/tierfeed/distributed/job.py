@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from tierfeed.distributed.comm import Comm
 from tierfeed.distributed.exchanger import ExchangeOptions, Exchanger
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import SampleHolders
 from tierfeed.distributed.namespace import NamespaceDriver, inbox_dir, parts_dir, punched_dir
 from tierfeed.errors import ConfigError
 from tierfeed.format.index import Index
@@ -85,7 +85,7 @@ class Namespace:
         self.options = options or ExchangeOptions()
         with Index(self.local_dir) as index:
             self.plan: Plan = plan_for(index, plan)
-            self.holdings = Holdings.of(
+            self.holdings = SampleHolders.of(
                 self.plan.shape, np.asarray(index.chunk_size), self.plan.spec, self.world
             )
         # A group of its own: the exchanger's collectives run on a background thread and must

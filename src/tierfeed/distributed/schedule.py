@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import SampleHolders
 from tierfeed.plan import Plan
 
 __all__ = [
@@ -78,7 +78,7 @@ def num_windows(order_length: int, window: int) -> int:
     return -(-order_length // max(1, window))
 
 
-def fetch_transfers(orders: list[IntArray], a: int, b: int, holdings: Holdings) -> Transfers:
+def fetch_transfers(orders: list[IntArray], a: int, b: int, holdings: SampleHolders) -> Transfers:
     """Samples each rank reads at positions [a, b) of its order that its node lacks.
 
     Args:
@@ -115,7 +115,7 @@ class RankFetch:
     send_dst: IntArray
     send_window: IntArray
 
-    def transfers(self, w: int, holdings: Holdings) -> Transfers:
+    def transfers(self, w: int, holdings: SampleHolders) -> Transfers:
         """This rank's rows of window ``w``: `fetch_transfers`' rows with it as src or dst."""
         part = self.order[w * self.window : (w + 1) * self.window]
         _, first = np.unique(part, return_index=True)
@@ -130,7 +130,7 @@ class RankFetch:
 
 
 def rank_fetch(
-    plan: Plan, holdings: Holdings, epoch: int, rank: int, world_size: int, window: int
+    plan: Plan, holdings: SampleHolders, epoch: int, rank: int, world_size: int, window: int
 ) -> RankFetch:
     """Rank ``rank``'s side of the fetch schedule of ``epoch``, in O(N/M + what it sends):
     its own order, and where its staged samples are read (`Plan.readers`, the inverse of the

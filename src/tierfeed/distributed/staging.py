@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from tierfeed.cachedir import private_dir
 from tierfeed.distributed.comm import Comm
-from tierfeed.distributed.holders import Holdings, Part
+from tierfeed.distributed.holders import Part, SampleHolders
 from tierfeed.distributed.inbox import parts_dir, punched_dir
 from tierfeed.distributed.parts import StagedParts
 from tierfeed.errors import ChunkCorruptError, ConfigError, StorageError
@@ -236,14 +236,14 @@ def _world_of(world: World | None, comm: Comm | None) -> World:
     return world
 
 
-def _holdings(index: Index, plan: PlanSpec | str, world: World) -> Holdings:
+def _holdings(index: Index, plan: PlanSpec | str, world: World) -> SampleHolders:
     """Who stages what under ``plan``: partition plans stage each rank's partition."""
     spec = PlanSpec.parse(plan) if isinstance(plan, str) else plan
-    return Holdings.of(plan_for(index, spec).shape, np.asarray(index.chunk_size), spec, world)
+    return SampleHolders.of(plan_for(index, spec).shape, np.asarray(index.chunk_size), spec, world)
 
 
 def _share_of(
-    index: Index, local: Path, holdings: Holdings, rank: int
+    index: Index, local: Path, holdings: SampleHolders, rank: int
 ) -> tuple[list[ChunkInfo], StagedParts, list[Part]]:
     """The chunks ``rank`` stages whole, its parts directory (parts it no longer stages
     removed) and the parts of split chunks it stages."""

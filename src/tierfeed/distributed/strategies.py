@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.distributed.copies import LocalCopies
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import SampleHolders
 from tierfeed.distributed.schedule import (
     RankFetch,
     Transfers,
@@ -84,7 +84,7 @@ class FetchStrategy:
     """
 
     plan: Plan
-    holdings: Holdings
+    holdings: SampleHolders
     world_size: int
     window: int
     ahead: int
@@ -150,7 +150,7 @@ class MoveStrategy:
     def after(self, copies: LocalCopies, state: EpochState, w: int) -> None:
         return None
 
-    def restore(self, epoch: int, holdings: Holdings) -> Transfers:
+    def restore(self, epoch: int, holdings: SampleHolders) -> Transfers:
         """One exchange that moves each sample of ``epoch``'s partitions from the rank that
         staged it (a restarted job rebuilding its partitions)."""
         samples, srcs, dsts = [], [], []
@@ -164,7 +164,7 @@ class MoveStrategy:
 
 
 def strategy_for(
-    plan: Plan, holdings: Holdings, world_size: int, window: int, ahead: int, rank: int = 0
+    plan: Plan, holdings: SampleHolders, world_size: int, window: int, ahead: int, rank: int = 0
 ) -> FetchStrategy | MoveStrategy:
     """Partial plans move samples; the others fetch them."""
     if plan.spec.policy == "partial":

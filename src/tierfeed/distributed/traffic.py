@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.distributed.exchanger import ExchangeOptions
-from tierfeed.distributed.holders import Holdings
+from tierfeed.distributed.holders import SampleHolders
 from tierfeed.distributed.parts import part_bytes
 from tierfeed.distributed.schedule import Transfers, fetch_transfers, move_transfers, num_windows
 from tierfeed.format.index import Index
@@ -57,7 +57,9 @@ class RankEpoch:
         return asdict(self)
 
 
-def _windows(plan: Plan, holdings: Holdings, epoch: int, m: int, window: int) -> list[Transfers]:
+def _windows(
+    plan: Plan, holdings: SampleHolders, epoch: int, m: int, window: int
+) -> list[Transfers]:
     """The exchanges of ``epoch``, window by window, as the exchanger's strategy runs them."""
     if plan.spec.policy == "partial":
         return move_transfers(plan, epoch, m, window)
@@ -93,7 +95,7 @@ def job_traffic(
     m = world_size
     window = ExchangeOptions().window if window is None else window
     chunk_bytes = np.asarray(index.chunk_size, dtype=np.int64)
-    holdings = Holdings.of(p.shape, chunk_bytes, p.spec, World(0, m, 0, local_world_size))
+    holdings = SampleHolders.of(p.shape, chunk_bytes, p.spec, World(0, m, 0, local_world_size))
     sizes = index.sample_bytes()
     held = _held_after_stage(holdings, sizes, m)
     staged = _staged_bytes(index, holdings, chunk_bytes, m)
@@ -114,7 +116,7 @@ def job_traffic(
     return rows
 
 
-def _held_after_stage(holdings: Holdings, sizes: IntArray, m: int) -> IntArray:
+def _held_after_stage(holdings: SampleHolders, sizes: IntArray, m: int) -> IntArray:
     """Sample bytes each rank can read locally once stage-in is done."""
     everything = np.arange(len(sizes), dtype=np.int64)
     return np.array(
@@ -122,7 +124,9 @@ def _held_after_stage(holdings: Holdings, sizes: IntArray, m: int) -> IntArray:
     )
 
 
-def _staged_bytes(index: Index, holdings: Holdings, chunk_bytes: IntArray, m: int) -> list[int]:
+def _staged_bytes(
+    index: Index, holdings: SampleHolders, chunk_bytes: IntArray, m: int
+) -> list[int]:
     """Bytes each rank reads from the origin in stage-in: its whole chunks and its parts."""
     return [
         int(chunk_bytes[holdings.staged_by(r)].sum())
@@ -132,7 +136,13 @@ def _staged_bytes(index: Index, holdings: Holdings, chunk_bytes: IntArray, m: in
 
 
 def _exchange(
-    p: Plan, holdings: Holdings, epoch: int, m: int, window: int, sizes: IntArray, held: IntArray
+    p: Plan,
+    holdings: SampleHolders,
+    epoch: int,
+    m: int,
+    window: int,
+    sizes: IntArray,
+    held: IntArray,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """Bytes each rank sends and receives in ``epoch``, and the most it holds at once.
 

@@ -44,7 +44,7 @@ __all__ = ["CHECKSUM_ON_OPEN_BYTES", "ChunkTable", "Index", "IndexContent", "wri
 # most and catches every bit flip, including the ones that break the path order. Larger ones
 # rely on the vectorised invariant checks on open and `tierfeed verify` for the rest.
 CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
-# `Index.check_samples` sorts more rows than this first (half the time for a rank's epoch).
+# `Index.check_samples` sorts more rows than this first (BENCHMARKS: "Row checks of format 3").
 _SORT_ROWS_ABOVE = 4096
 
 
@@ -241,8 +241,8 @@ class Index:
 
     def key_blob(self) -> bytes:
         """Every key, concatenated in sample order (sample i's is ``[key_offset[i],
-        key_offset[i+1])``): one copy, for walks over all samples (slicing it is ~4x faster
-        than `key_bytes` per sample)."""
+        key_offset[i+1])``): one copy, for walks over all samples (slicing it spares the call
+        and the check `key_bytes` makes per sample)."""
         return self._keys.tobytes()
 
     def key(self, sample: int) -> str:

@@ -1,11 +1,11 @@
 """Stamps of index files checked in full, so that opening one again on this host is O(1).
 
 Opening an index checks every invariant readers rely on (`indexcheck.check_invariants`):
-O(samples), ~10 ms per million on 2 cores. Every DataLoader worker and every rank opens the
-index, so a large one would be checked again and again. Once a large index has passed, a
-stamp in the user's cache directory records the file's identity: device, inode, size, mtime
-and ctime (any write to the file changes its ctime, which no user can set) and its header
-checksum.
+O(samples) (docs/BENCHMARKS.md, "Larger: the index, one rank's plan and the fetch schedule at
+scale", gives the time). Every DataLoader worker and every rank opens the index, so a large one
+would be checked again and again. Once a large index has passed, a stamp in the user's cache
+directory records the file's identity: device, inode, size, mtime and ctime (any write to the
+file changes its ctime, which no user can set) and its header checksum.
 An open that finds a stamp matching the file it mapped skips the O(N) checks; any other open
 runs them. A stamp is trusted only if this user owns it and nobody else may write it; stamps
 and locks are opened relative to their checked folder (`tierfeed.cachedir.CacheFolder`). File
@@ -34,11 +34,12 @@ from tierfeed.publish import publish
 
 __all__ = ["CHECKER_WAIT_S", "STAMP_ABOVE_BYTES", "has_stamp", "one_checker", "stamp"]
 
-# Indexes whose sections total more than this are stamped (smaller ones check in < ~15 ms).
+# Indexes whose sections total more than this are stamped (smaller ones check quickly: a stamp
+# would spare little).
 STAMP_ABOVE_BYTES = 16 * 2**20
 # How long a process waits for another one's check of the same index before checking itself
-# (the checks take ~10 s per billion samples and core; a checker stuck on its storage is not
-# waited for forever).
+# (many times what the checks of the largest indexes take, docs/BENCHMARKS.md, "Larger: the
+# index, ..."; a checker stuck on its storage is not waited for forever).
 CHECKER_WAIT_S = 600.0
 
 

@@ -1,5 +1,5 @@
-"""CLI subcommands that take a store by path or URL: pack (its destination), index (where
-the shards lie), inspect, verify.
+"""CLI subcommands that take a store by path or URL: index (where the shards lie), inspect,
+verify (`tierfeed pack` is registered by `tierfeed.cli`).
 
 A URL (``s3://bucket/ds``) is read with the environment's credentials and endpoint
 (``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...): its index is fetched into the user's cache
@@ -19,9 +19,8 @@ from typing import Any
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ChunkCorruptError, StorageError, TierfeedError
 from tierfeed.format.commands import register_index as register_local_index
-from tierfeed.format.commands import register_pack as register_local_pack
 from tierfeed.format.verify import ChunkFetch, summarize, verify_store
-from tierfeed.loader import upload, urlshards
+from tierfeed.loader import urlshards
 from tierfeed.loader.location import StoreLocation
 from tierfeed.storage import Driver
 from tierfeed.units import human
@@ -29,7 +28,6 @@ from tierfeed.units import human
 __all__ = [
     "register_index",
     "register_inspect",
-    "register_pack",
     "register_verify",
     "verify_location",
 ]
@@ -39,11 +37,6 @@ def register_index(sub: Any) -> None:
     """Add `tierfeed index`, of shards in a directory or at URLs, into a directory or at the
     shards' URL (only the index is uploaded)."""
     register_local_index(sub, urlshards.index_shards)
-
-
-def register_pack(sub: Any) -> None:
-    """Add `tierfeed pack`, to a directory or a URL (built locally, then uploaded)."""
-    register_local_pack(sub, upload.pack)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:

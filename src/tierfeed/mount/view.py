@@ -24,9 +24,10 @@ from typing import Any
 import mfusepy
 
 from tierfeed.errors import ChunkCorruptError, NotFoundError, TierfeedError
+from tierfeed.format.tree import PathStat
 from tierfeed.mount.bounded import BoundedLoads
 from tierfeed.mount.members import RepeatedFailureError, VerifiedMembers
-from tierfeed.storage.store import PathStat, Store
+from tierfeed.storage.store import Store
 from tierfeed.telemetry.histogram import LatencyHistogram
 
 __all__ = [
@@ -183,7 +184,7 @@ class StoreView(mfusepy.Operations):  # type: ignore[misc]
         found = self._lookup(path)
         attrs = self._attrs(found.is_dir, found.size, found.mode, found.mtime_ns)
         if found.is_dir:
-            attrs["st_nlink"] = 2 + (self.store.subdirs(rel) or 0)
+            attrs["st_nlink"] = 2 + (self.store.tree.subdirs(rel) or 0)
         return attrs
 
     def readdir(self, path: str, fh: int) -> list[str]:

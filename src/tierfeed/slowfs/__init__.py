@@ -25,10 +25,10 @@ reaches the server — getattr (stat/lookup), open, readdir, readlink and each r
 request (the kernel sizes them, 128 KiB or more): a lognormal latency with median
 ``median_ms`` and shape ``sigma``, plus ``stall_ms`` with probability ``tail_prob``;
 a read adds ``nbytes / bandwidth_mbps``. Presets: ``none`` (plain pass-through: FUSE
-alone costs ~0.15 ms per small file here), ``nfs`` (median 1 ms, sigma 0.5, 400 MB/s),
-``heavy-tail`` (``nfs`` plus a 1 s stall on one operation in a thousand). Delays are
-slept in FUSE's worker threads (``--threads``, default 32), so concurrent requests
-overlap as on a real server; ``--single-threaded`` serialises them. The bandwidth cap
+alone), ``nfs`` (median 1 ms, sigma 0.5, 400 MB/s), ``heavy-tail`` (``nfs`` plus a 1 s
+stall on one operation in a thousand). Delays are slept in FUSE's worker threads
+(``--threads``, default 32), so concurrent requests overlap as on a real server;
+``--single-threaded`` serialises them. The bandwidth cap
 is one link shared by the whole mount (``--per-request-bandwidth``: per request, as the
 ``slow`` storage driver). The k-th draw is fixed by the seed, so ``delay_s`` is the sum
 of the first ``ops`` draws; which operation gets which draw depends on arrival order.

@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 from tierfeed.errors import ConfigError
+from tierfeed.format.tree import PathStat
 from tierfeed.latency import LatencyModel, LatencySampler
 from tierfeed.storage.chunkfiles import DirectoryChunks
 from tierfeed.storage.driver import Driver, OpCounters
@@ -17,7 +18,7 @@ from tierfeed.storage.posix import PosixDriver
 from tierfeed.storage.retry import RetryPolicy
 from tierfeed.storage.slow import SlowDriver
 from tierfeed.storage.source import ChunkSource
-from tierfeed.storage.store import PathStat, Sample, Store
+from tierfeed.storage.store import Sample, Store
 from tierfeed.storage.tiers import Tier, TierOptions, TierStack, disk_tier
 
 __all__ = [

@@ -106,6 +106,16 @@ class Filler:
         self.foresight.set_future(sequence, read_bytes)
         self.prefetch(self.foresight.opening(2 * self._options.threads))
 
+    def set_reads(
+        self, chunks: npt.ArrayLike, offsets: npt.ArrayLike, ends: npt.ArrayLike | None = None
+    ) -> None:
+        """This epoch's reads in the order they are consumed (`Foresight.set_reads`)."""
+        self.foresight.set_reads(chunks, offsets, ends)
+
+    def served_first(self, reads: int) -> None:
+        """The first ``reads`` of that order are read apart (`Foresight.served_first`)."""
+        self.foresight.served_first(reads)
+
     def prefetch(self, horizon: int = 64) -> int:
         """Queue the chunks of the next ``horizon`` reads that the clairvoyant tiers would
         take; returns how many."""
@@ -125,7 +135,7 @@ class Filler:
         the queue: the read waits for its piece rather than reading its bytes from the origin
         apart from the copy, so a cold epoch reads each byte of the origin once.
         """
-        if not self._h.tiers or info.id in self._h.shunned:
+        if not self._h.tiers or self._h.shuns(info.id):
             return None
         started = time.perf_counter()
         wait = self._landing_wait()
@@ -134,8 +144,8 @@ class Filler:
             return None
         try:
             data = arrival.read(offset, length, max(0.0, wait - (time.perf_counter() - started)))
-            if data is not None and info.id not in self._h.complete and arrival.complete():
-                self._h.complete.add(info.id)  # read as local until it is placed
+            if data is not None and not self._h.is_landed_whole(info.id) and arrival.complete():
+                self._h.landed_whole(info.id)  # read as local until it is placed
         except OSError:
             data = None
         finally:
@@ -178,10 +188,23 @@ class Filler:
             finally:
                 arrival.close()
         if arrival is None or len(served) != len(offsets):
-            self._h.complete.discard(info.id)
+            self._h.forget_landed(info.id)
             return None
         self._fetch.counters.add(served=len(served), served_bytes=sum(map(len, served)))
         return served
+
+    def shun_landing(self, info: ChunkInfo) -> bool:
+        """The chunk's copy in flight served bytes that failed their check: read the chunk
+        from the origin from now on. False if no copy of it is in flight (or one was shunned
+        already)."""
+        h = self._h
+        h.forget_landed(info.id)
+        arrival = None if h.shuns(info.id) else self.landing.find(info)
+        if arrival is None:
+            return False
+        arrival.close()
+        h.shun(info.id)
+        return True
 
     def _arrival(self, info: ChunkInfo, offset: int, deadline: float) -> Arrival | None:
         """The chunk's copy in flight; one is started (ahead of the queue) when a tier would
@@ -221,24 +244,9 @@ class Filler:
         """Whether a tier lacks ``chunk`` and its policy would take it (the copier asks once it
         marked the chunk in flight, so a copy landing meanwhile is seen and not repeated). A
         refusal is remembered until room is made or the future changes."""
-        h = self._h
-        with h.mutex:  # asked on every read of a chunk no tier holds: the cheap answers
-            if chunk in h.refused or all(chunk in t.held for t in h.tiers):
-                return False
-        landing = self._landing_here(fresh)  # outside the lock: a directory listing
-        size = h.sizes[chunk]
-        with h.mutex:
-            lacking = [(t, p) for t, p in zip(h.tiers, h.policies, strict=True)
-                       if chunk not in t.held]  # fmt: skip
-            if not lacking or chunk in h.refused:
-                return False
-            if any(
-                p.choose(h.committed(t, landing, chunk), chunk, size, t.quota, fetched=True)[0]
-                for t, p in lacking
-            ):
-                return True
-            h.refused.add(chunk)  # every tier that lacks it said no
+        if self._h.settled(chunk):
             return False
+        return self._h.wanted(chunk, self._landing_here(fresh))  # a listing: outside the lock
 
     def _landing_here(self, fresh: bool = False) -> set[int]:
         """This store's chunks whose copies land on this host now (any process's): the room
@@ -315,8 +323,7 @@ class Filler:
             self._fetch.origin_counters.add(copies=1)
             self._placer.place_all(info, Landed(arrival=arrival), started)
         except ChunkCorruptError as exc:
-            with self._h.mutex:
-                self._h.corrupt[info.id] = f"chunk {info.name} at the origin is bad: {exc}"
+            self._h.mark_corrupt(info.id, f"chunk {info.name} at the origin is bad: {exc}")
         except OSError as exc:
             if isinstance(exc, StorageError):
                 raise  # the origin's: a failed copy
@@ -341,7 +348,7 @@ class Filler:
         if tier is None:  # landing in memory: not a disk's failure
             raise exc
         if isinstance(exc, TimeoutError):  # another process holds the tier: don't wait again
-            self._h.shunned.add(info.id)
+            self._h.shun(info.id)
         self._placer.failed(tier, info, exc)
 
     def drain(self, timeout: float = 60.0) -> None:

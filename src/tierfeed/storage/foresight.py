@@ -42,9 +42,7 @@ class Foresight:
                 # Built aside (an O(reads) pass), then swapped in: readers never wait on it.
                 fresh = Clairvoyant()
                 fresh.set_future(sequence, read_bytes)
-                with h.mutex:
-                    h.policies[i] = fresh
-                    h.refused.clear()  # the future decides what a tier takes
+                h.set_policy(i, fresh)  # the future decides what a tier takes
 
     def set_reads(
         self, chunks: npt.ArrayLike, offsets: npt.ArrayLike, ends: npt.ArrayLike | None = None

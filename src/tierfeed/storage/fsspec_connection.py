@@ -58,8 +58,9 @@ def _session() -> Any:
     service model (a noticeable CPU cost per client otherwise). Not shared across a fork: a
     session's refreshable credentials hold a lock of its event loop. Its models' loader is:
     a forked DataLoader worker's session takes the one its parent parsed with (the worker's
-    copy of it), instead of parsing the models again at every worker's start (~66 ms of CPU
-    in a forked child, ~10 ms with the parent's: bench/s3_client_start.py)."""
+    copy of it), instead of parsing the models again at every worker's start (several times
+    the CPU of a start with the parent's: `bench/s3_client_start.py`; docs/BENCHMARKS.md,
+    "The CPU a cold epoch needs, against the row's")."""
     from aiobotocore.session import AioSession
 
     pid = os.getpid()

@@ -34,16 +34,17 @@ class Holdings:
         policy: the placement policy's name (one instance per tier).
         verify_cached: check a cached copy against its checksum before this process serves it.
 
+    What it knows of chunks beside the tiers' contents is its own, changed only through its
+    verbs (each under the lock): the chunks whose origin copy is bad (`mark_corrupt`, the
+    message a read of them raises), the chunks no tier would take at the last look (`wanted`
+    remembers a refusal, `ask_again` forgets them once room is made or the future changes),
+    the copies in flight this process saw land whole (`landed_whole`: read as local until
+    placed), and the copies in flight not to be read (`shun`: they served bad bytes, or
+    waited out another process's placement lock).
+
     Attributes:
-        mutex: guards ``held``/``verified``/``counters`` of every tier, ``policies``,
-            ``corrupt`` and ``refused``.
-        corrupt: chunks whose origin copy is bad -> the message a read of them raises.
-        refused: chunks no tier would take at the last look (asked again once room is made
-            or the future changes).
-        complete: chunks whose copy in flight this process saw landed whole: read as local
-            until placed. A set: membership and updates are atomic, no lock.
-        shunned: chunks whose copy in flight served bad bytes, or whose copy waited out
-            another process's placement lock: read from the origin.
+        mutex: guards ``held``/``verified``/``counters`` of every tier, ``policies`` and the
+            sets above.
     """
 
     def __init__(
@@ -56,10 +57,10 @@ class Holdings:
         self.sizes = ChunkSizes(chunks)
         self.verify = verify_cached
         self.mutex = threading.Lock()
-        self.corrupt: dict[int, str] = {}
-        self.refused: set[int] = set()
-        self.complete: set[int] = set()
-        self.shunned: set[int] = set()
+        self._corrupt: dict[int, str] = {}
+        self._refused: set[int] = set()
+        self._complete: set[int] = set()
+        self._shunned: set[int] = set()
         self._warned: set[str] = set()
         self._checking: dict[int, threading.Lock] = {}  # chunk -> held while its copy is checked
         # The first tier every process of the host fills (a disk directory): where copies
@@ -101,13 +102,114 @@ class Holdings:
         """Which tiers hold ``chunk`` now (a membership test each: atomic, no lock needed)."""
         return [chunk in t.held for t in self.tiers]
 
+    # --- what is known of a chunk: read without the lock (membership is atomic), changed
+    # under it ------------------------------------------------------------------------------
+
+    def failure(self, chunk: int) -> str | None:
+        """Why a read of ``chunk`` fails (its origin copy is bad), or None."""
+        return self._corrupt.get(chunk)
+
+    def mark_corrupt(self, chunk: int, message: str) -> None:
+        with self.mutex:
+            self._corrupt[chunk] = message
+
+    def refuses(self, chunk: int) -> bool:
+        """Whether no tier would take ``chunk`` at the last look."""
+        return chunk in self._refused
+
+    def ask_again(self) -> None:
+        """Room was made, or the future changed: every tier is asked again."""
+        with self.mutex:
+            self._refused.clear()
+
+    def landed_whole(self, chunk: int) -> None:
+        """This process saw ``chunk``'s copy in flight land whole: read as local until placed."""
+        with self.mutex:
+            self._complete.add(chunk)
+
+    def is_landed_whole(self, chunk: int) -> bool:
+        return chunk in self._complete
+
+    def forget_landed(self, chunk: int) -> None:
+        """``chunk``'s copy in flight is placed, gone, or not to be trusted. Asked on every
+        read a tier serves: the lock only when there is something to forget."""
+        if chunk in self._complete:
+            with self.mutex:
+                self._complete.discard(chunk)
+
+    def shun(self, chunk: int) -> None:
+        """Read ``chunk`` from the origin from now on, not from its copy in flight."""
+        with self.mutex:
+            self._shunned.add(chunk)
+
+    def shuns(self, chunk: int) -> bool:
+        return chunk in self._shunned
+
+    def settled(self, chunk: int) -> bool:
+        """Whether asking for a copy of ``chunk`` is moot: every tier holds it, or none would
+        take it at the last look (the cheap answers, asked on every read of a chunk no tier
+        holds)."""
+        with self.mutex:
+            return chunk in self._refused or all(chunk in t.held for t in self.tiers)
+
+    def wanted(self, chunk: int, landing: set[int]) -> bool:
+        """Whether a tier lacks ``chunk`` and its policy would take it, counting the copies
+        ``landing`` on this host as taken (`committed`); a refusal by every tier that lacks it
+        is remembered until `ask_again`."""
+        size = self.sizes[chunk]
+        with self.mutex:
+            lacking = [(t, p) for t, p in zip(self.tiers, self.policies, strict=True)
+                       if chunk not in t.held]  # fmt: skip
+            if not lacking or chunk in self._refused:
+                return False
+            if any(
+                p.choose(self.committed(t, landing, chunk), chunk, size, t.quota, fetched=True)[0]
+                for t, p in lacking
+            ):
+                return True
+            self._refused.add(chunk)
+            return False
+
+    def set_policy(self, i: int, policy: Placement) -> None:
+        """Tier ``i`` places by ``policy`` from now on (a clairvoyant one told a new future):
+        what a tier takes is decided anew."""
+        with self.mutex:
+            self.policies[i] = policy
+            self._refused.clear()
+
+    def make_room(self, i: int, info: ChunkInfo) -> list[int] | None:
+        """Whether tier ``i`` takes ``info``, decided under the lock: the chunks it evicts for
+        it (taken off its books now; the caller removes their files), or None if it holds the
+        chunk already or its policy says no."""
+        tier = self.tiers[i]
+        with self.mutex:
+            if info.id in tier.held:
+                return None  # another process wrote it
+            ok, victims = self.policies[i].choose(
+                tier.held, info.id, info.size, tier.quota, fetched=True
+            )
+            if not ok:
+                return None
+            for victim in victims:
+                tier.held.pop(victim, None)
+                tier.verified.discard(victim)
+                tier.counters.evictions += 1
+            self._refused.clear()  # room made, or a chunk placed: ask again
+            return victims
+
+    def placed(self, tier: Tier, info: ChunkInfo) -> None:
+        """``info`` is in ``tier`` now, checked."""
+        with self.mutex:
+            tier.held[info.id] = info.size
+            tier.verified.add(info.id)
+
     def local(self, chunk: int) -> bool:
         """A tier holds a checked (or unchecked by choice) copy of ``chunk`` not known bad, or
         its copy in flight landed whole. No lock: membership tests are atomic, and a copy
         evicted meanwhile is read by the ordinary path (found gone, read one level down)."""
-        if chunk in self.corrupt:
+        if chunk in self._corrupt:
             return False
-        if chunk in self.complete:
+        if chunk in self._complete:
             return True
         return any(
             chunk in tier.held and (not self.verify or chunk in tier.verified)
@@ -178,7 +280,7 @@ class Holdings:
             tier.held.pop(info.id, None)
             tier.verified.discard(info.id)
             tier.counters.corrupt_dropped += 1
-            self.refused.clear()
+            self._refused.clear()
         where = f"copy {tier.files.where(key)} of tier {tier.name}"
         tier.files.unmark(key)
         try:

@@ -204,8 +204,9 @@ class OriginFetch:
         # Ranked across copies where the link is the limit (a file system); from an object
         # store, whose cold epoch is bound by the CPU its GETs and reads take, each copy's
         # pieces in turn: a chunk whole sooner is read locally sooner, and reads served by
-        # copies in flight cost more (issue 45: 12% fewer samples/s ranked through
-        # `bench/s3_compare.py`'s endpoint, docs/BENCHMARKS.md).
+        # copies in flight cost more (issue 45: fewer samples/s ranked, through
+        # `bench/s3_compare.py`'s endpoint; docs/BENCHMARKS.md, "From an object store: head
+        # reads and ranked pieces tried, and left off").
         ranked = None if self.origin.costly_requests else ranks.tolist()
         pieces.run(order, self.tuner.limits.max_inflight, ranked)
         info = arrival.info

@@ -62,25 +62,13 @@ class Placer:
         with tier.placing, tier.files.placing():
             if tier.shared:
                 h.scan(tier)  # other processes' copies and evictions count too
-            with h.mutex:
-                if info.id in tier.held:
-                    return False  # another process wrote it
-                ok, victims = h.policies[i].choose(
-                    tier.held, info.id, info.size, tier.quota, fetched=True
-                )
-                if not ok:
-                    return False
-                for victim in victims:
-                    tier.held.pop(victim, None)
-                    tier.verified.discard(victim)
-                    tier.counters.evictions += 1
-                h.refused.clear()  # room made, or a chunk placed: ask again
+            victims = h.make_room(i, info)
+            if victims is None:
+                return False
             for victim in victims:
                 tier.files.evict(cache_key(h.chunks[victim]))
             self._write(tier, info, chunk)
-            with h.mutex:
-                tier.held[info.id] = info.size
-                tier.verified.add(info.id)
+            h.placed(tier, info)
             return True
 
     @staticmethod

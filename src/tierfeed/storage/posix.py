@@ -126,7 +126,9 @@ class PosixDriver(Driver):
         """The ranges of ``path`` through one descriptor of ``fds``, counted."""
         full = self._resolved(path)
         try:
-            entry = fds.acquire(full)  # not `with fds.fd(...)`: a generator per read costs ~2 us
+            # Not `with fds.fd(...)`: a generator per read weighs on the warm path
+            # (docs/BENCHMARKS.md, "Local samples read inline").
+            entry = fds.acquire(full)
             try:
                 out = [
                     pread(entry.fd, full, n, o, fds.flags, self._dir_fd)
@@ -203,10 +205,10 @@ class PosixDriver(Driver):
     def read_block(self, path: str, offset: int, length: int) -> bytes:
         """``read_range`` through O_DIRECT descriptors of its own, where the file system allows
         them: a copy's piece is then the one read of its bytes at the origin (through the page
-        cache the kernel's readahead read 0.9-1.9% of a store twice over FUSE,
-        `bench/cold_path.py`), and waits for no page a stalled read holds locked. Into an
-        aligned buffer where the file system wants one; through the page cache where it
-        refuses O_DIRECT."""
+        cache the kernel's readahead read part of a store twice over FUSE: docs/BENCHMARKS.md,
+        "The end of a cold epoch, and each origin byte once"), and waits for no page a stalled
+        read holds locked. Into an aligned buffer where the file system wants one; through the
+        page cache where it refuses O_DIRECT."""
         return self._read_through(self._block_fds, path, (offset,), (length,))[0]
 
     def size(self, path: str) -> int:

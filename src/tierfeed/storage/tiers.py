@@ -110,7 +110,9 @@ class TierStack(ChunkSource):
 
     def _read(self, chunk: int, offsets: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
         """The ranges: held, else landed whole, else one by one (`_miss`)."""
-        failure = self.holdings.corrupt.get(chunk)
+        if self._closed:  # a RAM tier would still serve: closed is closed for every read
+            raise StorageError(f"{self.chunks[chunk].name}: closed")
+        failure = self.holdings.failure(chunk)
         if failure is not None:
             raise ChunkCorruptError(failure)
         holding = self.holdings.accessed(chunk, len(offsets))
@@ -135,12 +137,12 @@ class TierStack(ChunkSource):
         if it landed whole; None if neither serves them."""
         held = self.holdings.read_held(info, holding, offsets, lengths)
         if held is not None:
-            self.holdings.complete.discard(info.id)  # placed: read from the tier from now on
+            self.holdings.forget_landed(info.id)  # placed: read from the tier from now on
             data, level = held
             if level > 0:
                 self.filler.schedule(info.id)  # a faster tier lacks it: fill it from this one
             return data
-        if info.id in self.holdings.complete:
+        if self.holdings.is_landed_whole(info.id):
             return self.filler.read_landed(info, offsets, lengths)
         return None
 
@@ -152,7 +154,7 @@ class TierStack(ChunkSource):
         if data is not None:
             self.filler.schedule(info.id)
             return data
-        if info.id not in self.holdings.refused:
+        if not self.holdings.refuses(info.id):
             data = self._placed_meanwhile(info, offset, length)
             if data is None:
                 data = self.filler.read_landing(info, offset, length)
@@ -186,9 +188,9 @@ class TierStack(ChunkSource):
         it is whole). The copies' pieces wait for the head reads in flight, a bounded time
         (`OriginFetch.heads_begin`): they share the link. Not from an origin that bills
         requests (an object store): there a cold epoch makes one GET a piece, and a head's
-        GETs, one a sample, made the first batch no sooner and the cold epoch 9-40% slower
-        through `bench/s3_compare.py`'s endpoint, even with the pieces waiting for them
-        (docs/BENCHMARKS.md). Returns how many reads began."""
+        GETs, one a sample, made the first batch no sooner and the cold epoch slower, even with
+        the pieces waiting for them (docs/BENCHMARKS.md, "From an object store: head reads and
+        ranked pieces tried, and left off"). Returns how many reads began."""
         if not self.tiers or self.origin.costly_requests:
             return 0  # no copies: every read is the origin's already, in parallel
         cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
@@ -214,14 +216,9 @@ class TierStack(ChunkSource):
             return self.holdings.drop(tier, self.chunks[chunk])
         if self.head.drop(chunk):
             return f"head read of chunk {self.chunks[chunk].name}"
-        self.holdings.complete.discard(chunk)
-        shunned = chunk in self.holdings.shunned
-        arrival = None if shunned else self.filler.landing.find(self.chunks[chunk])
-        if arrival is None:
-            return None
-        arrival.close()
-        self.holdings.shunned.add(chunk)  # read it from the origin from now on
-        return f"copy in flight of chunk {self.chunks[chunk].name}"
+        if self.filler.shun_landing(self.chunks[chunk]):
+            return f"copy in flight of chunk {self.chunks[chunk].name}"
+        return None
 
     # --- copies and the future ------------------------------------------------------------
 
@@ -244,12 +241,12 @@ class TierStack(ChunkSource):
         """This epoch's reads in the order they are consumed (their chunks, and the byte
         ranges they read: ``offsets`` to ``ends``, exclusive; None: the start only): a copy
         fetches its chunk's pieces in the order these need them, every piece a read spans."""
-        self.filler.foresight.set_reads(chunks, offsets, ends)
+        self.filler.set_reads(chunks, offsets, ends)
 
     def served_first(self, reads: int) -> None:
         """The first ``reads`` of the order `set_reads` gave are read apart (head reads): a
         copy fetches the pieces the other reads need first (`Foresight.served_first`)."""
-        self.filler.foresight.served_first(reads)
+        self.filler.served_first(reads)
 
     def prefetch(self, horizon: int = 64) -> int:
         """Queue the chunks of the next ``horizon`` reads of the known future that fit (the
@@ -265,8 +262,7 @@ class TierStack(ChunkSource):
     def begin_epoch(self) -> None:
         """A new epoch: the origin loads what changed (a job namespace's inbox); tiers that
         refused a chunk are asked again."""
-        with self.holdings.mutex:
-            self.holdings.refused.clear()
+        self.holdings.ask_again()
         self.origin.begin_epoch()
 
     def drain(self, timeout: float = 60.0) -> None:

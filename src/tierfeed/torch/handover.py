@@ -3,11 +3,12 @@
 torch hands every tensor a worker sends over through shared memory: a segment and a file
 descriptor per tensor, passed over a socket and mapped again on the other side. For a batch
 of a few small tensors (labels, lengths, indices, small crops) that is most of what a warm
-batch costs: two tensors of 64 int64s took 893 µs a batch on 2 cores, against 20-30 µs with
-their bytes in the pickle. So a worker of a `tierfeed.torch.Loader` sends a CPU tensor of at
-most ``limit`` bytes by value (`ship`), and the Loader makes it a tensor again without a copy
-(`restore`: the unpickled array's memory). Larger tensors keep torch's shared memory, where
-not copying the bytes pays for the descriptor.
+batch costs, many times what their bytes in the pickle cost (`bench/handover_pickle.py`;
+docs/BENCHMARKS.md, "Small tensors handed over by value"). So a worker of a
+`tierfeed.torch.Loader` sends a CPU tensor of at most ``limit`` bytes by value (`ship`), and
+the Loader makes it a tensor again without a copy (`restore`: the unpickled array's memory).
+Larger tensors keep torch's shared memory, where not copying the bytes pays for the
+descriptor.
 
 Only plain containers are looked into (tuple, namedtuple, list, dict): what a collate
 returns. A tensor inside anything else goes torch's way, as before.

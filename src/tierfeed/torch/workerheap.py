@@ -6,9 +6,9 @@ the batch and frees it all, batch after batch. glibc's malloc gives the top of i
 to the kernel once more than its trim threshold is free there, and that threshold follows the
 largest block it has freed through ``mmap`` (twice its size, from 128 KiB): a few hundred KiB
 in a worker whose samples are tens of KiB. So each batch's freed samples were handed back and
-the next batch's reads faulted every page in again: a 64 KiB read in a batch read and freed
-took 28 µs, 6 µs with the freed heap kept, 4.2 µs into one reused buffer, and warm epochs were
-bimodal per run (`bench/worker_heap.py`; docs/BENCHMARKS.md, "The worker's heap kept").
+the next batch's reads faulted every page in again: a read into memory handed back took
+several times as long as one into a kept heap, and warm epochs were bimodal per run
+(`bench/worker_heap.py` gives the figures; docs/BENCHMARKS.md, "The worker's heap kept").
 
 `keep_worker_heap` sets, once per worker process, what glibc's own adaptive rule arrives at
 after freeing its largest ``mmap`` block (32 MiB): blocks up to 32 MiB come from the heap,
