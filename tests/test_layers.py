@@ -174,3 +174,15 @@ def test_no_function_passes_50_lines_without_a_reason() -> None:
     }
     assert grown == {}, grown
     assert set(LONG_FUNCTIONS) <= set(found), "split below 50: take it out of LONG_FUNCTIONS"
+
+
+def test_the_formatter_lays_out_every_line() -> None:
+    """No ``# fmt: skip``: a line packed by hand to meet the limits above meets them only on
+    paper (issue 48); where a limit is passed, the part is split, or says why it is not."""
+    packed = [
+        f"{path.relative_to(SRC)}:{n}"
+        for path in sorted(SRC.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if line.rstrip().endswith("# fmt: skip")
+    ]
+    assert packed == []

@@ -51,9 +51,14 @@ class _Opener:
     def __call__(self) -> Store:
         index = Index(self.local_dir)
         origin = NamespaceDriver(
-            index, self.local, self.inbox, self.timeout_s, self.verify_local, self.parts,
+            index,
+            self.local,
+            self.inbox,
+            self.timeout_s,
+            self.verify_local,
+            self.parts,
             self.punched,
-        )  # fmt: skip
+        )
         return Store(index, tier_stack(index, self.tiers, origin))
 
 

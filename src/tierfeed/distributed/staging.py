@@ -138,9 +138,13 @@ def _copy_chunk(origin: Driver, root: str, info: ChunkInfo, target: Path, bar: t
 
 
 def _stage_chunks(
-    origin: Driver, root: str, local: Path, mine: list[ChunkInfo], bar: tqdm[Any],
+    origin: Driver,
+    root: str,
+    local: Path,
+    mine: list[ChunkInfo],
+    bar: tqdm[Any],
     report: StageReport,
-) -> None:  # fmt: skip
+) -> None:
     """Copy the chunks not already here and verified, several at once (an object store's GET
     is slow alone: `Driver.parallel_requests` of them; a file system's, a few)."""
     todo = []
@@ -155,8 +159,10 @@ def _stage_chunks(
         return
     threads = min(len(todo), max(_STAGE_THREADS, origin.parallel_requests))
     with ThreadPoolExecutor(threads, thread_name_prefix="tierfeed-stage") as pool:
-        copies = [(info, pool.submit(_copy_chunk, origin, root, info, local / info.name, bar))
-                  for info in todo]  # fmt: skip
+        copies = [
+            (info, pool.submit(_copy_chunk, origin, root, info, local / info.name, bar))
+            for info in todo
+        ]
         try:
             for info, copy in copies:
                 copy.result()
@@ -267,9 +273,13 @@ def _progress_bar(total: int, world: World, progress: bool) -> tqdm[Any]:
 
 
 def _stage_parts(
-    origin: Driver, root: str, parts: StagedParts, my_parts: list[Part], bar: tqdm[Any],
+    origin: Driver,
+    root: str,
+    parts: StagedParts,
+    my_parts: list[Part],
+    bar: tqdm[Any],
     report: StageReport,
-) -> None:  # fmt: skip
+) -> None:
     """Copy the parts not already here and verified, one after another."""
     for part in my_parts:
         size, copied = parts.stage(origin, root, part, bar)

@@ -109,10 +109,15 @@ def job_traffic(
             cache = int(chunk_bytes[read[r] & whole[r]].sum())
             rows.append(
                 RankEpoch(
-                    epoch, r, staged[r] if epoch == 0 else 0, int(sent[r]), int(received[r]),
-                    int(peak[r]), cache,
+                    epoch,
+                    r,
+                    staged[r] if epoch == 0 else 0,
+                    int(sent[r]),
+                    int(received[r]),
+                    int(peak[r]),
+                    cache,
                 )
-            )  # fmt: skip
+            )
     return rows
 
 

@@ -144,17 +144,19 @@ def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) 
     that also indexes shards at a URL)."""
     p = sub.add_parser("index", help="index tar shards where they lie")
     p.add_argument(
-        "shards", nargs="+",
+        "shards",
+        nargs="+",
         help=".tar shards, read where they lie (any directory, read-only too; links to them "
         "too); .tar.gz/.tgz ones are decompressed once into --out; quoted brace patterns "
         "expand as WebDataset's ('shard-{000000..000009}.tar'); URLs (s3://...), read "
         "where they lie, quoted glob patterns too",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--out", required=True,
+        "--out",
+        required=True,
         help="store directory for the index (made if missing; shards outside it, or at URLs "
         "in a bucket you cannot write, are recorded as its shard root), or the shards' URL",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--labels",
         choices=["auto", "cls", "folder", "none"],

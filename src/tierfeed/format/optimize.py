@@ -150,9 +150,7 @@ class _Run:
         """Start the workers, then the threads that feed them: every process first, so that a
         forked one copies no thread of this run (nor a lock such a thread held)."""
         for w in range(len(self.queues)):
-            args = (
-                w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls, quality
-            )  # fmt: skip
+            args = (w, fn, self.queues[w], self.results, str(root), chunk_size, want_cls, quality)
             proc = self.ctx.Process(  # type: ignore[attr-defined]
                 target=_work, args=args, name=f"tierfeed-optimize-{w}", daemon=True
             )

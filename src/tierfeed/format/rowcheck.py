@@ -46,13 +46,23 @@ MASK = np.uint64(0xFFFFFFFF)
 # Odd weights (from the golden ratio and splitmix64's constants), one per field.
 _W = np.array(
     [
-        0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93,
-        0xA0761D6478BD642F, 0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3, 0x589965CC75374CC3,
-        0x1D8E4E27C47D124F, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5,
-        0x85EBCA77C2B2AE63, 0xFF51AFD7ED558CCD,
+        0x9E3779B97F4A7C15,
+        0xBF58476D1CE4E5B9,
+        0x94D049BB133111EB,
+        0xD6E8FEB86659FD93,
+        0xA0761D6478BD642F,
+        0xE7037ED1A0B428DB,
+        0x8EBC6AF09C88C6E3,
+        0x589965CC75374CC3,
+        0x1D8E4E27C47D124F,
+        0xC2B2AE3D27D4EB4F,
+        0x165667B19E3779F9,
+        0x27D4EB2F165667C5,
+        0x85EBCA77C2B2AE63,
+        0xFF51AFD7ED558CCD,
     ],
     dtype=np.uint64,
-) | np.uint64(1)  # fmt: skip
+) | np.uint64(1)
 _P_SAMPLE = np.uint64(0xD1B54A32D192ED03)  # position mixers: rows, members, chunks
 _P_MEMBER = np.uint64(0xAEF17502108EF2D9)
 _P_CHUNK = np.uint64(0xDB4F0B9175AE2165)
@@ -151,9 +161,15 @@ def write_checks(a: dict[str, Any], keys: bytes, names: bytes) -> tuple[U64, U64
     key_check = _blob_checks(key_offset, keys)
     ids = np.arange(samples, dtype=np.int64)
     row = sample_terms(
-        ids, start[:-1], start[1:], key_offset[:-1], key_offset[1:],
-        a["sample_label"], a["sample_chunk"], key_check,
-    )  # fmt: skip
+        ids,
+        start[:-1],
+        start[1:],
+        key_offset[:-1],
+        key_offset[1:],
+        a["sample_label"],
+        a["sample_chunk"],
+        key_check,
+    )
     members = np.arange(len(a["member_chunk"]), dtype=np.int64)
     per_member = member_terms(members, [a[n] for n in member_columns(a)])
     if samples:  # (every sample has a member: the writers' invariant)

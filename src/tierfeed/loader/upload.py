@@ -82,6 +82,14 @@ def optimize(
     target = UrlDestination(dst, storage_options, overwrite) if is_url(os.fspath(dst)) else None
     with target.building() if target else contextlib.nullcontext():
         return local_optimize.optimize(
-            fn, inputs, target or dst, workers, chunk_size, labels, classes, overwrite,
-            start_method, image_quality,
-        )  # fmt: skip
+            fn,
+            inputs,
+            target or dst,
+            workers,
+            chunk_size,
+            labels,
+            classes,
+            overwrite,
+            start_method,
+            image_quality,
+        )

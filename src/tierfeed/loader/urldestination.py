@@ -64,8 +64,12 @@ def upload_store(
         root = ix.path.parent
         names = [ix.chunk_name(c) for c in range(ix.num_chunks)]
         total = int(ix.chunk_size.sum()) + ix.path.stat().st_size
-        with tqdm(total=total, unit="B", unit_scale=True, desc="upload",
-                  disable=not progress) as bar, ThreadPoolExecutor(_THREADS) as pool:  # fmt: skip
+        with (
+            tqdm(
+                total=total, unit="B", unit_scale=True, desc="upload", disable=not progress
+            ) as bar,
+            ThreadPoolExecutor(_THREADS) as pool,
+        ):
 
             def put(name: str) -> None:
                 target.put_file(root / name, name)
@@ -98,8 +102,10 @@ def _staging_errors(staging: Path, url: str) -> Iterator[None]:
         text = str(exc)
         if str(staging) not in text:
             raise
-        hint = (f"a store bound for {url} is built in {staging} first: free space there or "
-                "point TIERFEED_CACHE at a local disk with room for the whole store")  # fmt: skip
+        hint = (
+            f"a store bound for {url} is built in {staging} first: free space there or "
+            "point TIERFEED_CACHE at a local disk with room for the whole store"
+        )
         text = text.replace("free some space there or choose a DST on another file system", hint)
         raise PackError(text if hint in text else f"{text} ({hint})") from None
 

@@ -78,9 +78,10 @@ class BoundedLoads:
             self._outstanding += 1
             if self._outstanding > len(self._threads) and len(self._threads) < self._limit:
                 thread = threading.Thread(
-                    target=self._work, name=f"tierfeed-mount-load-{len(self._threads)}",
+                    target=self._work,
+                    name=f"tierfeed-mount-load-{len(self._threads)}",
                     daemon=True,  # one stuck in the kernel must not hold the process at exit
-                )  # fmt: skip
+                )
                 self._threads.append(thread)
                 thread.start()
         self._jobs.put(job)

@@ -281,10 +281,13 @@ def register_mount(sub: Any) -> None:
         help="placement of chunks in the RAM and disk tiers (default fill-top)",
     )
     p.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
         help="a read that takes longer, retries of transient faults of the store included, is "
         f"answered EIO and logged (default {DEFAULT_TIMEOUT_S:g})",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_run_mount)
 
 

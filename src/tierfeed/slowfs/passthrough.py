@@ -24,8 +24,18 @@ __all__ = ["SlowPassthrough", "serve"]
 # Handles of the virtual stats file live far above any real file descriptor.
 _VIRTUAL_FH_BASE = 1 << 62
 _STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks")
-_STATVFS_KEYS = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
-                 "f_favail", "f_flag", "f_namemax")  # fmt: skip
+_STATVFS_KEYS = (
+    "f_bsize",
+    "f_frsize",
+    "f_blocks",
+    "f_bfree",
+    "f_bavail",
+    "f_files",
+    "f_ffree",
+    "f_favail",
+    "f_flag",
+    "f_namemax",
+)
 # O_NOATIME keeps reads from touching the origin's access times; not every caller may use it.
 _NOATIME = getattr(os, "O_NOATIME", 0)
 _STALLS_KEPT = 256  # stalls listed in the status document, the latest

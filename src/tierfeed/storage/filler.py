@@ -255,9 +255,10 @@ class Filler:
         (the last look before a copy begins)."""
         chunks = self._h.chunks
         landing = {
-            c for c, checksum in self.landing.in_flight()
+            c
+            for c, checksum in self.landing.in_flight()
             if 0 <= c < len(chunks) and chunks[c].checksum == checksum
-        }  # fmt: skip
+        }
         with self._h.mutex:
             ended = bool(self._landing_seen - landing)
             self._landing_seen = landing

@@ -14,8 +14,13 @@ if TYPE_CHECKING:
     from tierfeed.storage.s3ranges import Received
 
 __all__ = [
-    "POOL_CONNECTIONS", "az_range", "connection_closer", "open_options", "s3_range", "store_kind",
-]  # fmt: skip
+    "POOL_CONNECTIONS",
+    "az_range",
+    "connection_closer",
+    "open_options",
+    "s3_range",
+    "store_kind",
+]
 
 _BLOCK = 1 << 20  # bytes per read of a response body: what arrived before a cut is kept
 
@@ -152,10 +157,12 @@ def az_range(
         container, blob, _ = fs.split_path(full)
         async with fs.service_client.get_blob_client(container=container, blob=blob) as bc:
             stream = await bc.download_blob(
-                offset=start, length=end - start, etag=etag,
+                offset=start,
+                length=end - start,
+                etag=etag,
                 match_condition=MatchConditions.IfNotModified,
                 retry_total=0,  # tried again here, counted
-            )  # fmt: skip
+            )
             limit = len(got) + end - start  # a server ignoring the range is not read on
             async for block in stream.chunks():
                 got.extend(block)

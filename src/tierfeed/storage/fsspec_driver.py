@@ -50,8 +50,10 @@ __all__ = ["FsspecDriver", "RetryPolicy", "error_code"]
 T = TypeVar("T")
 _Get = Callable[[str, int, int, "_Pin", Received, float], None]  # one try of a ranged read
 
-_ADVICE = ("the store is throttling, unreachable or cutting connections: lower the request rate "
-           "(fewer DataLoader workers or fetch threads) or retry later")  # fmt: skip
+_ADVICE = (
+    "the store is throttling, unreachable or cutting connections: lower the request rate "
+    "(fewer DataLoader workers or fetch threads) or retry later"
+)
 
 
 class FsspecDriver(Driver):
@@ -104,8 +106,10 @@ class FsspecDriver(Driver):
         self._s3 = self.scheme == "s3"
         storage_options = open_options(self.scheme, storage_options)
         if self.scheme == "http" and not read_only:
-            raise ReadOnlyError(f"{url}: an http(s) store is read-only; write to a path or to "
-                                "s3://, gs:// or az:// and serve that over http(s)")  # fmt: skip
+            raise ReadOnlyError(
+                f"{url}: an http(s) store is read-only; write to a path or to "
+                "s3://, gs:// or az:// and serve that over http(s)"
+            )
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         except ImportError as exc:

@@ -158,8 +158,11 @@ class Holdings:
         is remembered until `ask_again`."""
         size = self.sizes[chunk]
         with self.mutex:
-            lacking = [(t, p) for t, p in zip(self.tiers, self.policies, strict=True)
-                       if chunk not in t.held]  # fmt: skip
+            lacking = [
+                (t, p)
+                for t, p in zip(self.tiers, self.policies, strict=True)
+                if chunk not in t.held
+            ]
             if not lacking or chunk in self._refused:
                 return False
             if any(

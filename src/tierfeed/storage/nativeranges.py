@@ -59,10 +59,24 @@ _AS_IT_ARRIVES = 1
 
 # botocore Config settings that have an obstore equivalent (or none is needed); any other
 # setting the caller gave keeps the reads on botocore.
-_KNOWN_CONFIG = {"connect_timeout", "read_timeout", "retries", "max_pool_connections", "s3",
-                 "signature_version", "region_name"}  # fmt: skip
-_KNOWN_CLIENT = {"endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key",
-                 "aws_session_token", "verify", "use_ssl"}  # fmt: skip
+_KNOWN_CONFIG = {
+    "connect_timeout",
+    "read_timeout",
+    "retries",
+    "max_pool_connections",
+    "s3",
+    "signature_version",
+    "region_name",
+}
+_KNOWN_CLIENT = {
+    "endpoint_url",
+    "region_name",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "verify",
+    "use_ssl",
+}
 
 _runtime_pid: int | None = None  # the process whose first request started obstore's runtime
 
@@ -230,9 +244,15 @@ class _Settings(NamedTuple):
             from obstore.auth.boto3 import Boto3CredentialProvider
 
             provider = Boto3CredentialProvider(botocore.session.Session(**self.session))
-        no_retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=read_s),
-                    "backoff": {"init_backoff": timedelta(milliseconds=100),
-                                "max_backoff": timedelta(seconds=1), "base": 2.0}}  # fmt: skip
+        no_retry = {
+            "max_retries": 0,
+            "retry_timeout": timedelta(seconds=read_s),
+            "backoff": {
+                "init_backoff": timedelta(milliseconds=100),
+                "max_backoff": timedelta(seconds=1),
+                "base": 2.0,
+            },
+        }
         return S3Store(
             bucket,
             config=cast("S3Config", self.config),
@@ -248,12 +268,22 @@ def _settings(
     """What botocore would use for ``fs``, for obstore: taken from the file system, else the
     environment; credentials given (or none: unsigned), or read by a botocore session."""
     env = os.environ
-    endpoint = (client.get("endpoint_url") or fs.endpoint_url
-                or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"))  # fmt: skip
-    region = (client.get("region_name") or config.get("region_name")
-              or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"))  # fmt: skip
-    store: dict[str, Any] = {"region": region or "us-east-1",
-                             "virtual_hosted_style_request": addressing == "virtual"}  # fmt: skip
+    endpoint = (
+        client.get("endpoint_url")
+        or fs.endpoint_url
+        or env.get("AWS_ENDPOINT_URL_S3")
+        or env.get("AWS_ENDPOINT_URL")
+    )
+    region = (
+        client.get("region_name")
+        or config.get("region_name")
+        or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
+    )
+    store: dict[str, Any] = {
+        "region": region or "us-east-1",
+        "virtual_hosted_style_request": addressing == "virtual",
+    }
     if endpoint:
         if client.get("use_ssl") is False or fs.use_ssl is False:
             endpoint = re.sub(r"^https://", "http://", endpoint)

@@ -8,21 +8,45 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
-    "CHANGED", "DENIED", "MISSING", "NO_BUCKET", "TRANSIENT", "ShortAnswerError", "error_code",
+    "CHANGED",
+    "DENIED",
+    "MISSING",
+    "NO_BUCKET",
+    "TRANSIENT",
+    "ShortAnswerError",
+    "error_code",
     "transient_kind",
-]  # fmt: skip
+]
 
 # S3 and Azure error codes and HTTP statuses worth another try: throttling, a server's own
 # trouble.
 TRANSIENT = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-    "ServiceUnavailable", "InternalError", "RequestTimeout", "ServerBusy", "OperationTimedOut",
-    "429", "500", "502", "503", "504",
-}  # fmt: skip
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "ServerBusy",
+    "OperationTimedOut",
+    "429",
+    "500",
+    "502",
+    "503",
+    "504",
+}
 DENIED = {
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-    "AuthenticationFailed", "AuthorizationFailure", "401", "403",
-}  # fmt: skip
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "AuthenticationFailed",
+    "AuthorizationFailure",
+    "401",
+    "403",
+}
 MISSING = {"NoSuchKey", "NoSuchBucket", "BlobNotFound", "ContainerNotFound", "404"}
 NO_BUCKET = {"NoSuchBucket", "ContainerNotFound"}
 CHANGED = {"PreconditionFailed", "ConditionNotMet", "412"}
@@ -51,15 +75,36 @@ def error_code(exc: BaseException) -> str:
     return ""
 
 
-_TIMED_OUT = {"TimeoutError", "ReadTimeoutError", "ConnectTimeoutError", "FSTimeoutError",
-              "ServerTimeoutError", "AioReadTimeoutError", "timeout"}  # fmt: skip
-_UNREACHABLE = {"EndpointConnectionError", "ClientConnectorError", "ConnectionError",
-                "ConnectionRefusedError"}  # fmt: skip
+_TIMED_OUT = {
+    "TimeoutError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "FSTimeoutError",
+    "ServerTimeoutError",
+    "AioReadTimeoutError",
+    "timeout",
+}
+_UNREACHABLE = {
+    "EndpointConnectionError",
+    "ClientConnectorError",
+    "ConnectionError",
+    "ConnectionRefusedError",
+}
 # The connection broke under a request, or its body ended before its Content-Length.
-_CUT = {"ConnectionResetError", "BrokenPipeError", "ClientPayloadError", "ContentLengthError",
-        "ServerDisconnectedError", "ClientOSError", "IncompleteReadError", "IncompleteRead",
-        "ResponseStreamingError", "ProtocolError", "ServiceResponseError",
-        "ShortAnswerError"}  # fmt: skip
+_CUT = {
+    "ConnectionResetError",
+    "BrokenPipeError",
+    "ClientPayloadError",
+    "ContentLengthError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "IncompleteReadError",
+    "IncompleteRead",
+    "ResponseStreamingError",
+    "ProtocolError",
+    "ServiceResponseError",
+    "ShortAnswerError",
+}
 
 
 def _names(exc: BaseException) -> set[str]:

@@ -161,8 +161,9 @@ class Clairvoyant(Placement):
         needed = payoff * ((0 if fetched else 1) + 2 * again)
         return (True, victims) if self.uses_before(chunk, until) >= needed else (False, [])
 
-    def prefetch(self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int],
-                 horizon: int = 64) -> Iterator[int]:  # fmt: skip
+    def prefetch(
+        self, cached: Mapping[int, int], quota: int, sizes: Mapping[int, int], horizon: int = 64
+    ) -> Iterator[int]:
         """Chunks worth fetching now: the next ones in the future not cached that fit."""
         planned = dict(cached)  # what the tier will hold once earlier prefetches land
         for c in self._future[self._now : self._now + horizon].tolist():

@@ -156,9 +156,15 @@ class PosixDriver(Driver):
         return out
 
     def _rest(
-        self, fds: FdCache, path: str, full: str, offset: int, length: int, got: bytes,
+        self,
+        fds: FdCache,
+        path: str,
+        full: str,
+        offset: int,
+        length: int,
+        got: bytes,
         failed: OSError | None = None,
-    ) -> bytes:  # fmt: skip
+    ) -> bytes:
         """Range ``offset``..``offset + length`` of which ``got`` was read: the rest, under the
         retry policy, up to the end of the file (the slow path: a plain read is one pread);
         ``failed``: the fault of the first try, made already (then judged as this call's)."""
@@ -173,9 +179,10 @@ class PosixDriver(Driver):
                     if not block:
                         if os.fstat(entry.fd).st_size > offset + len(data):
                             raise _ShortReadError(
-                                errno.EIO, f"a read ended at byte {offset + len(data)}, before "
+                                errno.EIO,
+                                f"a read ended at byte {offset + len(data)}, before "
                                 "the end of the file",
-                            )  # fmt: skip
+                            )
                         return  # the end of the file
                     data.extend(block)
             finally:
@@ -187,8 +194,11 @@ class PosixDriver(Driver):
             ):
                 if exc.errno == errno.ESTALE:  # the server forgot the file handle: open anew
                     fds.forget(full)
-                return Verdict("short read" if isinstance(exc, _ShortReadError) else
-                               errno.errorcode.get(exc.errno or 0, "transient"))  # fmt: skip
+                return Verdict(
+                    "short read"
+                    if isinstance(exc, _ShortReadError)
+                    else errno.errorcode.get(exc.errno or 0, "transient")
+                )
             if isinstance(exc, OSError):
                 return Verdict(error=self._fail(path, exc))
             return Verdict(error=StorageError(f"{self}: {path}: {exc}"))

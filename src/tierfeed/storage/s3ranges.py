@@ -107,8 +107,9 @@ class S3Ranges:
     ``max_pool_connections``) serves every thread of this process.
     """
 
-    def __init__(self, fs: Any, session: dict[str, Any], client: dict[str, Any],
-                 config: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, fs: Any, session: dict[str, Any], client: dict[str, Any], config: dict[str, Any]
+    ) -> None:
         self._fs = fs
         self._session_kwargs, self._client_kwargs, self._config = session, client, config
         self._read_s = float(config.get("read_timeout") or 60)
@@ -133,8 +134,12 @@ class S3Ranges:
         if fs.session is not None and not is_default_session(fs.session):
             return None  # the caller's own session: its settings are not ours to copy
         session = dict(getattr(fs, "kwargs", None) or {})
-        options = {"aws_access_key_id": fs.key, "aws_secret_access_key": fs.secret,
-                   "aws_session_token": fs.token, "endpoint_url": fs.endpoint_url}  # fmt: skip
+        options = {
+            "aws_access_key_id": fs.key,
+            "aws_secret_access_key": fs.secret,
+            "aws_session_token": fs.token,
+            "endpoint_url": fs.endpoint_url,
+        }
         client = dict(fs.client_kwargs)
         init = {k: v for k, v in options.items() if v is not None and v != client.get(k)}
         if "use_ssl" not in client:

@@ -29,10 +29,19 @@ BY_VALUE_BYTES = 64 * 1024  # tensors up to this size travel inside the pickle
 # dtypes with a numpy twin (bfloat16 and the quantized ones have none).
 _NUMPY = frozenset(
     {
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
     }
-)  # fmt: skip
+)
 
 
 class _ByValue:
