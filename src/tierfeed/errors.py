@@ -24,6 +24,7 @@ __all__ = [
     "StuckReadError",
     "TierfeedError",
     "UnreadableFileError",
+    "WriteError",
 ]
 
 
@@ -93,6 +94,20 @@ class EmptySourceError(PackError):
 
 class DuplicateKeyError(PackError):
     """Two source files map to the same sample key and extension."""
+
+
+class WriteError(PackError):
+    """A file of the store being written could not be written: ``path``, the OS's
+    ``problem`` (disk full, read-only, ...), and ``advice``, what to do about it; a caller
+    that knows better advice (where a URL's store is built first) gives it with `advised`."""
+
+    def __init__(self, path: str, problem: str, advice: str) -> None:
+        super().__init__(f"{path}: cannot write ({problem}); {advice}")
+        self.path, self.problem, self.advice = path, problem, advice
+
+    def advised(self, advice: str) -> WriteError:
+        """The same failure, with ``advice`` in place of this one's."""
+        return WriteError(self.path, self.problem, advice)
 
 
 # --- storage --------------------------------------------------------------------

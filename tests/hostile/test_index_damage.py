@@ -470,10 +470,11 @@ def test_a_loader_refuses_the_damaged_row_it_takes(
     """Through a real Loader (its Dataset opens the index checked on use, in each worker):
     the epoch that reaches the damaged row ends in the index's error, naming the file."""
     from tierfeed.torch import Dataset, Loader
+    from tierfeed.torch.dataset import feed_of
 
     store = damaged(ie.edit_array(pristine[1], "sample_label", _set(3, 7)))
     dataset = Dataset(store, "global", batch_size=2, decode=_label)
-    assert not dataset.plan_index().checked  # opened (and planned) without the full checks
+    assert not feed_of(dataset).plan_index().checked  # opened (and planned) without the full checks
     loader = Loader(dataset, num_workers=workers)
     with pytest.raises(IndexFormatError, match="labels outside") as info:
         list(loader)

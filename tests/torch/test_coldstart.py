@@ -21,6 +21,7 @@ from tierfeed.storage.copier import Copier
 from tierfeed.storage.store import Sample
 from tierfeed.torch import Dataset, Loader, TierConfig
 from tierfeed.torch import loader as loader_module
+from tierfeed.torch.dataset import feed_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,7 +126,7 @@ def test_no_copies_in_the_main_process_where_the_workers_cannot_use_them(
     if tiers is not None and tiers.disk_dir == "DISK":
         tiers = TierConfig(disk_dir=str(tmp_path / "cache"), policy="lru")
     ds = Dataset(store, "global", batch_size=32, decode=length, tiers=tiers)
-    assert ds.for_loader(None).cold_start() is None
+    assert feed_of(ds).for_loader(None).cold_start() is None
     with Loader(ds, num_workers=2) as loader:
         assert sum(len(batch) for batch in loader) == N
         assert loader._cold is None
@@ -155,7 +156,7 @@ def test_a_chunk_gone_from_the_origin_is_still_said_by_the_workers(
 def test_stop_before_start_closes_the_stack(store: Path, tmp_path: Path) -> None:
     tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
     ds = Dataset(store, "global", batch_size=32, decode=length, tiers=tiers)
-    cold = ds.for_loader(None).cold_start()
+    cold = feed_of(ds).for_loader(None).cold_start()
     assert isinstance(cold, ColdStart)
     assert cold.stop() and cold.stats is not None
     assert not cold.started

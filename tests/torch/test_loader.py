@@ -23,7 +23,7 @@ from tierfeed.storage import DirectoryChunks
 from tierfeed.storage.store import Sample, Store
 from tierfeed.telemetry import read_records
 from tierfeed.torch import Dataset, Loader
-from tierfeed.torch.dataset import Batch
+from tierfeed.torch.dataset import Batch, feed_of
 
 
 class PermPlan:
@@ -462,7 +462,7 @@ def test_a_loader_reads_a_view_and_leaves_its_dataset_as_given(store_dir: Path) 
         loader.load_state_dict(state)
         rest = values(list(loader))
         assert sorted(head + rest) == list(range(N))
-        assert ds.config.read_across_epochs is False  # the Loader's view runs on, not ds
+        assert feed_of(ds).config.read_across_epochs is False  # the Loader's view runs on
         assert ds.epoch == 1  # the epoch is shared with the view
         # The dataset alone still yields its batches' data, from the start of its epoch.
         assert sorted(values(list(ds))) == list(range(N))

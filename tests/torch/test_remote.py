@@ -16,6 +16,7 @@ from tests.torch.test_loader import decode, values
 from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions
 from tierfeed.torch import Dataset, ImageFolder, Loader, TierConfig
+from tierfeed.torch.dataset import feed_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,11 +116,11 @@ def test_the_main_process_copies_through_the_driver_that_fetched_the_index(
     tiers = TierConfig(disk_dir=str(tmp_path / "cache"), disk_bytes=10**9)
     ds = Dataset(url, "global", batch_size=16, decode=decode, tiers=tiers,
                  storage_options=s3_options(s3_endpoint))  # fmt: skip
-    kept = ds._process._origin  # its client made as the index was fetched
+    kept = feed_of(ds)._process._origin  # its client made as the index was fetched
     assert kept is not None
     with Loader(ds, num_workers=2) as loader:
         assert sorted(values(list(loader))) == list(range(N))
-        assert ds._process.take_origin() is None  # handed over to the main process's copies
+        assert feed_of(ds)._process.take_origin() is None  # handed to the main process's copies
         cold = loader._cold
         assert cold is not None and cold.stop() and cold.stats is not None
         assert cold.stats["origin"]["bytes"] > 0

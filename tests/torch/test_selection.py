@@ -21,6 +21,7 @@ from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.storage.store import Sample
 from tierfeed.torch import Dataset, ImageFolder, Loader, TierConfig
+from tierfeed.torch.dataset import feed_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,7 +71,7 @@ def test_every_rank_together_reads_each_selected_sample_once(
     for rank in range(world_size):
         ds = Dataset(store_dir, plan, batch_size=8, samples=ids, world=world_for(rank, world_size))
         ds.set_epoch(epoch)
-        got += ds.rank_order().tolist()
+        got += feed_of(ds).rank_order().tolist()
     assert set(got) == set(ids.tolist())
     assert len(got) - len(ids) < world_size  # padding only
     # The same selection given as a mask, shuffled ids or a list plans the same order.
@@ -80,7 +81,7 @@ def test_every_rank_together_reads_each_selected_sample_once(
         ds.set_epoch(epoch)
         first = Dataset(store_dir, plan, batch_size=8, samples=ids, world=world_for(0, world_size))
         first.set_epoch(epoch)
-        assert ds.rank_order().tolist() == first.rank_order().tolist()
+        assert feed_of(ds).rank_order().tolist() == feed_of(first).rank_order().tolist()
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -14,7 +14,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tierfeed.errors import PackError
+from tierfeed.errors import WriteError
 from tierfeed.format.chunkref import new_hasher
 from tierfeed.format.tarscan import BLOCK, TarMember, scan_tar  # the strict scanner, re-exported
 from tierfeed.publish import publishing
@@ -121,10 +121,10 @@ _WRITE_ADVICE = {
 }
 
 
-def cannot_write(path: Path, exc: OSError) -> PackError:
+def cannot_write(path: Path, exc: OSError) -> WriteError:
     """The error for a failed write of a store file: names it and says what to do."""
     advice = _WRITE_ADVICE.get(exc.errno or 0, "check the destination and try again")
-    return PackError(f"{path}: cannot write ({exc.strerror or exc}); {advice}")
+    return WriteError(str(path), str(exc.strerror or exc), advice)
 
 
 class ChunkWriter:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from tierfeed.errors import ConfigError, PackError
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.peercolumns import PeerDataset, key_width, sample_of, storage_names
 from tierfeed.format.peers import open_peer
 from tierfeed.format.writer import Classes, WriteReport
-from tierfeed.loader.location import is_url
 from tierfeed.loader.writer import Writer
 from tierfeed.units import human, parse_size
 

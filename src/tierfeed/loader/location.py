@@ -41,7 +41,7 @@ from tierfeed.loader.shardstore import shard_list, shard_store
 from tierfeed.publish import is_temporary, sweep_stale
 from tierfeed.storage import Driver, PosixDriver, driver_for
 
-__all__ = ["StoreLocation", "fetch_index", "is_url"]
+__all__ = ["StoreLocation", "fetch_index"]
 
 _LOCK_WAIT_S = 900.0  # at most this long for another process of the host fetching the index
 

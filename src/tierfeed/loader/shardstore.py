@@ -29,6 +29,7 @@ from tierfeed.cachedir import CacheFolder, host_lock, open_own_file
 from tierfeed.config import default_cache_dir
 from tierfeed.errors import ConfigError, FormatError
 from tierfeed.format.braces import expand_braces
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.gunzip import GZIP_SUFFIXES
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.publish import publish
@@ -85,7 +86,7 @@ def shard_store(shards: Sequence[str], cache: Path | None = None) -> Path:
             `tierfeed index` says).
         StorageError: another process of the host held the lock past its bound.
     """
-    urls = [s for s in shards if "://" in s and not s.startswith("file://")]
+    urls = [s for s in shards if is_url(s)]
     if urls:
         raise ConfigError(
             f"{urls[0]}: shards at a URL are indexed once where they lie, then named by "

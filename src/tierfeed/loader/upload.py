@@ -18,11 +18,11 @@ from typing import Any
 from tierfeed.errors import PackError
 from tierfeed.format import optimize as local_optimize
 from tierfeed.format import pack as local_pack
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.optimize import Fn
 from tierfeed.format.pack import PackOptions, PackReport
 from tierfeed.format.writer import Classes, WriteReport
-from tierfeed.loader.location import is_url
 from tierfeed.loader.urldestination import (
     UrlDestination,
     staging_dir,

@@ -21,12 +21,13 @@ from typing import Any
 from tqdm import tqdm
 
 from tierfeed.config import default_cache_dir
-from tierfeed.errors import NotFoundError, PackError, StorageError
+from tierfeed.errors import NotFoundError, PackError, StorageError, WriteError
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.storetarget import Destination, LocalDirectory, claim_destination
-from tierfeed.loader.location import StoreLocation, is_url
+from tierfeed.loader.location import StoreLocation
 from tierfeed.storage import Driver, driver_for
 
 __all__ = ["UrlDestination", "destination_for", "staging_dir", "upload_store"]
@@ -99,15 +100,15 @@ def _staging_errors(staging: Path, url: str) -> Iterator[None]:
     try:
         yield
     except (PackError, StorageError) as exc:
-        text = str(exc)
-        if str(staging) not in text:
-            raise
         hint = (
             f"a store bound for {url} is built in {staging} first: free space there or "
             "point TIERFEED_CACHE at a local disk with room for the whole store"
         )
-        text = text.replace("free some space there or choose a DST on another file system", hint)
-        raise PackError(text if hint in text else f"{text} ({hint})") from None
+        if isinstance(exc, WriteError) and Path(exc.path).is_relative_to(staging):
+            raise exc.advised(hint) from None
+        if str(staging) not in str(exc):
+            raise
+        raise PackError(f"{exc} ({hint})") from None
 
 
 def refuse_unwritable(

@@ -27,12 +27,12 @@ from tierfeed.config import default_cache_dir
 from tierfeed.errors import ConfigError, StorageError
 from tierfeed.format import shards as local_shards
 from tierfeed.format.braces import expand_braces
-from tierfeed.format.chunkroot import ShardNames, url_shard_names
+from tierfeed.format.chunkroot import ShardNames, is_url, url_shard_names
 from tierfeed.format.gunzip import GZIP_SUFFIXES
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.shards import IndexReport
 from tierfeed.format.shardset import ShardSet
-from tierfeed.loader.location import StoreLocation, is_url
+from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.urldestination import UrlDestination
 from tierfeed.storage import Driver, driver_for
 

@@ -104,8 +104,8 @@ def _tiered_store(store_path: str, tiers: TierConfig | None, timeout: float) -> 
     under the retry policy bounded by ``timeout`` seconds (which then says why a read failed:
     the tries and the last fault). A plain OSError escaping a driver still ends in one line
     naming the file."""
+    from tierfeed.format.chunkroot import is_url
     from tierfeed.loader.compose import open_store
-    from tierfeed.loader.location import is_url
     from tierfeed.storage.retry import RetryPolicy
 
     # The store's own bound a little inside the view's (which holds whatever the store does):
@@ -211,7 +211,7 @@ def _fuse_options(store_path: str, allow_other: bool) -> dict[str, Any]:
 
 def _named(store_path: str) -> str:
     """The store as the mount table names it: its absolute path, or its URL."""
-    from tierfeed.loader.location import is_url
+    from tierfeed.format.chunkroot import is_url
 
     return store_path if is_url(store_path) else os.path.abspath(store_path)
 

@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 from tierfeed.errors import ConfigError
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.tree import PathStat
 from tierfeed.latency import LatencyModel, LatencySampler
 from tierfeed.storage.chunkfiles import DirectoryChunks
@@ -55,7 +56,7 @@ DRIVERS: dict[str, tuple[str, str]] = {
 
 def driver_for(location: str, read_only: bool = True, **options: Any) -> Driver:
     """A driver for a directory path or a URL (``s3://...`` and other fsspec protocols)."""
-    name = "fsspec" if "://" in location and not location.startswith("file://") else "posix"
+    name = "fsspec" if is_url(location) else "posix"
     target, hint = DRIVERS[name]
     module_name, _, cls_name = target.partition(":")
     try:

@@ -1,12 +1,15 @@
-"""`tierfeed.torch.Dataset`: the feed (`tierfeed.loader.feed`) as a PyTorch IterableDataset.
+"""`tierfeed.torch.Dataset`: a PyTorch IterableDataset that holds a feed (`tierfeed.loader.feed`).
 
 Batches are built in the DataLoader workers from the plan, behind the deadline guard; this
 module adds only what is PyTorch's: the worker a process is (`get_worker_info`), the default
-collate, and the rank from torch.distributed.
+collate, and the rank from torch.distributed. The Dataset holds its `Feed` rather than being
+one, so a user's class shows what a user calls; tierfeed's own code reaches the feed through
+`feed_of`, and a `Loader` reads a `loader_view` of it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import gc
@@ -26,10 +29,9 @@ from tierfeed.format.index import Index
 from tierfeed.loader import DeadlineOptions, PrefetchOptions
 from tierfeed.loader.compose import StoreOpener, TierConfig, plan_for, select_samples
 from tierfeed.loader.decode import SkipFailures
-from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPlan, Replay
+from tierfeed.loader.feed import Batch, EpochExchange, Feed, FeedConfig, OrderPlan
 from tierfeed.loader.location import StoreLocation
 from tierfeed.loader.processstore import ProcessStore
-from tierfeed.loader.resume import Resume
 from tierfeed.loader.statecheck import SEED_LIMIT
 from tierfeed.plan import PlanSpec
 from tierfeed.storage.source import ChunkSource
@@ -40,13 +42,22 @@ from tierfeed.torch.misuse import BATCHED_AGAIN, NOT_MAP_STYLE, batched_again
 from tierfeed.torch.workerheap import keep_worker_heap
 from tierfeed.world import World
 
-__all__ = ["Batch", "Dataset", "EpochExchange", "OrderPlan", "TierConfig", "plan_for"]
+__all__ = [
+    "Batch",
+    "Dataset",
+    "EpochExchange",
+    "OrderPlan",
+    "TierConfig",
+    "feed_of",
+    "loader_view",
+    "plan_for",
+]
 
 _D = TypeVar("_D", bound="Dataset")
 _Where = str | os.PathLike[str] | StoreLocation
 
 
-class Dataset(Feed, IterableDataset[Batch]):
+class Dataset(IterableDataset[Batch]):
     """Yields collated batches of decoded samples in the plan's order (guard permitting).
 
     Args:
@@ -162,30 +173,54 @@ class Dataset(Feed, IterableDataset[Batch]):
         )
         process, index = _opened(opener, tiers)
         order, selected = _planned(_seeded(plan, seed), samples, process, index)
-        super().__init__(process, order, config, selected)
+        self._feed = Feed(process, order, config, selected)
         # A Loader's view sends each batch as a `Batch`, tensors of at most so many bytes
-        # inside the pickle (`for_loader`); alone, the Dataset yields the data itself.
+        # inside the pickle (`loader_view`); alone, the Dataset yields the data itself.
         self._by_value_bytes = 0
         self._wrapped = False
 
-    def for_loader(
-        self: _D,
-        resume: Resume | None,
-        replay: Replay | None = None,
-        by_value_bytes: int = BY_VALUE_BYTES,
-    ) -> _D:
-        """This dataset as a `Loader`'s DataLoader reads it (`Feed.for_loader`): each batch a
-        `Batch` (the data with the worker's place in the plan and its counters), which the
-        Loader unwraps; a worker sends tensors of at most ``by_value_bytes`` bytes inside the
-        pickle, not through shared memory (0: torch's way for all)."""
-        view = super().for_loader(resume, replay)
-        view._by_value_bytes, view._wrapped = by_value_bytes, True
-        return view
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        return self._feed.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the rank's last batch of an epoch is dropped when short."""
+        return self._feed.drop_last
+
+    @property
+    def world(self) -> World:
+        """The rank and world size it reads for."""
+        return self._feed.world
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._feed.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration reads (as DistributedSampler.set_epoch); worker
+        processes that outlive an epoch see it too.
+
+        Raises:
+            ConfigError: not a whole number, or one too large for the plan's epochs.
+        """
+        self._feed.set_epoch(epoch)
+
+    def store(self) -> Store:
+        """This process's store, opened on first use (each worker opens its own): its
+        ``index``, or what `DeviceJpegDecoder` takes (``store=ds.store``) to name a chunk."""
+        return self._feed.store()
+
+    def close(self) -> None:
+        """Stop this process's reads and close its store (a `Loader` closes its dataset)."""
+        self._feed.close()
 
     def __len__(self) -> int:
         """Batches this rank delivers in a whole epoch (what a plain ``DataLoader(ds,
         batch_size=None)`` yields in one); `Loader` is the face that resumes and reports."""
-        return self.num_batches()
+        return self._feed.num_batches()
 
     def __getitem__(self, index: Any) -> NoReturn:
         raise TypeError(NOT_MAP_STYLE)
@@ -195,16 +230,34 @@ class Dataset(Feed, IterableDataset[Batch]):
             raise MisuseError(BATCHED_AGAIN)
         info = get_worker_info()
         if info is None:
-            batches = self.iterate(0, 1, in_worker=False)
+            batches = self._feed.iterate(0, 1, in_worker=False)
         else:
             freeze_inherited()
             keep_worker_heap()
-            batches = self.iterate(info.id, info.num_workers, in_worker=True)
+            batches = self._feed.iterate(info.id, info.num_workers, in_worker=True)
             if self._by_value_bytes:
                 batches = _shipped(batches, self._by_value_bytes)
         if self._wrapped:
             return batches
         return (batch.data for batch in batches if batch.data is not None)  # None: all skipped
+
+
+def feed_of(dataset: Dataset) -> Feed:
+    """The feed ``dataset`` holds: tierfeed's one way to it (the `Loader`, its state, tests),
+    so that the plan, the resume and the workers' slices stay off the user's class."""
+    return dataset._feed
+
+
+def loader_view(dataset: _D, feed: Feed, by_value_bytes: int = BY_VALUE_BYTES) -> _D:
+    """``dataset`` as a `Loader`'s DataLoader reads it, over ``feed`` (its own feed's
+    `Feed.for_loader`: the resume and replay, the epochs read on): each batch a `Batch` (the
+    data with the worker's place in the plan and its counters), which the Loader unwraps; a
+    worker sends tensors of at most ``by_value_bytes`` bytes inside the pickle, not through
+    shared memory (0: torch's way for all). A copy of ``dataset``, its class and attributes
+    kept; ``dataset`` is left as it is."""
+    view = copy.copy(dataset)
+    view._feed, view._by_value_bytes, view._wrapped = feed, by_value_bytes, True
+    return view
 
 
 def _on_error(decode: Callable[[Sample], Any], on_error: str) -> Callable[[Sample], Any]:

@@ -19,7 +19,7 @@ from tierfeed.loader.replay import Swaps, check_order, order_record, replay_of
 from tierfeed.loader.resume import Resume
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
 from tierfeed.telemetry.prometheus import MetricsServer
-from tierfeed.torch.dataset import Batch, Dataset
+from tierfeed.torch.dataset import Batch, Dataset, feed_of, loader_view
 from tierfeed.torch.handover import accelerator_available, pin, restore
 from tierfeed.torch.misuse import not_a_dataset
 from tierfeed.torch.workers import (
@@ -136,7 +136,7 @@ class Loader:
 
         An iteration resumed mid-epoch by `load_state_dict` delivers only the rest of them.
         """
-        return self.dataset.num_batches(None, self._resume)
+        return feed_of(self.dataset).num_batches(None, self._resume)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (as DistributedSampler.set_epoch); clears any resume position."""
@@ -155,7 +155,7 @@ class Loader:
         in a job of another world size, give `load_state_dict` every rank's state (gather them
         with `gather_state_dict`)."""
         resume, states, made = mark if mark is not None else self.mark()
-        state = state_of(self.dataset, resume, self.num_workers, states)
+        state = state_of(feed_of(self.dataset), resume, self.num_workers, states)
         upto = {w: s[: made.get(w, 0)] for w, s in self._swaps.items()}  # the swaps so far
         state["order"] = order_record(upto, self.num_workers, self.dataset.batch_size)
         return state
@@ -205,7 +205,7 @@ class Loader:
         `gather_state_dict`): then a job of another world size resumes the epoch, each new
         rank taking an equal share of what the old ranks had left (padded as
         DistributedSampler pads), so every sample is still delivered once."""
-        resume = resume_of(self.dataset, state)
+        resume = resume_of(feed_of(self.dataset), state)
         check_order(state)
         self._resume = resume
         self.dataset.set_epoch(resume.epoch)
@@ -220,7 +220,8 @@ class Loader:
         from a resume position (it is given to them when they start)."""
         if self._loader is None or self._resume is not None or self._replay is not None:
             self._stop_workers()
-            self._view = self.dataset.for_loader(self._resume, self._replay)
+            feed = feed_of(self.dataset).for_loader(self._resume, self._replay)
+            self._view = loader_view(self.dataset, feed)
             self._replay = None
             self._loader = DataLoader(
                 self._view,
@@ -240,7 +241,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._dataloader()
-        epoch, exchange = self.dataset.epoch, self.dataset.exchange
+        epoch, exchange = self.dataset.epoch, feed_of(self.dataset).exchange
         if self._iter is None or self._iter_epoch != epoch:
             self._begin(loader)
         self._iter_epoch = epoch
@@ -306,7 +307,7 @@ class Loader:
         forks = loader.num_workers > 0 and getattr(loader, "_iterator", None) is None
         if forks:  # no copy thread of this process runs across a fork
             ColdStart.stop_if_any(self._cold)
-        cold = self._view.cold_start() if forks and self._view else None
+        cold = feed_of(self._view).cold_start() if forks and self._view else None
         self._iter, self._ahead = start_workers(loader), []
         self._cold = cold.start() if cold is not None else self._cold
 
@@ -315,7 +316,7 @@ class Loader:
         (`epoch_in_turn`)."""
         assert self._iter is not None and self._view is not None
         running = self._iter
-        if not self._view.continuous:
+        if not feed_of(self._view).continuous:
             yield from running  # the workers' iterators end with the epoch
             self._iter = None
             return
@@ -337,7 +338,8 @@ class Loader:
         batch = self.dataset.batch_size
         # A worker's slice is whole batches dealt in turn: its position p stands at most
         # (workers - 1) batches beyond p * workers in the rank's order.
-        return workers * (self.dataset.prefetch.window + queued * batch) + (workers - 1) * batch
+        window = feed_of(self.dataset).prefetch.window
+        return workers * (window + queued * batch) + (workers - 1) * batch
 
     def _guard_totals(self) -> dict[str, float]:
         totals: dict[str, float] = {}
