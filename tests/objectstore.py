@@ -149,6 +149,14 @@ class Remote:
             and (self.scheme != "gs" or "alt=media" in target)
         ]  # fmt: skip
 
+    def data_ranges(self, contains: str) -> set[tuple[str, str]]:
+        """The distinct (path, Range) of `data_gets`: a late GET hedged by a second of the
+        same range counts once."""
+        return {
+            (target, rng) for method, target, rng in list(self.proxy.requests)
+            if method == "GET" and target in set(self.data_gets(contains))
+        }  # fmt: skip
+
     def rewrite(self, prefix: str, name: str, data: bytes) -> None:
         """Replace one object with other bytes (a store rewritten under a running job)."""
         if self.served is not None:

@@ -5,17 +5,21 @@ works), on a small world made for it (an ImageFolder tree of real JPEGs where th
 WebDataset shards plain and gzipped, an MDS and a LitData dataset their own writers made,
 moto's S3 for s3://my-bucket with the plain shards under shards/), unless an HTML comment
 right above it says why not (`<!-- not run: ... -->`, or `<!-- peer: not run -->` for another
-library's example). What the test changes, and only that: the docs' absolute example paths
-are moved under the world, and their sizes made small (8 workers -> 2, 90 epochs -> 2)."""
+library's example); a block not run still imports every name it uses, checked without running
+it (but the reader's own, and another library's example). What the test changes, and only
+that: the docs' absolute example paths are moved under the world, and their sizes made small
+(8 workers -> 2, 90 epochs -> 2)."""
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import io
 import os
 import re
 import shutil
 import subprocess
+import symtable
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -70,6 +74,34 @@ def test_every_block_runs_or_says_why_not() -> None:
             if b.skip is None:
                 continue
             assert b.skip.startswith(("not run: ", "peer: ")), f"{doc}:{b.line}"
+
+
+def _unbound(code: str) -> set[str]:
+    """Names ``code`` reads that it neither binds nor imports (builtins aside)."""
+    top = symtable.symtable(code, "block", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        for sym in table.get_symbols():
+            outside = table is top or (sym.is_global() and not sym.is_declared_global())
+            if sym.is_referenced() and outside:
+                read.add(sym.get_name())
+        tables.extend(table.get_children())
+    return read - bound - set(dir(builtins))
+
+
+def test_every_python_block_imports_what_it_uses() -> None:
+    """A block the test does not run (a multi-rank job, a GPU) still works copied alone: it
+    imports every name it uses but the reader's own (the transform, the decode, the samples)."""
+    readers_own = set(_prelude())
+    for doc in DOCS:
+        for b in blocks(doc):
+            if b.lang != "python" or (b.skip or "").startswith("peer:"):
+                continue  # another library's example, as its own docs write it
+            missing = _unbound(b.code) - readers_own
+            assert not missing, f"{doc}:{b.line}: uses {sorted(missing)} without importing them"
 
 
 def _jpeg(i: int) -> bytes:

@@ -49,7 +49,11 @@ __all__ = [
 DRIVERS: dict[str, tuple[str, str]] = {
     "posix": ("tierfeed.storage.posix:PosixDriver", ""),
     "memory": ("tierfeed.storage.memory:MemoryDriver", ""),
-    "fsspec": ("tierfeed.storage.fsspec_driver:FsspecDriver", "pip install 'tierfeed[fsspec]'"),
+    "fsspec": (
+        "tierfeed.storage.fsspec_driver:FsspecDriver",
+        "reinstall tierfeed (fsspec and s3fs are its own dependencies; gs:// also needs "
+        "'tierfeed[gcs]', az:// 'tierfeed[azure]')",
+    ),
     "slow": ("tierfeed.storage.slow:SlowDriver", ""),
 }
 

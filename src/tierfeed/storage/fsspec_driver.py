@@ -54,6 +54,7 @@ _ADVICE = (
     "the store is throttling, unreachable or cutting connections: lower the request rate "
     "(fewer DataLoader workers or fetch threads) or retry later"
 )
+_EXTRA = {"gs": "tierfeed[gcs]", "az": "tierfeed[azure]"}  # a protocol's own library
 
 
 class FsspecDriver(Driver):
@@ -73,10 +74,9 @@ class FsspecDriver(Driver):
             says otherwise.
     """
 
-    # Each GET of an object store is slow (a connection's bandwidth is the usual limit); its
-    # aggregate grows with parallel ones (bench/s3_compare.py's origin-limit row, in
-    # docs/BENCHMARKS.md, says how many pay), and the fetch tuner climbs from here to twice as
-    # many while that pays.
+    # Each GET of an object store is slow; their aggregate grows with parallel ones (how many
+    # pay: docs/BENCHMARKS.md, s3_compare's origin-limit row), and the fetch tuner climbs
+    # from here to twice as many while that pays.
     parallel_requests = 32
     costly_requests = True
 
@@ -92,8 +92,7 @@ class FsspecDriver(Driver):
             import fsspec
         except ImportError:
             raise ConfigError(
-                "the fsspec driver needs fsspec (and s3fs for s3://): "
-                "pip install 'tierfeed[fsspec]'"
+                "fsspec, a dependency of tierfeed, is missing: reinstall it"
             ) from None
         self.url = url.rstrip("/")
         self.name = f"fsspec:{self.url}"
@@ -113,7 +112,8 @@ class FsspecDriver(Driver):
         try:
             self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         except ImportError as exc:
-            raise ConfigError(f"{url}: {exc}; pip install 'tierfeed[fsspec]'") from None
+            extra = _EXTRA.get(self.scheme, "tierfeed")
+            raise ConfigError(f"{url}: {exc}; pip install '{extra}'") from None
         except Exception as exc:
             raise StorageError(f"{url}: cannot open ({type(exc).__name__}: {exc})") from None
         if self._s3:
