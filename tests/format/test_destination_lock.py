@@ -70,3 +70,37 @@ def test_a_lock_taken_on_the_file_the_last_writer_removed_is_taken_again(
         packstate.lock_destination(tmp_path)  # the name's file is held: others wait
     packstate.unlock_destination(tmp_path, fd)
     assert not (tmp_path / packstate.LOCK).exists()
+
+
+def test_pack_takes_the_lock_a_writer_holds_the_same_way(tmp_path: Path) -> None:
+    # pack claims its destination as a Writer does: the same lock, the same one-line error.
+    write_tree(tmp_path / "tree", {b"a/x.txt": b"x"})
+    first = tierfeed.Writer(tmp_path / "st")
+    quiet = PackOptions(progress=False, overwrite=True)
+    with pytest.raises(PackError, match="another tierfeed writer"):
+        pack(tmp_path / "tree", tmp_path / "st", quiet)
+    first.abort()
+    pack(tmp_path / "tree", tmp_path / "st", quiet)
+    assert _files(tmp_path / "st") == ["chunks/000000.tar", "index.tfi"]
+
+
+def test_a_refused_claim_leaves_no_lock_file(tmp_path: Path) -> None:
+    write_tree(tmp_path / "tree", {b"a/x.txt": b"x"})
+    pack(tmp_path / "tree", tmp_path / "st", PackOptions(progress=False))
+    with pytest.raises(PackError, match=r"already holds a store; pass --overwrite \(PackOptions"):
+        pack(tmp_path / "tree", tmp_path / "st", PackOptions(progress=False))
+    with pytest.raises(PackError, match="already holds a store; pass overwrite=True"):
+        tierfeed.Writer(tmp_path / "st")
+    assert _files(tmp_path / "st") == ["chunks/000000.tar", "index.tfi"]
+
+
+def test_storage_options_for_a_local_path_are_refused_by_every_writer(tmp_path: Path) -> None:
+    write_tree(tmp_path / "tree", {b"a/x.txt": b"x"})
+    options = {"anon": True}
+    with pytest.raises(PackError, match="storage_options apply to URLs"):
+        tierfeed.pack(tmp_path / "tree", tmp_path / "p", storage_options=options)
+    with pytest.raises(PackError, match="storage_options apply to URLs"):
+        tierfeed.Writer(tmp_path / "w", storage_options=options)
+    with pytest.raises(PackError, match="storage_options apply to URLs"):
+        tierfeed.optimize(_sample, [0], tmp_path / "o", storage_options=options)
+    assert not any((tmp_path / d).exists() for d in ("p", "w", "o"))  # refused before a write

@@ -9,7 +9,6 @@ import stat
 from pathlib import Path
 
 from tierfeed.errors import PackError
-from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.source import file_kind
 
 __all__ = ["check_destination", "check_source"]
@@ -43,11 +42,12 @@ def check_source(src: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def check_destination(src: Path, dst: Path, overwrite: bool = False) -> None:
+def check_destination(src: Path, dst: Path) -> None:
     """Refuse a destination pack cannot or must not write, before anything is written.
 
     The destination may not be the source or lie inside it (also through a symlink or a bind
-    mount: directories are compared by identity), because the origin is read-only.
+    mount: directories are compared by identity), because the origin is read-only. (A store
+    already there is the destination's to refuse: `tierfeed.format.storetarget`.)
     """
     source = check_source(src)
     real = Path(os.path.realpath(dst))
@@ -65,8 +65,6 @@ def check_destination(src: Path, dst: Path, overwrite: bool = False) -> None:
         readonly = os.statvfs(existing).f_flag & os.ST_RDONLY
         why = "Read-only file system" if readonly else "Permission denied"
         raise PackError(f"{existing}: cannot write there ({why}); choose a writable DST")
-    if existing == real and (real / INDEX_NAME).exists() and not overwrite:
-        raise already_holds_a_store(dst)
 
 
 def already_holds_a_store(dst: object, how: str = "--overwrite") -> PackError:

@@ -36,8 +36,7 @@ from tierfeed.format.encode import encode_sample
 from tierfeed.format.indexwrite import IndexContent
 from tierfeed.format.labels import load_classes
 from tierfeed.format.pack import chunk_file_name
-from tierfeed.format.packstate import unlock_destination
-from tierfeed.format.storetarget import Destination, LocalDirectory, remove_chunks
+from tierfeed.format.storetarget import Destination, as_destination, claimed, remove_chunks
 from tierfeed.format.workerstart import Fn, load_fn
 from tierfeed.format.writer import Classes, WriteReport, check_options, finish_store
 
@@ -314,17 +313,17 @@ def optimize(
         fn, inputs, workers, chunk_size, labels, start_method, image_quality
     )
     names = None if classes is None else load_classes(classes)
-    destination = LocalDirectory(dst, overwrite) if isinstance(dst, str | os.PathLike) else dst
+    destination = as_destination(dst, overwrite)
     started = time.perf_counter()
-    root, lock = destination.claim()
-    run = _Run(mp.get_context(method), workers, inputs)
-    try:
-        records = _run_workers(run, sent, root, size, labels, image_quality)
-        content = _finish(root, records, labels, names, size)
-    except BaseException:
-        remove_chunks(root / "chunks")
-        raise
-    finally:
-        unlock_destination(root, lock)
+    with destination.building():
+        destination.check()
+        with claimed(destination) as root:
+            run = _Run(mp.get_context(method), workers, inputs)
+            try:
+                records = _run_workers(run, sent, root, size, labels, image_quality)
+                content = _finish(root, records, labels, names, size)
+            except BaseException:
+                remove_chunks(root / "chunks")
+                raise
     destination.publish(root)
     return WriteReport.of(destination.store, content, len(records), started)

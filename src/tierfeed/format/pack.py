@@ -42,16 +42,8 @@ from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.names import GROUPINGS
 from tierfeed.format.packplan import PackPlan, plan_pack
 from tierfeed.format.packreads import ReadRun, read_ahead, read_source_into
-from tierfeed.format.packstate import (
-    JOURNAL,
-    append_journal,
-    clear_replaced_store,
-    exclusive,
-    read_journal,
-    remove_leftovers,
-)
+from tierfeed.format.packstate import JOURNAL, append_journal, read_journal, remove_leftovers
 from tierfeed.format.packstate import LOCK as LOCK  # re-exported: it lived here
-from tierfeed.format.packstate import lock_destination as lock_destination  # re-exported
 from tierfeed.format.source import (
     SourceDir,
     SourceTree,
@@ -60,6 +52,7 @@ from tierfeed.format.source import (
     tree_content,
     walk_tree,
 )
+from tierfeed.format.storetarget import Destination, as_destination, claimed
 from tierfeed.format.tarchunk import ChunkWriter, cannot_write, sync_files
 from tierfeed.units import byte_count, count
 
@@ -315,10 +308,9 @@ def _run_with_bar(packer: _Packer, total: int) -> None:
 def _write_store(
     dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree
 ) -> tuple[_Packer, IndexContent]:
-    """Write the chunks, the index last; keep what an interrupted earlier run finished."""
-    (dst / "chunks").mkdir(parents=True, exist_ok=True)
-    with exclusive(dst):
-        clear_replaced_store(dst, options.overwrite)
+    """Write the chunks in the claimed ``dst``, the index last; keep what an interrupted
+    earlier run finished. A failed write names its file and says what to do."""
+    try:
         packer = _Packer(dst, plan, options, tree)
         if options.progress:
             _run_with_bar(packer, sum(f.size for f in plan.files))
@@ -330,6 +322,10 @@ def _write_store(
         write_index(dst / INDEX_NAME, content, mode=packer.index_mode())
         with contextlib.suppress(FileNotFoundError):
             (dst / JOURNAL).unlink()
+    except TierfeedError:
+        raise
+    except OSError as exc:
+        raise cannot_write(Path(os.fsdecode(exc.filename or dst)), exc) from None
     return packer, content
 
 
@@ -350,7 +346,7 @@ def _source_tree(src: Path, dst: Path, options: PackOptions, files: Path | None)
 
 def pack(
     src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | Destination,
     options: PackOptions | None = None,
     files: str | os.PathLike[str] | None = None,
 ) -> PackReport:
@@ -359,7 +355,8 @@ def pack(
 
     Args:
         src: the source directory; paths in the store are relative to it.
-        dst: the store directory (created if missing).
+        dst: the store directory (created if missing), or a `Destination` (a URL's:
+            `tierfeed.loader.upload.pack`; ``options.overwrite`` is then its own).
         options: chunk size, readers, labels, skipping.
         files: a file listing paths relative to ``src``, one per line, instead of a walk.
 
@@ -373,20 +370,19 @@ def pack(
             ``options.skip_unreadable``).
     """
     options = options or PackOptions()
-    src_path, dst_path = Path(src), Path(dst)
-    started = time.perf_counter()
-    # Everything is checked and the source listed before the first write.
-    check_destination(src_path, dst_path, options.overwrite)
-    tree = _source_tree(src_path, dst_path, options, None if files is None else Path(files))
-    plan = plan_pack(tree, options.chunk_size)
-    try:
-        packer, content = _write_store(dst_path, plan, options, tree)
-    except TierfeedError:
-        raise
-    except OSError as exc:  # a write of the store failed: name the file, say what to do
-        raise cannot_write(Path(os.fsdecode(exc.filename or dst_path)), exc) from None
+    target = as_destination(dst, options.overwrite, "--overwrite")
+    src_path, root, started = Path(src), target.directory, time.perf_counter()
+    with target.building():
+        # Everything is checked and the source listed before the first write.
+        check_destination(src_path, root)
+        target.check()
+        tree = _source_tree(src_path, root, options, None if files is None else Path(files))
+        plan = plan_pack(tree, options.chunk_size)
+        with claimed(target, resume=True):  # an interrupted pack's chunks are kept
+            packer, content = _write_store(root, plan, options, tree)
+    target.publish(root)
     return PackReport(
-        store=dst_path,
+        store=target.store,
         samples=len(content.keys),
         members=len(content.member_offset),
         chunks=plan.num_chunks,

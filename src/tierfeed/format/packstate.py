@@ -1,5 +1,6 @@
 """What a pack keeps at its destination while it runs: the lock, and the journal of finished
-chunks that lets an interrupted pack resume; clearing what a pack replaces or leaves behind."""
+chunks that lets an interrupted pack resume; clearing what a pack leaves behind (what it
+replaces is cleared as the destination is claimed: `tierfeed.format.storetarget`)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,16 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tierfeed.errors import PackError
-from tierfeed.format.destination import already_holds_a_store
-from tierfeed.format.layout import INDEX_NAME
 from tierfeed.publish import is_temporary
 
 __all__ = [
     "JOURNAL",
     "LOCK",
     "append_journal",
-    "clear_replaced_store",
-    "exclusive",
     "lock_destination",
     "read_journal",
     "remove_leftovers",
@@ -70,27 +66,6 @@ def unlock_destination(dst: Path, fd: int) -> None:
         os.unlink(dst / LOCK)
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-@contextlib.contextmanager
-def exclusive(dst: Path) -> Iterator[None]:
-    """The destination's lock for the duration of the block."""
-    fd = lock_destination(dst)
-    try:
-        yield
-    finally:
-        unlock_destination(dst, fd)
-
-
-def clear_replaced_store(dst: Path, overwrite: bool) -> None:
-    """Under the lock: drop the store an --overwrite replaces."""
-    index = dst / INDEX_NAME
-    if index.exists():
-        if not overwrite:
-            raise already_holds_a_store(dst)
-        index.unlink()  # first, so that an interrupted re-pack leaves no store that opens
-        with contextlib.suppress(FileNotFoundError):
-            (dst / JOURNAL).unlink()
 
 
 def remove_leftovers(dst: Path, num_chunks: int) -> None:

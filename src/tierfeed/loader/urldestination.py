@@ -26,7 +26,7 @@ from tierfeed.format.chunkroot import is_url
 from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.storetarget import Destination, LocalDirectory, claim_destination
+from tierfeed.format.storetarget import Destination, LocalDirectory
 from tierfeed.loader.location import StoreLocation
 from tierfeed.storage import Driver, driver_for
 
@@ -132,8 +132,9 @@ def refuse_unwritable(
 
 
 class UrlDestination:
-    """A store bound for a URL: built in `staging_dir`, uploaded by `publish` (`upload_store`),
-    the staging directory then removed.
+    """A store bound for a URL: built in `staging_dir` (a `LocalDirectory` of its own, claimed
+    as a directory destination is), uploaded by `publish` (`upload_store`), the staging
+    directory then removed. A pack interrupted before its upload resumes from there.
 
     Args:
         url: where the store goes (``s3://bucket/ds``, ...).
@@ -155,21 +156,32 @@ class UrlDestination:
         self.storage_options = dict(storage_options or {})
         self.overwrite, self.how, self.progress = overwrite, how, progress
         self.staging = staging_dir(self.url)
+        # What the staging directory holds is this destination's own: a store built there
+        # before (its upload failed) is built anew.
+        self._local = LocalDirectory(self.staging, overwrite=True)
 
     @property
     def store(self) -> str:
         """The URL."""
         return self.url
 
+    @property
+    def directory(self) -> Path:
+        """The staging directory."""
+        return self.staging
+
     def check(self) -> None:
         """Refuse the URL before anything is built (`refuse_unwritable`)."""
         refuse_unwritable(self.url, self.storage_options, self.overwrite, self.how)
 
-    def claim(self) -> tuple[Path, int]:
-        """Check the URL, then claim the staging directory (a leftover there is replaced)."""
-        self.check()
+    def claim(self, resume: bool = False) -> Path:
+        """Claim the staging directory (`LocalDirectory.claim`)."""
         self.staging.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return self.staging, claim_destination(self.staging, overwrite=True)
+        return self._local.claim(resume)
+
+    def release(self) -> None:
+        """Let the staging directory's lock go."""
+        self._local.release()
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:
@@ -185,9 +197,20 @@ class UrlDestination:
 
 
 def destination_for(
-    dst: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, overwrite: bool
+    dst: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None,
+    overwrite: bool,
+    how: str = "overwrite=True",
+    progress: bool = False,
 ) -> Destination:
-    """A `UrlDestination` for a URL, else the `LocalDirectory` ``dst``."""
+    """A `UrlDestination` for a URL, else the `LocalDirectory` ``dst``: the one way `pack`,
+    `Writer` and `optimize` (`tierfeed.loader.upload`) say where a store goes.
+
+    Raises:
+        PackError: ``storage_options`` given for a local path.
+    """
     if is_url(os.fspath(dst)):
-        return UrlDestination(dst, storage_options, overwrite)
-    return LocalDirectory(dst, overwrite)
+        return UrlDestination(dst, storage_options, overwrite, how, progress)
+    if storage_options:
+        raise PackError(f"{dst}: storage_options apply to URLs, not to local paths")
+    return LocalDirectory(dst, overwrite, how)

@@ -14,7 +14,6 @@ from tierfeed.format.chunksink import ChunkRecord, ChunkSink
 from tierfeed.format.encode import KEY_FIELD, encode_sample
 from tierfeed.format.labels import load_classes
 from tierfeed.format.pack import chunk_file_name
-from tierfeed.format.packstate import unlock_destination
 from tierfeed.format.storetarget import remove_chunks
 from tierfeed.format.writer import Classes, WriteReport, check_options, finish_store
 from tierfeed.loader.urldestination import destination_for
@@ -55,7 +54,8 @@ class Writer:
     Where the bytes go is the destination's (`tierfeed.format.storetarget.Destination`): a
     directory is written in place; a URL (``s3://``, ``gs://``, ``az://``, ``memory://``) is
     built in a local staging directory and uploaded by `close`, the index last
-    (`tierfeed.loader.upload.UrlDestination`).
+    (`tierfeed.loader.urldestination.UrlDestination`); both are claimed, built in and
+    published as `pack` and `optimize` do theirs.
 
     Args:
         dst: the store directory (created if missing), or its URL.
@@ -90,7 +90,9 @@ class Writer:
         self._started = time.perf_counter()
         self._records: list[ChunkRecord] = []
         self._keys: set[bytes] = set()
-        self.dst, self._lock = self.destination.claim()  # the directory the store is built in
+        with self.destination.building():
+            self.destination.check()
+            self.dst = self.destination.claim()  # the directory the store is built in
         self._sink = ChunkSink(self.dst, size, chunk_file_name, self._records.append)
         self._closed = False
         self.report: WriteReport | None = None
@@ -123,7 +125,8 @@ class Writer:
                 f"{encoded.cls}, but the classes map names only {len(names)} classes"
             )
         try:
-            self._sink.add(encoded)
+            with self.destination.building():
+                self._sink.add(encoded)
         except BaseException:
             self.abort()  # a chunk write failed (disk full, ...): nothing half-written stays
             raise
@@ -141,10 +144,11 @@ class Writer:
         if self._closed:
             raise PackError(f"{self.dst}: this Writer was aborted; no index was written")
         try:
-            self._sink.finish()
-            content = finish_store(
-                self.dst, self._records, self.labels, self.classes, self.chunk_size, False
-            )
+            with self.destination.building():
+                self._sink.finish()
+                content = finish_store(
+                    self.dst, self._records, self.labels, self.classes, self.chunk_size, False
+                )
         except BaseException:
             self.abort()
             raise
@@ -165,7 +169,7 @@ class Writer:
 
     def _release(self) -> None:
         self._closed = True
-        unlock_destination(self.dst, self._lock)
+        self.destination.release()
 
     def __enter__(self) -> Writer:
         return self

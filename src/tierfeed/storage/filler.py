@@ -275,7 +275,8 @@ class Filler:
         the origin, by the one process of the host that claims it."""
         h = self._h
         info = h.chunks[chunk]
-        if not self._needed(chunk) or (h.appeared(info) and not self._needed(chunk)):
+        h.appeared(info)  # a tier another process filled meanwhile: seen before deciding
+        if not self._needed(chunk):
             return  # filled meanwhile (by this process's copies or another's)
         started = time.perf_counter()
         data = h.whole(info)  # held by a lower tier, or landed from a sibling process
