@@ -23,10 +23,6 @@ __all__ = ["Copier", "Gate"]
 _log = logging.getLogger("tierfeed.tiers")
 
 
-def _always(chunk: int) -> bool:
-    return True
-
-
 def _log_failure(chunk: int, exc: Exception) -> None:
     _log.warning("copy of chunk %d failed: %r", chunk, exc)
 
@@ -39,9 +35,6 @@ class Copier:
         threads: copy threads, named ``{name}-0``, ``{name}-1``, ...
         queue_size: the most chunks waiting; `schedule` refuses further ones.
         name: prefix of the threads' names.
-        needed: whether a chunk still wants copying (False: it is in place already). Asked
-            after the chunk is marked in flight, so a copy that publishes before it leaves the
-            in-flight set is seen and not repeated.
         failed: told of every copy that raised (count it, log it); must not raise.
         urgent_threads: the most urgent copies started beside the ``threads`` when all of
             them are busy, each on a thread of its own that ends with it (0: an urgent copy
@@ -55,7 +48,6 @@ class Copier:
         queue_size: int,
         name: str = "tierfeed-copy",
         *,
-        needed: Callable[[int], bool] = _always,
         failed: Callable[[int, Exception], None] = _log_failure,
         urgent_threads: int = 0,
     ) -> None:
@@ -63,7 +55,6 @@ class Copier:
         self._name = name
         self._urgent_threads = urgent_threads
         self._extra: list[threading.Thread] = []  # urgent copies' own threads, while they run
-        self._needed = needed
         self._failed = failed
         self._lock = threading.Lock()  # guards the in-flight, running and urgent sets
         self._inflight: set[int] = set()  # queued or running
@@ -96,9 +87,10 @@ class Copier:
             return chunk in self._inflight
 
     def schedule(self, chunk: int, urgent: bool = False) -> bool:
-        """Queue a copy of ``chunk``; False if it is in flight, not needed, the queue is full,
-        or the copier is closed. An ``urgent`` copy (a read waits for it) goes ahead of the
-        others, and moves a queued copy of the chunk ahead (then True)."""
+        """Queue a copy of ``chunk``; False if it is in flight, the queue is full, or the
+        copier is closed. An ``urgent`` copy (a read waits for it) goes ahead of the others,
+        and moves a queued copy of the chunk ahead (then True). Whether the chunk is wanted
+        is the caller's to ask first (and the copy's own to ask again when it runs)."""
         if self._closed:
             return False
         with self._lock:
@@ -109,9 +101,6 @@ class Copier:
             if urgent:
                 self._urgent.add(chunk)
         try:
-            if not again and not self._needed(chunk):
-                self._done(chunk)
-                return False
             if urgent and self._start_beside(chunk):
                 return True
             self._queue.put_nowait((0 if urgent else 1, next(self._order), chunk))

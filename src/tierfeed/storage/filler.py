@@ -72,7 +72,6 @@ class Filler:
             self._copy,
             options.threads if copies else 0,  # named tierfeed-copy-<i>
             options.queue,
-            needed=self._needed,
             failed=self._copy_failed,
             urgent_threads=options.urgent_copies if copies else 0,
         )
@@ -83,7 +82,15 @@ class Filler:
         """Queue a whole-chunk copy into the tiers; False if present, queued, or queue full."""
         if not self._h.tiers or not self._fetch.origin.holds_whole(self._h.chunks[chunk].name):
             return False  # e.g. a namespace holding only some members of the chunk
-        return self.copier.schedule(chunk)
+        return self._queue(chunk)
+
+    def _queue(self, chunk: int, urgent: bool = False) -> bool:
+        """Queue the copy of ``chunk`` if a tier wants it (an urgent one moved ahead if it is
+        queued already). A copy that lands between the question and the queueing is queued
+        again and ends at once: `_copy` asks again before it copies."""
+        if not self.copier.pending(chunk) and not self._needed(chunk):
+            return False
+        return self.copier.schedule(chunk, urgent)
 
     @property
     def copies_at_once(self) -> int:
@@ -214,7 +221,7 @@ class Filler:
         if arrival is not None or not self._fetch.origin.holds_whole(info.name):
             return arrival
         self._demanded.setdefault(info.id, offset)
-        self.copier.schedule(info.id, urgent=True)
+        self._queue(info.id, urgent=True)
         pause = 0.001
         while time.perf_counter() < deadline:
             if not self.copier.pending(info.id) and not self._awaited_elsewhere(info):
