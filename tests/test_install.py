@@ -18,9 +18,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.fuse, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*argv: object, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(
+    *argv: object, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, cwd="/"
+        [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, cwd="/", env=env
     )
 
 
@@ -57,9 +59,14 @@ def test_a_plain_install_packs_verifies_and_mounts_without_torch(tmp_path: Path)
     finally:
         assert run(tierfeed, "umount", mnt, timeout=60).returncode == 0
 
-    # The PyTorch faces say what to install, in one line.
-    done = run(tierfeed, "stage", store, "--to", tmp_path / "local")
+    # One rank stages without torch (no process group); on several, and in the PyTorch face,
+    # what to install is said in one line.
+    done = run(tierfeed, "stage", store, "--to", tmp_path / "local", "-q")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "local").rglob("*.tar")) != []
+    two = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    done = run(tierfeed, "stage", store, "--to", tmp_path / "two", env=two)
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert "tierfeed[torch]" in done.stderr
+    assert "stage on 2 ranks" in done.stderr and "tierfeed[torch]" in done.stderr
     done = run(python, "-c", "import tierfeed.torch")
     assert "tierfeed[torch]" in done.stderr.splitlines()[-1]

@@ -78,7 +78,7 @@ def test_exactly_once_balanced_deterministic(shape, spec, m, epoch) -> None:
             assert set(o.tolist()) <= set(part.tolist())
 
 
-@settings(max_examples=250)
+@settings(max_examples=120)
 @given(shape=shapes(), q=st.sampled_from([0.1, 0.25, 0.5, 1.0]), m=st.integers(2, 6),
        seed=st.integers(0, 1000), epochs=st.integers(1, 5))  # fmt: skip
 def test_partial_moves_q_and_stays_within_bounds(shape, q, m, seed, epochs) -> None:
@@ -254,7 +254,7 @@ def test_global_counts_are_the_unpadded_positions(n, m, window, drop_last) -> No
     assert plan.counts(0, m) == listed
 
 
-@settings(max_examples=150)
+@settings(max_examples=75)
 @given(m=st.integers(2, 300), seed=st.integers(0, 1000), sweep=st.lists(st.integers(0, 10**6),
        min_size=1, max_size=40), q=st.sampled_from([0.01, 0.3, 1.0]))  # fmt: skip
 def test_the_closed_form_offsets_are_the_steps_replayed(m, seed, sweep, q) -> None:
