@@ -121,6 +121,8 @@ class FdCache:
         """A descriptor entry of ``path``, held until `release` (OSError if it won't open)."""
         while True:
             with self._mutex:
+                if self._stop.is_set():  # closed: no file is opened any more
+                    raise OSError(errno.ECANCELED, "closed", path)
                 entry = self._open.get(path)
                 if entry is not None:
                     self._open.move_to_end(path)
