@@ -62,6 +62,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tierfeed.cli:register_pack",
         "pack a directory tree into tar chunks and an index",
     ),
+    "merge": (
+        "tierfeed.format.commands:register_merge",
+        "join the parts `tierfeed pack --part` packed into one store",
+    ),
     "index": ("tierfeed.loader.commands:register_index", "index tar shards where they lie"),
     "convert": (
         "tierfeed.loader.convert:register",

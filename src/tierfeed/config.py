@@ -14,6 +14,7 @@ from tierfeed.world import World
 __all__ = [
     "default_cache_dir",
     "gloo_on_loopback_if_local",
+    "part_from_env",
     "worker_heap_wanted",
     "world_for",
     "world_from_env",
@@ -50,6 +51,43 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
     local_world = _int(env, "LOCAL_WORLD_SIZE", world_size)
     local_rank = _int(env, "LOCAL_RANK", rank % max(local_world, 1))
     return World(rank, world_size, local_rank, local_world)
+
+
+# Where a launcher says which of how many processes this one is, in the order they are asked:
+# torchrun's, a Slurm array's (its ids may start above 0), a Slurm job step's.
+_PART_VARIABLES = (
+    ("RANK", "WORLD_SIZE"),
+    ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+
+def part_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Which part of how many this process packs (`tierfeed pack --part env`): (index, count)
+    from torchrun's RANK and WORLD_SIZE, else a Slurm array's task id (less its
+    SLURM_ARRAY_TASK_MIN) and task count, else a Slurm step's SLURM_PROCID and SLURM_NTASKS.
+
+    Raises:
+        ConfigError: none of them is set, or they name no part (index outside 0..count-1).
+    """
+    env = os.environ if env is None else env
+    for index_name, count_name in _PART_VARIABLES:
+        if env.get(index_name, "") == "" or env.get(count_name, "") == "":
+            continue
+        index, count = _int(env, index_name, 0), _int(env, count_name, 1)
+        if index_name == "SLURM_ARRAY_TASK_ID":
+            index -= _int(env, "SLURM_ARRAY_TASK_MIN", 0)
+        if not 0 <= index < count:
+            raise ConfigError(
+                f"environment variables {index_name} and {count_name} give part {index} of "
+                f"{count}, which is not one of 0..{count - 1}; an array's ids must be "
+                "consecutive (--array=0-7)"
+            )
+        return index, count
+    names = ", ".join(f"{i}/{c}" for i, c in _PART_VARIABLES)
+    raise ConfigError(
+        f"--part env: none of {names} is set; run under torchrun or Slurm, or give --part I/N"
+    )
 
 
 def world_for(rank: int, world_size: int, env: Mapping[str, str] | None = None) -> World:

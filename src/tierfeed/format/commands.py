@@ -16,7 +16,14 @@ from tierfeed.units import human, parse_size
 if TYPE_CHECKING:  # `tierfeed index`'s module (tqdm with it) loads only for that command
     from tierfeed.format.shards import IndexReport
 
-__all__ = ["register_index", "register_pack", "run_index", "run_pack"]
+__all__ = [
+    "register_index",
+    "register_merge",
+    "register_pack",
+    "run_index",
+    "run_merge",
+    "run_pack",
+]
 
 Sub = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -47,9 +54,31 @@ def _count(text: str) -> int:
     return n
 
 
+def _part(text: str) -> str:
+    """An argparse type: ``I/N`` (checked now: a usage error, exit 2) or ``env``."""
+    if text == "env":
+        return text
+    from tierfeed.format.parts import parse_part
+
+    try:
+        parse_part(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _pack_part(args: argparse.Namespace, options: PackOptions) -> PackReport:
+    """Pack the part ``--part`` names (I/N, or env: the launcher's rank and world)."""
+    from tierfeed.config import part_from_env
+    from tierfeed.format.parts import pack_part, parse_part
+
+    part = part_from_env() if args.part == "env" else parse_part(args.part)
+    return pack_part(args.src, args.dst, part, options, files=args.files)
+
+
 def run_pack(args: argparse.Namespace, packer: Callable[..., PackReport] = pack) -> int:
     """`tierfeed pack` with ``args``, packing with ``packer`` (`tierfeed.loader.commands`
-    gives one that also packs to a URL)."""
+    gives one that also packs to a URL); with ``--part``, one part for `tierfeed merge`."""
     options = PackOptions(
         chunk_size=args.chunk_size,
         workers=args.workers,
@@ -59,7 +88,10 @@ def run_pack(args: argparse.Namespace, packer: Callable[..., PackReport] = pack)
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    report = packer(args.src, args.dst, options, files=args.files)
+    if args.part is not None:
+        report = _pack_part(args, options)
+    else:
+        report = packer(args.src, args.dst, options, files=args.files)
     _print_skipped(report.skipped)
     rate = report.data_bytes / max(report.seconds, 1e-9)
     resumed = f", {report.resumed_chunks} kept from an earlier run" if report.resumed_chunks else ""
@@ -68,6 +100,8 @@ def run_pack(args: argparse.Namespace, packer: Callable[..., PackReport] = pack)
         f"into {report.chunks} chunks{resumed} in {report.seconds:.1f} s ({human(rate)}/s) "
         f"-> {report.store}"
     )
+    if args.part is not None:
+        print(f"when every part is packed: tierfeed merge {args.dst}")
     if report.unlabelled:
         print(
             f"{report.unlabelled} sample{'s lie' if report.unlabelled > 1 else ' lies'} outside "
@@ -110,8 +144,41 @@ def register_pack(sub: Any, packer: Callable[..., PackReport] = pack) -> None:
     )
     p.add_argument("--skip-unreadable", action="store_true", help="skip and list unreadable files")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DST")
+    p.add_argument(
+        "--part",
+        type=_part,
+        metavar="I/N|env",
+        help="pack only part I (from 0) of N, into DST/parts/, for `tierfeed merge DST`; env: "
+        "I and N from torchrun's RANK/WORLD_SIZE or Slurm's array or task ids",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=functools.partial(run_pack, packer=packer))
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """`tierfeed merge` with ``args``."""
+    from tierfeed.format.merge import merge_parts
+
+    report = merge_parts(args.dst, overwrite=args.overwrite, progress=not args.quiet)
+    print(
+        f"merged {report.parts} parts: {report.samples} samples "
+        f"({human(report.data_bytes)}) in {report.chunks} chunks, checked, in "
+        f"{report.seconds:.1f} s -> {report.store}"
+    )
+    return 0
+
+
+def register_merge(sub: Any) -> None:
+    """Add `tierfeed merge`."""
+    p = sub.add_parser("merge", help="join the parts `tierfeed pack --part` packed into one store")
+    p.add_argument("dst", help="the store directory the parts were packed into")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an index at DST that was not merged from parts",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_merge)
 
 
 def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | None = None) -> int:

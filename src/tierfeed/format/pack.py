@@ -317,6 +317,8 @@ def _write_store(
         else:
             packer.run(None)
         content = packer.content()
+        if plan.part is not None:  # a part of a larger source (`tierfeed.format.parts`)
+            content.extra["part"] = plan.part
         remove_leftovers(dst, plan.num_chunks)
         sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
         write_index(dst / INDEX_NAME, content, mode=packer.index_mode())

@@ -14,6 +14,7 @@ holds is ever writable by anyone but the one who packed it, who keeps read and w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +43,8 @@ class PackPlan:
     chunk_size: int
     num_chunks: int
     member_shared: npt.NDArray[np.uint16]  # group and other read bits each member keeps
+    # Which share of a larger source this plan packs (`tierfeed.format.parts`), for the index.
+    part: dict[str, Any] | None = None
 
     def file_mode(self, members: range | list[int] | npt.NDArray[np.intp]) -> int:
         """Permission bits of a store file holding ``members`` (see the module)."""

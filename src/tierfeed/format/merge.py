@@ -1,0 +1,271 @@
+"""`tierfeed merge`: join the parts `tierfeed pack --part` packed into the store's one index.
+
+No chunk is copied: the store's index names each part's chunks where they lie
+(``parts/part-000I-of-000N/chunks/...``). Before anything is written every part must be there
+and finished, of one source (the fingerprint its index records) and one count N, each holding
+exactly its share of the samples, and every chunk of every part must verify as `tierfeed
+verify` checks it (size, xxh3, tar headers). The index is then written atomically: the merged
+store is the store a single pack makes (samples, keys, labels, classes, bytes), its chunks cut
+at the parts' ends. Merging again rewrites the same index; an index not merged from parts is
+replaced only when asked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierfeed.errors import PackError, TierfeedError
+from tierfeed.format.destination import already_holds_a_store
+from tierfeed.format.index import Index, IndexContent, write_index
+from tierfeed.format.layout import INDEX_NAME
+from tierfeed.format.packplan import OWNER_BITS
+from tierfeed.format.packstate import lock_destination, unlock_destination
+from tierfeed.format.parts import PART_NAME, PARTS_DIR, part_directory, part_name, part_samples
+from tierfeed.format.tarchunk import cannot_write
+from tierfeed.format.verify import verify_store
+
+__all__ = ["MergeReport", "merge_parts"]
+
+
+@dataclass
+class MergeReport:
+    """What a merge did."""
+
+    store: Path
+    parts: int
+    samples: int
+    chunks: int
+    data_bytes: int
+    seconds: float
+
+
+def _counts(dst: Path) -> set[int]:
+    """The counts N of the parts under ``dst/parts``."""
+    try:
+        names = [p.name for p in (dst / PARTS_DIR).iterdir()]
+    except FileNotFoundError:
+        raise PackError(
+            f"{dst}: holds no parts ({PARTS_DIR}/ is missing); pack them first with "
+            "`tierfeed pack SRC DST --part I/N`"
+        ) from None
+    return {int(m.group(2)) for m in map(PART_NAME.fullmatch, names) if m}
+
+
+def _part_count(dst: Path) -> int:
+    """The one count N of the parts under ``dst``; refuses none, or parts of several N."""
+    counts = _counts(dst)
+    if not counts:
+        raise PackError(f"{dst}: holds no parts; pack them with `tierfeed pack SRC DST --part I/N`")
+    if len(counts) > 1:
+        found = " and ".join(str(n) for n in sorted(counts))
+        raise PackError(
+            f"{dst / PARTS_DIR}: holds parts of {found} parts: packs in different numbers of "
+            "parts cannot be merged; remove the directories of the ones not wanted"
+        )
+    return counts.pop()
+
+
+def _open_part(dst: Path, index: int, count: int, src: str) -> Index:
+    """Part ``index`` of ``count``, its index open and its record checked against its name."""
+    directory = part_directory(dst, index, count)
+    again = f"run `tierfeed pack {src} {dst} --part {index}/{count}`"
+    if not (directory / INDEX_NAME).exists():
+        state = "is not finished (interrupted?)" if directory.exists() else "is missing"
+        raise PackError(f"{directory}: part {index} of {count} {state}: {again}")
+    ix = Index(directory, recheck=True)
+    record = ix.header["extra"].get("part")
+    if not isinstance(record, dict) or (record.get("index"), record.get("count")) != (
+        index,
+        count,
+    ):
+        ix.close()
+        raise PackError(
+            f"{directory}: does not hold part {index} of {count} (its index says "
+            f"{_said(record)}); remove it and {again}"
+        )
+    return ix
+
+
+def _said(record: Any) -> str:
+    if not isinstance(record, dict):
+        return "it is no part"
+    return f"part {record.get('index')} of {record.get('count')}"
+
+
+def _source_of(dst: Path, count: int) -> str:
+    """The source path a finished part records, for the advice that names it (else SRC)."""
+    for index in range(count):
+        try:
+            with Index(part_directory(dst, index, count)) as ix:
+                return str(ix.header["extra"]["part"]["src"])
+        except (TierfeedError, OSError, KeyError, TypeError):
+            continue
+    return "SRC"
+
+
+def _check_shares(parts: list[Index], dst: Path) -> None:
+    """Every part of one source, holding exactly its share of the samples."""
+    first = parts[0].header["extra"]["part"]
+    count = len(parts)
+    for ix in parts:
+        record = ix.header["extra"]["part"]
+        where = part_directory(dst, record["index"], count)
+        if record.get("source") != first["source"] or record.get("of") != first["of"]:
+            raise PackError(
+                f"{where}: packed from another source than {part_name(0, count)} ({record['src']} "
+                f"as it was then, not {first['src']}): the source changed between parts, or "
+                "they are of two sources; pack the parts again from one source"
+            )
+        share = part_samples(int(first["of"]), record["index"], count)
+        if record["samples"] != [share.start, share.stop] or ix.num_samples != len(share):
+            raise PackError(
+                f"{where}: holds samples {record['samples']} and {ix.num_samples} of them, "
+                f"not its share [{share.start}, {share.stop}): the parts overlap or leave "
+                "samples out; pack this part again"
+            )
+
+
+def _verify(parts: list[Index], progress: bool) -> None:
+    """Every chunk of every part as `tierfeed verify` checks it; refuses the first problem."""
+    for ix in parts:
+        problems = verify_store(Index(ix.path, recheck=True), progress=progress)
+        if problems:
+            more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
+            raise PackError(
+                f"{problems[0]}{more}; the part {ix.path.parent} is damaged: pack it again "
+                "with --overwrite"
+            )
+
+
+def _keys(ix: Index) -> list[bytes]:
+    blob, offsets = ix.key_blob(), ix.sample_key_offset.astype(np.int64).tolist()
+    return [blob[lo:hi] for lo, hi in itertools.pairwise(offsets)]
+
+
+def _merged(parts: list[Index]) -> IndexContent:
+    """The store's index: the parts' rows in part order, chunk names relative to the store."""
+    exts = sorted({e for ix in parts for e in ix.exts})
+    members = np.cumsum([0] + [ix.num_members for ix in parts]).tolist()
+    chunks = np.cumsum([0] + [ix.num_chunks for ix in parts]).tolist()
+    starts = [
+        ix.sample_member_start[:-1].astype(np.uint64) + members[i] for i, ix in enumerate(parts)
+    ]
+    ext_ids = [np.asarray([exts.index(e) for e in ix.exts], dtype=np.uint16) for ix in parts]
+    first, extra = parts[0], [ix.header["extra"] for ix in parts]
+
+    def joined(name: str, dtype: Any) -> Any:
+        return np.concatenate([np.asarray(getattr(ix, name)).astype(dtype) for ix in parts])
+
+    tree: dict[str, Any] = {}
+    if first.has_tree:
+        tree = {
+            "member_mode": joined("member_mode", np.uint16),
+            "member_mtime": joined("member_mtime", np.int64),
+            "dir_paths": list(first.dir_paths),
+            "dir_mode": np.asarray(first.dir_mode, dtype=np.uint16),
+            "dir_mtime": np.asarray(first.dir_mtime, dtype=np.int64),
+            "root": first.root,
+        }
+    return IndexContent(
+        keys=[key for ix in parts for key in _keys(ix)],
+        labels=joined("sample_label", np.int32),
+        member_start=np.concatenate([*starts, np.asarray([members[-1]], dtype=np.uint64)]),
+        member_chunk=np.concatenate(
+            [ix.member_chunk.astype(np.uint32) + chunks[i] for i, ix in enumerate(parts)]
+        ),
+        member_offset=joined("member_offset", np.uint64),
+        member_length=joined("member_length", np.uint64),
+        member_checksum=joined("member_checksum", np.uint64),
+        member_ext=np.concatenate([ext_ids[i][ix.member_ext] for i, ix in enumerate(parts)]),
+        exts=exts,
+        chunk_names=[_chunk_name(ix, c) for ix in parts for c in range(ix.num_chunks)],
+        chunk_size=joined("chunk_size", np.uint64),
+        chunk_checksum=joined("chunk_checksum", np.uint64),
+        classes=first.classes,
+        extra={
+            "skipped": sum(int(e.get("skipped", 0)) for e in extra),
+            "chunk_target_bytes": extra[0].get("chunk_target_bytes"),
+            "parts": {"count": len(parts), "source": extra[0]["part"]["source"]},
+        },
+        **tree,
+    )
+
+
+def _chunk_name(ix: Index, chunk: int) -> str:
+    """Chunk ``chunk`` of a part, named relative to the store (the part's directory in front)."""
+    record = ix.header["extra"]["part"]
+    return f"{PARTS_DIR}/{part_name(record['index'], record['count'])}/{ix.chunk_name(chunk)}"
+
+
+def _index_mode(parts: list[Index]) -> int:
+    """The store index's mode: the widest of the parts' (each as wide as its widest member)."""
+    mode = OWNER_BITS
+    for ix in parts:
+        mode |= stat.S_IMODE(os.stat(ix.path).st_mode)
+    return mode
+
+
+def _write(dst: Path, content: IndexContent, mode: int, overwrite: bool) -> None:
+    """Write the store's index under the store's lock; an index already there is replaced
+    when it was merged from parts, or when ``overwrite``."""
+    try:
+        fd = lock_destination(dst)
+    except OSError as exc:
+        raise cannot_write(dst, exc) from None
+    try:
+        if (dst / INDEX_NAME).exists() and not overwrite:
+            with Index(dst / INDEX_NAME) as old:
+                if "parts" not in old.header["extra"]:
+                    raise already_holds_a_store(dst, "--overwrite")
+        write_index(dst / INDEX_NAME, content, mode=mode)
+    except OSError as exc:
+        raise cannot_write(Path(os.fsdecode(exc.filename or dst)), exc) from None
+    finally:
+        unlock_destination(dst, fd)
+
+
+def merge_parts(
+    dst: str | os.PathLike[str], overwrite: bool = False, progress: bool = True
+) -> MergeReport:
+    """Join the parts packed under ``dst`` (`tierfeed.format.parts.pack_part`) into the store
+    at ``dst``: checked, then its one index written atomically (see the module).
+
+    Args:
+        dst: the store directory the parts were packed into.
+        overwrite: replace an index at ``dst`` that was not merged from parts.
+        progress: show a progress bar while the chunks are verified.
+
+    Raises:
+        PackError: a part is missing, unfinished, damaged, of another source or count, or
+            holds another share; ``dst`` holds a store not merged from parts.
+    """
+    root, started = Path(dst), time.perf_counter()
+    count = _part_count(root)
+    src = _source_of(root, count)
+    parts: list[Index] = []
+    try:
+        for index in range(count):
+            parts.append(_open_part(root, index, count, src))
+        _check_shares(parts, root)
+        _verify(parts, progress)
+        content = _merged(parts)
+        _write(root, content, _index_mode(parts), overwrite)
+    finally:
+        for ix in parts:
+            ix.close()
+    return MergeReport(
+        store=root,
+        parts=count,
+        samples=len(content.keys),
+        chunks=len(content.chunk_names),
+        data_bytes=int(content.member_length.sum()),
+        seconds=time.perf_counter() - started,
+    )
