@@ -184,7 +184,9 @@ def register_merge(sub: Any) -> None:
 def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | None = None) -> int:
     """`tierfeed index` with ``args``, indexing with ``indexer`` (default: shards in a
     directory; `tierfeed.loader.commands` gives one that also indexes shards at a URL)."""
-    if indexer is None:
+    if args.part is not None:
+        indexer = functools.partial(_index_part, part=args.part)
+    elif indexer is None:
         from tierfeed.format.shards import index_shards
 
         indexer = index_shards
@@ -203,7 +205,22 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | No
         f"indexed {report.samples} samples ({report.members} members, "
         f"{human(report.data_bytes)}) in {report.chunks} shards -> {report.index}{read_from}"
     )
+    if args.part is not None:
+        print(f"when every part is indexed: tierfeed merge {args.out}")
     return 0
+
+
+def _index_part(
+    shards: list[str], out: str, *options: Any, part: str, **keywords: Any
+) -> IndexReport:
+    """Index the part ``part`` names (I/N, or env: the launcher's rank and world); ``options``
+    and ``keywords`` as `run_index` gives any indexer."""
+    from tierfeed.config import part_from_env
+    from tierfeed.format.indexparts import index_part
+    from tierfeed.format.parts import parse_part
+
+    where = part_from_env() if part == "env" else parse_part(part)
+    return index_part(shards, out, where, *options, **keywords)
 
 
 def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) -> None:
@@ -240,5 +257,12 @@ def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) 
     )
     p.add_argument("--skip-bad-names", action="store_true", help="skip and count unsafe names")
     p.add_argument("--overwrite", action="store_true", help="replace an index already in --out")
+    p.add_argument(
+        "--part",
+        type=_part,
+        metavar="I/N|env",
+        help="index only part I (from 0) of N of the shards (local), into --out's parts/, for "
+        "`tierfeed merge OUT`; env: I and N from torchrun's or Slurm's variables",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=functools.partial(run_index, indexer=indexer))

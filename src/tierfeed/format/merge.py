@@ -25,6 +25,7 @@ import numpy as np
 from tierfeed.errors import PackError, TierfeedError
 from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.index import Index, IndexContent, write_index
+from tierfeed.format.indexparts import KIND, check_shards, merged_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.packplan import OWNER_BITS
 from tierfeed.format.packstate import lock_destination, unlock_destination
@@ -33,6 +34,8 @@ from tierfeed.format.tarchunk import cannot_write
 from tierfeed.format.verify import verify_store
 
 __all__ = ["MergeReport", "merge_parts"]
+
+_MAKE = "`tierfeed pack SRC DST --part I/N` or `tierfeed index SHARDS --out DST --part I/N`"
 
 
 @dataclass
@@ -53,8 +56,7 @@ def _counts(dst: Path) -> set[int]:
         names = [p.name for p in (dst / PARTS_DIR).iterdir()]
     except FileNotFoundError:
         raise PackError(
-            f"{dst}: holds no parts ({PARTS_DIR}/ is missing); pack them first with "
-            "`tierfeed pack SRC DST --part I/N`"
+            f"{dst}: holds no parts ({PARTS_DIR}/ is missing); make them first with {_MAKE}"
         ) from None
     return {int(m.group(2)) for m in map(PART_NAME.fullmatch, names) if m}
 
@@ -63,7 +65,7 @@ def _part_count(dst: Path) -> int:
     """The one count N of the parts under ``dst``; refuses none, or parts of several N."""
     counts = _counts(dst)
     if not counts:
-        raise PackError(f"{dst}: holds no parts; pack them with `tierfeed pack SRC DST --part I/N`")
+        raise PackError(f"{dst}: holds no parts; make them with {_MAKE}")
     if len(counts) > 1:
         found = " and ".join(str(n) for n in sorted(counts))
         raise PackError(
@@ -73,10 +75,22 @@ def _part_count(dst: Path) -> int:
     return counts.pop()
 
 
-def _open_part(dst: Path, index: int, count: int, src: str) -> Index:
+def _again(dst: Path, index: int, count: int, known: dict[str, Any] | None) -> str:
+    """The command that makes part ``index`` of ``count``, as a finished part (``known``)
+    was made."""
+    if known is not None and known.get("kind") == KIND:
+        return (
+            f"run `tierfeed index SHARDS --out {dst} --part {index}/{count}` with the shards "
+            f"the other parts were given ({known.get('src')})"
+        )
+    src = known.get("src", "SRC") if known is not None else "SRC"
+    return f"run `tierfeed pack {src} {dst} --part {index}/{count}`"
+
+
+def _open_part(dst: Path, index: int, count: int, known: dict[str, Any] | None) -> Index:
     """Part ``index`` of ``count``, its index open and its record checked against its name."""
     directory = part_directory(dst, index, count)
-    again = f"run `tierfeed pack {src} {dst} --part {index}/{count}`"
+    again = _again(dst, index, count, known)
     if not (directory / INDEX_NAME).exists():
         state = "is not finished (interrupted?)" if directory.exists() else "is missing"
         raise PackError(f"{directory}: part {index} of {count} {state}: {again}")
@@ -100,15 +114,17 @@ def _said(record: Any) -> str:
     return f"part {record.get('index')} of {record.get('count')}"
 
 
-def _source_of(dst: Path, count: int) -> str:
-    """The source path a finished part records, for the advice that names it (else SRC)."""
+def _known_part(dst: Path, count: int) -> dict[str, Any] | None:
+    """What a finished part records of itself, for the advice that names how it was made."""
     for index in range(count):
         try:
             with Index(part_directory(dst, index, count)) as ix:
-                return str(ix.header["extra"]["part"]["src"])
+                record = ix.header["extra"]["part"]
+                if isinstance(record, dict):
+                    return record
         except (TierfeedError, OSError, KeyError, TypeError):
             continue
-    return "SRC"
+    return None
 
 
 def _check_shares(parts: list[Index], dst: Path) -> None:
@@ -120,21 +136,26 @@ def _check_shares(parts: list[Index], dst: Path) -> None:
         where = part_directory(dst, record["index"], count)
         if record.get("source") != first["source"] or record.get("of") != first["of"]:
             raise PackError(
-                f"{where}: packed from another source than {part_name(0, count)} ({record['src']} "
+                f"{where}: made from another source than {part_name(0, count)} ({record['src']} "
                 f"as it was then, not {first['src']}): the source changed between parts, or "
                 "they are of two sources; pack the parts again from one source"
             )
+        unit = "shards" if record.get("kind") == KIND else "samples"
+        held = ix.num_chunks if unit == "shards" else ix.num_samples
         share = part_samples(int(first["of"]), record["index"], count)
-        if record["samples"] != [share.start, share.stop] or ix.num_samples != len(share):
+        if record.get(unit) != [share.start, share.stop] or held != len(share):
             raise PackError(
-                f"{where}: holds samples {record['samples']} and {ix.num_samples} of them, "
-                f"not its share [{share.start}, {share.stop}): the parts overlap or leave "
-                "samples out; pack this part again"
+                f"{where}: holds {unit} {record.get(unit)} and {held} of them, not its share "
+                f"[{share.start}, {share.stop}): the parts overlap or leave {unit} out; make "
+                "this part again"
             )
 
 
 def _verify(parts: list[Index], progress: bool) -> None:
     """Every chunk of every part as `tierfeed verify` checks it; refuses the first problem."""
+    if parts[0].header["extra"]["part"].get("kind") == KIND:
+        check_shards(parts)  # the shards lie where they are: a stat each, not a second read
+        return
     for ix in parts:
         problems = verify_store(Index(ix.path, recheck=True), progress=progress)
         if problems:
@@ -191,8 +212,8 @@ def _merged(parts: list[Index]) -> IndexContent:
         chunk_checksum=joined("chunk_checksum", np.uint64),
         classes=first.classes,
         extra={
+            **{k: v for k, v in extra[0].items() if k not in ("part", "skipped")},
             "skipped": sum(int(e.get("skipped", 0)) for e in extra),
-            "chunk_target_bytes": extra[0].get("chunk_target_bytes"),
             "parts": {"count": len(parts), "source": extra[0]["part"]["source"]},
         },
         **tree,
@@ -200,8 +221,11 @@ def _merged(parts: list[Index]) -> IndexContent:
 
 
 def _chunk_name(ix: Index, chunk: int) -> str:
-    """Chunk ``chunk`` of a part, named relative to the store (the part's directory in front)."""
+    """Chunk ``chunk`` of a part, named relative to the store (the part's directory in front),
+    or a shard, named under the shards' root (as the part names it)."""
     record = ix.header["extra"]["part"]
+    if record.get("kind") == KIND:
+        return ix.chunk_name(chunk)
     return f"{PARTS_DIR}/{part_name(record['index'], record['count'])}/{ix.chunk_name(chunk)}"
 
 
@@ -249,14 +273,16 @@ def merge_parts(
     """
     root, started = Path(dst), time.perf_counter()
     count = _part_count(root)
-    src = _source_of(root, count)
+    known = _known_part(root, count)
     parts: list[Index] = []
     try:
         for index in range(count):
-            parts.append(_open_part(root, index, count, src))
+            parts.append(_open_part(root, index, count, known))
         _check_shares(parts, root)
         _verify(parts, progress)
         content = _merged(parts)
+        if known is not None and known.get("kind") == KIND:
+            content = merged_index(content, parts, root)
         _write(root, content, _index_mode(parts), overwrite)
     finally:
         for ix in parts:

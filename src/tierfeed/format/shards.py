@@ -34,7 +34,7 @@ from tierfeed.errors import (
     PackError,
 )
 from tierfeed.format.chunkref import checksum_range
-from tierfeed.format.chunkroot import chunk_root, is_url
+from tierfeed.format.chunkroot import ShardNames, chunk_root, is_url
 from tierfeed.format.index import IndexContent, write_index
 from tierfeed.format.labels import CLS_EXTS, CLS_MAX_BYTES, load_classes, parse_cls, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
@@ -43,7 +43,13 @@ from tierfeed.format.packplan import OWNER_BITS, SHARED_READ
 from tierfeed.format.shardset import ShardSet, shard_set
 from tierfeed.format.tarscan import TarMember, open_shard, scan_tar_fd
 
-__all__ = ["IndexReport", "index_shards"]
+__all__ = [
+    "IndexReport",
+    "ShardScan",
+    "index_shards",
+    "scan_shard_set",
+    "write_shard_index",
+]
 
 
 @dataclass
@@ -236,10 +242,47 @@ def _content(
     )
 
 
-def _write(index_path: Path, content: IndexContent, shared: int) -> None:
+@dataclass
+class ShardScan:
+    """The members of a run of shards, read (`scan_shard_set`): what an index of them holds
+    but its labels (`tierfeed.format.indexparts` joins the scans of parts)."""
+
+    got: _Collected
+    sizes: list[int]
+    sums: list[int]
+    skipped: list[tuple[str, str]]
+
+    def content(
+        self, label_of: Sequence[int], class_names: list[str], where: ShardNames
+    ) -> IndexContent:
+        """The index of the shards, named as ``where`` says."""
+        got, count = self.got, len(self.skipped)
+        content = _content(got, label_of, class_names, where.names, self.sizes, self.sums, count)
+        content.chunk_root = where.root
+        return content
+
+    def report(self, index_path: Path, root: str | None) -> IndexReport:
+        """What indexing these shards into ``index_path`` did (``root``: the recorded one)."""
+        got = self.got
+        shard_root = root if root is None or is_url(root) else chunk_root(index_path, root)
+        counts = (len(got.keys), len(got.offset), len(self.sizes), sum(got.length))
+        return IndexReport(index_path, *counts, self.skipped, shard_root)
+
+
+def scan_shard_set(shards: ShardSet, labels: str, skip_bad: bool, progress: bool) -> ShardScan:
+    """Read every shard of ``shards`` in order (``.cls`` members too when ``labels`` may use
+    them)."""
+    got = _Collected(want_cls=labels in ("auto", "cls"))
+    skipped: list[tuple[str, str]] = []
+    sizes, sums = _scan_shards(got, shards, skip_bad, skipped, progress)
+    return ShardScan(got, sizes, sums, skipped)
+
+
+def write_shard_index(index_path: Path, content: IndexContent, scan: ShardScan) -> None:
+    """Write ``content`` to ``index_path``, no more readable than the shards."""
     try:
         # No wider than the shards: the index names every member (pack's rule, `packplan`).
-        write_index(index_path, content, mode=OWNER_BITS | shared)
+        write_index(index_path, content, mode=OWNER_BITS | scan.got.shared)
     except OSError as exc:
         raise PackError(f"{index_path}: cannot write the index: {exc.strerror or exc}") from None
 
@@ -276,20 +319,12 @@ def index_shards(
     """
     out_path = Path(out)
     index_path = out_path if out_path.suffix == ".tfi" else out_path / INDEX_NAME
-    store = index_path.parent
     shards = shard_set(shards, out_path, index_path, overwrite, progress)  # checked, in place
     names_of_cls = None if classes is None else load_classes(classes)
-    got = _Collected(want_cls=labels in ("auto", "cls"))
-    skipped: list[tuple[str, str]] = []
-    sizes, sums = _scan_shards(got, shards, skip_bad_names, skipped, progress)
+    scan = scan_shard_set(shards, labels, skip_bad_names, progress)
+    got = scan.got
     label_of, class_names = resolve_labels(
-        got.keys, got.labels_of_cls(), labels, names_of_cls, store
+        got.keys, got.labels_of_cls(), labels, names_of_cls, index_path.parent
     )
-    where = shards.where
-    content = _content(got, label_of, class_names, where.names, sizes, sums, len(skipped))
-    content.chunk_root = where.root
-    _write(index_path, content, got.shared)
-    root = where.root
-    shard_root = root if root is None or is_url(root) else chunk_root(index_path, root)
-    counts = (len(got.keys), len(got.offset), len(sizes), sum(got.length))
-    return IndexReport(index_path, *counts, skipped, shard_root)
+    write_shard_index(index_path, scan.content(label_of, class_names, shards.where), scan)
+    return scan.report(index_path, shards.where.root)

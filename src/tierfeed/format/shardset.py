@@ -14,16 +14,16 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tierfeed.errors import EmptySourceError, FormatError, PackError
+from tierfeed.errors import ConfigError, EmptySourceError, FormatError, PackError
 from tierfeed.format.braces import expand_braces
 from tierfeed.format.chunkroot import ShardNames, shard_names
 from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.gunzip import Gunzip, gunzip_shards, is_gzipped, plan_gunzip
 
-__all__ = ["ShardSet", "check_target", "shard_set"]
+__all__ = ["ShardSet", "check_target", "listed_shards", "shard_set"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ShardSet:
     shown: list[str]
     sizes: list[int]
     fetch: Callable[[int], AbstractContextManager[Path]]
+    stamps: list[str] = field(default_factory=list)  # each shard's version (mtime, ETag), if known
 
 
 def shard_set(
@@ -85,6 +86,34 @@ def shard_set(
     )
 
 
+def listed_shards(shards: Sequence[str | os.PathLike[str]], store: Path) -> ShardSet:
+    """The local plain shards named (brace patterns expanded), each checked, named for an index
+    in the directory ``store`` (`shard_names`), each stamped with its mtime; nothing written.
+
+    Raises:
+        EmptySourceError: no shard given.
+        FormatError: a shard is missing or not a regular file.
+        ConfigError: a shard is gzipped (it would be decompressed into one part's directory).
+    """
+    paths = _shard_paths(shards)
+    if not paths:
+        raise EmptySourceError("no shard given to index")
+    stats = [_shard_stat(p) for p in paths]
+    gzipped = next((p for p in paths if is_gzipped(p)), None)
+    if gzipped is not None:
+        raise ConfigError(
+            f"{gzipped}: --part indexes plain .tar shards; decompress gzipped ones first, or "
+            "index them without --part"
+        )
+    return ShardSet(
+        shard_names(paths, store),
+        [str(p) for p in paths],
+        [st.st_size for st in stats],
+        lambda chunk: nullcontext(paths[chunk]),
+        [str(st.st_mtime_ns) for st in stats],
+    )
+
+
 def check_target(out: Path, index_path: Path, overwrite: bool) -> None:
     """``--out``: a directory (or an index path inside one) or nothing yet, and no index
     there unless ``overwrite``.
@@ -116,6 +145,11 @@ def _make_out(store: Path) -> None:
 
 def _shard_size(shard: Path) -> int:
     """Size of a shard that must be a regular file; stat only, so a FIFO is never opened."""
+    return _shard_stat(shard).st_size
+
+
+def _shard_stat(shard: Path) -> os.stat_result:
+    """The stat of a shard that must be a regular file; a FIFO is never opened."""
     try:
         st = shard.stat()
     except FileNotFoundError:
@@ -129,7 +163,7 @@ def _shard_size(shard: Path) -> int:
             f"{shard}: is not a regular file (FIFO, socket, device); a shard must be a plain "
             ".tar file"
         )
-    return st.st_size
+    return st
 
 
 def _shard_paths(shards: Sequence[str | os.PathLike[str]]) -> list[Path]:
