@@ -198,6 +198,14 @@ def test_a_single_pack_store_is_not_replaced(tmp_path: Path, src: Path) -> None:
     assert verify_store(dst, progress=False) == []
 
 
+def _lines(path: Path) -> int:
+    """Lines in ``path``; 0 while it does not exist."""
+    try:
+        return path.read_text().count("\n")
+    except FileNotFoundError:
+        return 0
+
+
 def test_an_interrupted_part_resumes(
     tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,8 +218,9 @@ def test_an_interrupted_part_resumes(
     def failing(self: ChunkWriter) -> tuple[int, int]:
         if len(commits) == 3:
             # as a kill would, mid-part, once two chunks are journalled (synced on a thread)
+            # (the journal appears with the first chunk synced: under load, after this call)
             deadline = time.monotonic() + 10
-            while journal.read_text().count("\n") < 2 and time.monotonic() < deadline:
+            while _lines(journal) < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             raise KeyboardInterrupt
         commits.append(self.path)
