@@ -266,3 +266,61 @@ def test_the_mount_reads_the_shards_from_their_url(
         for key, fields in samples.items():
             for ext, data in fields.items():
                 assert (mnt / f"{key}.{ext}").read_bytes() == data
+
+
+def every_sample(store: Path) -> list[tuple[str, int, dict[str, bytes]]]:
+    """Key, label and members of every sample of ``store``, read back through its tiers."""
+    with open_store(store) as opened:
+        return [(s.key, s.label, s.fields) for s in map(opened.read_sample, range(len(opened)))]
+
+
+def test_url_shards_indexed_in_parts_merge_into_the_single_index(
+    tmp_path: Path, bucket: str, bucket_shards: tuple[str, Samples], store: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    url, samples = bucket_shards
+    parted, pattern = tmp_path / "parted", f"{url}/{PATTERN}"
+    for i in range(2):
+        assert main(["index", pattern, "--out", str(parted), "--part", f"{i}/2", "-q"]) == 0
+        assert capsys.readouterr().out.strip().endswith(f"tierfeed merge {parted}")
+    assert main(["merge", str(parted), "-q"]) == 0
+    with Index(store) as single, Index(parted, recheck=True) as merged:
+        assert merged.chunk_url == single.chunk_url == url
+        assert merged.chunk_checksum.tolist() == single.chunk_checksum.tolist()
+    got = every_sample(parted)
+    assert got == every_sample(store) and {key for key, _, _ in got} == set(samples)
+    assert main(["index", pattern, "--out", f"s3://{bucket}/x", "--part", "0/2", "-q"]) == 1
+    assert "drop --part" in capsys.readouterr().err  # the parts go to a local directory
+
+
+def test_a_missing_part_of_url_shards_is_refused_in_one_line(
+    tmp_path: Path, bucket_shards: tuple[str, Samples], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = bucket_shards
+    parted = tmp_path / "parted"
+    assert main(["index", f"{url}/{PATTERN}", "--out", str(parted), "--part", "0/2", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["merge", str(parted), "-q"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "part 1 of 2 is missing" in line, line
+    assert not (parted / INDEX_NAME).exists()
+
+
+def test_a_shard_rewritten_between_parts_is_refused_at_the_merge(
+    tmp_path: Path, s3_endpoint: str, bucket: str, bucket_shards: tuple[str, Samples],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Each part fingerprints the whole shard list with the objects' ETags: a shard rewritten
+    with other bytes of the same size between two parts makes them parts of two lists."""
+    url, _ = bucket_shards
+    parted = tmp_path / "parted"
+    assert main(["index", f"{url}/{PATTERN}", "--out", str(parted), "--part", "0/2", "-q"]) == 0
+    shard = bytearray((tmp_path / "shards/shard-000001.tar").read_bytes())
+    shard[600] ^= 0xFF  # the same size, other bytes: only the ETag tells
+    client(s3_endpoint).put_object(Bucket=bucket, Key="public/wds/shard-000001.tar", Body=shard)
+    assert main(["index", f"{url}/{PATTERN}", "--out", str(parted), "--part", "1/2", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["merge", str(parted), "-q"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "another" in line, line
+    assert not (parted / INDEX_NAME).exists()

@@ -185,7 +185,7 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | No
     """`tierfeed index` with ``args``, indexing with ``indexer`` (default: shards in a
     directory; `tierfeed.loader.commands` gives one that also indexes shards at a URL)."""
     if args.part is not None:
-        indexer = functools.partial(_index_part, part=args.part)
+        indexer = functools.partial(_index_part, part=args.part, indexer=indexer)
     elif indexer is None:
         from tierfeed.format.shards import index_shards
 
@@ -211,15 +211,23 @@ def run_index(args: argparse.Namespace, indexer: Callable[..., IndexReport] | No
 
 
 def _index_part(
-    shards: list[str], out: str, *options: Any, part: str, **keywords: Any
+    shards: list[str],
+    out: str,
+    *options: Any,
+    part: str,
+    indexer: Callable[..., IndexReport] | None,
+    **keywords: Any,
 ) -> IndexReport:
-    """Index the part ``part`` names (I/N, or env: the launcher's rank and world); ``options``
-    and ``keywords`` as `run_index` gives any indexer."""
+    """Index the part ``part`` names (I/N, or env: the launcher's rank and world) with
+    ``indexer`` given ``part=(I, N)`` (one that also reads shards at URLs), or of local shards;
+    ``options`` and ``keywords`` as `run_index` gives any indexer."""
     from tierfeed.config import part_from_env
     from tierfeed.format.indexparts import index_part
     from tierfeed.format.parts import parse_part
 
     where = part_from_env() if part == "env" else parse_part(part)
+    if indexer is not None:
+        return indexer(shards, out, *options, part=where, **keywords)
     return index_part(shards, out, where, *options, **keywords)
 
 
@@ -261,8 +269,8 @@ def register_index(sub: Any, indexer: Callable[..., IndexReport] | None = None) 
         "--part",
         type=_part,
         metavar="I/N|env",
-        help="index only part I (from 0) of N of the shards (local), into --out's parts/, for "
-        "`tierfeed merge OUT`; env: I and N from torchrun's or Slurm's variables",
+        help="index only part I (from 0) of N of the shards (local or at URLs), into --out's "
+        "parts/, for `tierfeed merge OUT`; env: I and N from torchrun's or Slurm's variables",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=functools.partial(run_index, indexer=indexer))

@@ -113,12 +113,15 @@ def _finished(index_path: Path, record: dict[str, Any]) -> IndexReport | None:
 
 
 def _whole(shards: Sequence[str | os.PathLike[str]] | ShardSet, dst: Path) -> ShardSet:
-    """The whole shard list, named for the store at ``dst``; shards at URLs refused."""
+    """The whole shard list, named for the store at ``dst``; shards at URLs come as a `ShardSet`."""
     if isinstance(shards, ShardSet):
         return shards
     url = next((os.fspath(s) for s in shards if is_url(os.fspath(s))), None)
     if url is not None:
-        raise ConfigError(f"{url}: --part indexes local shards; index URLs without --part")
+        raise ConfigError(
+            f"{url}: index_part reads shards at URLs through "
+            "tierfeed.loader.urlshards.index_shards(..., part=(I, N))"
+        )
     return listed_shards(shards, dst)
 
 

@@ -8,8 +8,12 @@ as a public dataset's). That local index records the shards' URL directory as it
 the tiers, copies and retries a store at a URL gets (`tierfeed.loader.compose`).
 
 Each shard is copied in turn to a scratch file on local disk (its checksums need every byte),
-indexed, and removed: the disk holds one shard at a time. Every shard's size is asked for
-before the first is read, so that a missing one fails before any work.
+indexed, and removed: the disk holds one shard at a time. Every shard's size and ETag are asked
+for before the first is read, so that a missing one fails before any work.
+
+With ``part`` (``--part I/N``) the shards are indexed in parts into a local directory, for
+`tierfeed merge` (`tierfeed.format.indexparts`): each part lists the whole shard set (sizes and
+ETags, its fingerprint) and copies only its own run of shards.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tierfeed.format import shards as local_shards
 from tierfeed.format.braces import expand_braces
 from tierfeed.format.chunkroot import ShardNames, is_url, url_shard_names
 from tierfeed.format.gunzip import GZIP_SUFFIXES
+from tierfeed.format.indexparts import index_part
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.shards import IndexReport
 from tierfeed.format.shardset import ShardSet
@@ -54,9 +59,10 @@ def index_shards(
     classes: str | os.PathLike[str] | Sequence[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    part: tuple[int, int] | None = None,
 ) -> IndexReport:
     """`tierfeed.format.shards.index_shards`, of local shards or of shards at URLs, into a
-    directory or at a URL.
+    directory or at a URL; with ``part``, `tierfeed.format.indexparts.index_part`.
 
     Shards at URLs are named by URL: each one, brace patterns such as
     ``"s3://bucket/shards/shard-{000000..000009}.tar"``, or glob patterns such as
@@ -64,8 +70,9 @@ def index_shards(
     they lie under it and only the index is uploaded there. With ``out`` a directory, the
     index goes there and records the deepest URL directory holding every shard as the chunk
     root (`tierfeed.format.chunkroot`); ``storage_options`` are then that URL's (as a
-    `tierfeed.open_store` of the directory takes them again). See the local function for
-    the rest.
+    `tierfeed.open_store` of the directory takes them again). ``part`` = (I, N): index only
+    part I of N into ``out/parts/`` (``out`` a directory), for `tierfeed merge`. See the
+    local function for the rest.
 
     Raises:
         ConfigError: local shards and URLs mixed; shards in two buckets; a gzipped shard at a
@@ -75,6 +82,8 @@ def index_shards(
     urls = [n for n in names if is_url(n)]
     _refuse_gzipped([u for url in urls for u in expand_braces(url)])  # before any request
     options: _Options = (labels, skip_bad_names, progress, classes)
+    if part is not None and (is_url(os.fspath(out)) or not urls):  # index_part refuses a URL
+        return index_part(shards, out, part, *options, overwrite=overwrite)
     if is_url(os.fspath(out)):
         return _into_url(names, os.fspath(out), options, storage_options, overwrite)
     if not urls:
@@ -85,7 +94,7 @@ def index_shards(
             f"{local}, {urls[0]}: the shards of one store are all local files or all at URLs; "
             "index each kind into a store of its own"
         )
-    return _into_directory(urls, out, options, storage_options, overwrite)
+    return _into_directory(urls, out, options, storage_options, overwrite, part)
 
 
 def _into_directory(
@@ -94,8 +103,10 @@ def _into_directory(
     options: _Options,
     storage_options: Mapping[str, Any] | None,
     overwrite: bool,
+    part: tuple[int, int] | None,
 ) -> IndexReport:
-    """Shards at ``urls`` indexed into the directory ``out``, their URL directory recorded."""
+    """Shards at ``urls`` indexed into the directory ``out``, their URL directory recorded;
+    with ``part`` = (I, N), only part I of N, into ``out/parts/``."""
     found_urls = _expanded(urls, storage_options or {})
     _refuse_gzipped(found_urls)  # a glob's matches too
     root, names = url_shard_names(found_urls)
@@ -104,6 +115,8 @@ def _into_directory(
         tempfile.TemporaryDirectory(dir=default_cache_dir(), prefix=".index-") as scratch,
     ):
         found = _shard_set(origin, ShardNames(root, names), root, Path(scratch))
+        if part is not None:
+            return index_part(found, out, part, *options, overwrite=overwrite)
         return local_shards.index_shards(found, out, *options, overwrite=overwrite)
 
 
@@ -137,11 +150,12 @@ def _into_url(
 
 
 def _shard_set(origin: Driver, where: ShardNames, root: str, scratch: Path) -> ShardSet:
-    """The shards ``where`` names under ``root`` (``origin``'s URL): each one's size asked
-    for now (a missing one fails before any work), and a copy of each in ``scratch`` while
-    it is indexed."""
+    """The shards ``where`` names under ``root`` (``origin``'s URL): each one's size and
+    ETag asked for now (a missing one fails before any work; the parts of `index_part`
+    fingerprint them), and a copy of each in ``scratch`` while it is indexed."""
     names = where.names
     sizes = [origin.size(name) for name in names]
+    stamps = [origin.etag(name) or "" for name in names]  # pinned by size(): no request
 
     @contextlib.contextmanager
     def fetch(chunk: int) -> Iterator[Path]:
@@ -161,7 +175,7 @@ def _shard_set(origin: Driver, where: ShardNames, root: str, scratch: Path) -> S
         finally:
             local.unlink(missing_ok=True)
 
-    return ShardSet(where, [f"{root}/{name}" for name in names], sizes, fetch)
+    return ShardSet(where, [f"{root}/{name}" for name in names], sizes, fetch, stamps)
 
 
 def _expanded(patterns: list[str], options: Mapping[str, Any]) -> list[str]:
