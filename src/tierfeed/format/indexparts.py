@@ -24,12 +24,12 @@ from typing import Any
 
 import xxhash
 
-from tierfeed.errors import ConfigError, PackError, TierfeedError
+from tierfeed.errors import ConfigError, PackError
 from tierfeed.format.chunkroot import ShardNames, is_url
 from tierfeed.format.index import Index, IndexContent
 from tierfeed.format.labels import load_classes, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.parts import parse_part, part_directory, part_samples
+from tierfeed.format.parts import finished_part, parse_part, part_directory, part_samples
 from tierfeed.format.shards import IndexReport, ShardScan, scan_shard_set, write_shard_index
 from tierfeed.format.shardset import ShardSet, check_target, listed_shards
 
@@ -99,17 +99,13 @@ def _labels(
 
 def _finished(index_path: Path, record: dict[str, Any]) -> IndexReport | None:
     """The report of the part at ``index_path`` when it is finished and is this very part of
-    this very shard list (a requeued task); None otherwise."""
-    try:
-        with Index(index_path) as ix:
-            said = ix.header["extra"].get("part")
-            if not isinstance(said, dict) or {k: said[k] for k in record if k in said} != record:
-                return None
-            data = int(ix.member_length.sum())
-            counts = (ix.num_samples, ix.num_members, ix.num_chunks, data)
-            return IndexReport(index_path, *counts, [], ix.chunk_url or ix.chunk_root)
-    except (OSError, TierfeedError):
+    this very shard list (`finished_part`: a requeued task); None otherwise."""
+    ix = finished_part(index_path, record)
+    if ix is None:
         return None
+    with ix:
+        counts = (ix.num_samples, ix.num_members, ix.num_chunks, int(ix.member_length.sum()))
+        return IndexReport(index_path, *counts, [], ix.chunk_url or ix.chunk_root)
 
 
 def _whole(shards: Sequence[str | os.PathLike[str]] | ShardSet, dst: Path) -> ShardSet:

@@ -24,6 +24,7 @@ import numpy.typing as npt
 import xxhash
 
 from tierfeed.errors import ConfigError, PackError, TierfeedError
+from tierfeed.format.chunkroot import is_url
 from tierfeed.format.destination import check_destination
 from tierfeed.format.index import Index, IndexContent
 from tierfeed.format.pack import PackOptions, PackReport, _source_tree, _write_store
@@ -33,6 +34,7 @@ from tierfeed.format.storetarget import LocalDirectory, claimed
 
 __all__ = [
     "PARTS_DIR",
+    "finished_part",
     "pack_part",
     "parse_part",
     "part_directory",
@@ -108,7 +110,7 @@ def _share(tree: SourceTree, samples: range, index: int) -> SourceTree:
 
 def _local(dst: str | os.PathLike[str]) -> Path:
     text = os.fspath(dst)
-    if "://" in text:
+    if is_url(text):
         raise ConfigError(
             f"{text}: --part packs into a local directory (a shared file system all parts "
             "see); pack to a URL in one part"
@@ -163,28 +165,42 @@ def pack_part(
     return _report(directory, content, share, packer.chunk_size, packer.resumed, started)
 
 
+def finished_part(index: Path, record: dict[str, Any]) -> Index | None:
+    """The index at ``index`` (a part's directory or its index file), open, when it is there,
+    whole, and records ``record`` as its part (every key of it, the same value): this very part
+    of this very source, finished, which a launcher ran again (a requeued array task). None
+    otherwise (no index yet, another part's, or one not to trust). The caller closes it."""
+    try:
+        ix = Index(index)
+    except (OSError, TierfeedError):
+        return None
+    said = ix.header["extra"].get("part")
+    if isinstance(said, dict) and {k: said[k] for k in record if k in said} == record:
+        return ix
+    ix.close()
+    return None
+
+
 def _packed_already(directory: Path, record: dict[str, Any], started: float) -> PackReport | None:
     """The report of the part at ``directory`` if it is finished and is this very part of this
-    very source (its index records ``record``); None otherwise (then packing it is refused
-    unless asked to overwrite, as for any store)."""
-    try:
-        with Index(directory) as ix:
-            if ix.header["extra"].get("part") != record:
-                return None
-            return PackReport(
-                store=directory,
-                samples=ix.num_samples,
-                members=ix.num_members,
-                chunks=ix.num_chunks,
-                data_bytes=int(ix.member_length.sum()),
-                chunk_bytes=int(ix.chunk_size.sum()),
-                seconds=time.perf_counter() - started,
-                resumed_chunks=ix.num_chunks,
-                skipped=[],
-                classes=len(ix.classes),
-            )
-    except (OSError, TierfeedError):
-        return None  # no index yet (a part to pack, or to resume), or not one to trust
+    very source (`finished_part`); None otherwise (then packing it is refused unless asked to
+    overwrite, as for any store)."""
+    ix = finished_part(directory, record)
+    if ix is None:
+        return None
+    with ix:
+        return PackReport(
+            store=directory,
+            samples=ix.num_samples,
+            members=ix.num_members,
+            chunks=ix.num_chunks,
+            data_bytes=int(ix.member_length.sum()),
+            chunk_bytes=int(ix.chunk_size.sum()),
+            seconds=time.perf_counter() - started,
+            resumed_chunks=ix.num_chunks,
+            skipped=[],
+            classes=len(ix.classes),
+        )
 
 
 def _report(
