@@ -89,6 +89,7 @@ def test_shards_in_the_store_directory(tmp_path: Path) -> None:
     assert len(_samples(tmp_path / "parted")) == 10
 
 
+@pytest.mark.hostile
 def test_a_missing_part_is_named(tmp_path: Path, shards: list[Path]) -> None:
     dst = tmp_path / "dst"
     index_part(shards, dst, (0, 3), progress=False)
@@ -98,6 +99,7 @@ def test_a_missing_part_is_named(tmp_path: Path, shards: list[Path]) -> None:
     assert not (dst / INDEX_NAME).exists()
 
 
+@pytest.mark.hostile
 def test_a_part_of_another_shard_list_is_refused(tmp_path: Path, shards: list[Path]) -> None:
     dst = tmp_path / "dst"
     index_part(shards, dst, (0, 2), progress=False)
@@ -107,6 +109,7 @@ def test_a_part_of_another_shard_list_is_refused(tmp_path: Path, shards: list[Pa
     assert not (dst / INDEX_NAME).exists()
 
 
+@pytest.mark.hostile
 def test_a_shard_changed_after_its_part_is_refused(tmp_path: Path, shards: list[Path]) -> None:
     dst = tmp_path / "dst"
     _index_in_parts(shards, dst, 2)

@@ -43,7 +43,7 @@ def _tree(seed: int) -> dict[bytes, bytes]:
 
 def _reference(src: Path, options: PackOptions, left_out: set[bytes]) -> list[bytes]:
     """The chunks as the plainest path writes them: whole files, one member after another."""
-    tree = pack_module._source_tree(src, src.parent / "none", options, None)
+    tree = pack_module.source_tree(src, src.parent / "none", options, None)
     plan = plan_pack(tree, options.chunk_size)
     chunks = []
     for c in range(plan.num_chunks):

@@ -3,23 +3,36 @@ single pack makes, and what cannot be merged is refused in one line."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.format.conftest import write_tree
 from tests.hostile.test_cli_errors import assert_user_error, tierfeed
 from tierfeed import open_store, verify_store
 from tierfeed.config import part_from_env
 from tierfeed.errors import ConfigError, PackError
+from tierfeed.format import merge as merge_module
+from tierfeed.format import parts as parts_module
+from tierfeed.format import verify as verify_module
 from tierfeed.format.index import Index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.merge import merge_parts
 from tierfeed.format.pack import JOURNAL, PackOptions, pack
-from tierfeed.format.parts import pack_part, parse_part, part_directory, part_samples
+from tierfeed.format.parts import (
+    pack_part,
+    parse_part,
+    part_directory,
+    part_samples,
+    part_shares,
+)
 from tierfeed.format.tarchunk import ChunkWriter
 
 OPTIONS = PackOptions(chunk_size=8192, workers=2, progress=False)
@@ -110,6 +123,7 @@ def test_parse_part_and_the_environment() -> None:
         part_from_env({"RANK": "4", "WORLD_SIZE": "4"})
 
 
+@pytest.mark.hostile
 def test_a_missing_part_is_named(tmp_path: Path, src: Path) -> None:
     dst = tmp_path / "dst"
     pack_part(src, dst, (0, 3), OPTIONS)
@@ -121,6 +135,7 @@ def test_a_missing_part_is_named(tmp_path: Path, src: Path) -> None:
     assert not (dst / INDEX_NAME).exists()
 
 
+@pytest.mark.hostile
 def test_parts_of_another_count_are_refused(tmp_path: Path, src: Path) -> None:
     dst = tmp_path / "dst"
     _pack_in_parts(src, dst, 2)
@@ -130,6 +145,7 @@ def test_parts_of_another_count_are_refused(tmp_path: Path, src: Path) -> None:
     assert not (dst / INDEX_NAME).exists()
 
 
+@pytest.mark.hostile
 def test_a_part_of_a_changed_source_is_refused(tmp_path: Path, src: Path) -> None:
     dst = tmp_path / "dst"
     pack_part(src, dst, (0, 2), OPTIONS)
@@ -156,6 +172,7 @@ def test_a_finished_part_run_again_is_left_as_it_is(tmp_path: Path, src: Path) -
         pack_part(src, dst, (1, 2), OPTIONS)
 
 
+@pytest.mark.hostile
 def test_a_part_in_the_wrong_place_is_refused(tmp_path: Path, src: Path) -> None:
     dst = tmp_path / "dst"
     _pack_in_parts(src, dst, 2)
@@ -166,6 +183,7 @@ def test_a_part_in_the_wrong_place_is_refused(tmp_path: Path, src: Path) -> None
         merge_parts(dst, progress=False)
 
 
+@pytest.mark.hostile
 def test_a_damaged_chunk_is_refused(tmp_path: Path, src: Path) -> None:
     dst = tmp_path / "dst"
     _pack_in_parts(src, dst, 2)
@@ -177,6 +195,94 @@ def test_a_damaged_chunk_is_refused(tmp_path: Path, src: Path) -> None:
     with pytest.raises(PackError, match=r"000001\.tar"):
         merge_parts(dst, progress=False)
     assert not (dst / INDEX_NAME).exists()
+
+
+def _part_bytes(store: Path, count: int) -> list[int]:
+    """The bytes of the samples each part of ``store`` holds."""
+    out = []
+    for i in range(count):
+        with Index(part_directory(store, i, count)) as ix:
+            out.append(int(ix.member_length.sum()))
+    return out
+
+
+def test_parts_are_balanced_by_bytes(tmp_path: Path) -> None:
+    """A few big files and many tiny ones: each part holds about a third of the bytes (within
+    the largest sample), not a third of the samples, and the merged store is the single pack."""
+    files = {b"big/%d.bin" % i: bytes([i]) * (30_000 + 7_000 * i) for i in range(3)}
+    files |= {b"tiny/%03d.bin" % i: bytes([i % 251]) * (50 + i % 40) for i in range(300)}
+    write_tree(tmp_path / "src", files)
+    src, single, parted, count = tmp_path / "src", tmp_path / "single", tmp_path / "parted", 3
+    pack(src, single, OPTIONS)
+    _pack_in_parts(src, parted, count)
+    total, largest = sum(map(len, files.values())), max(map(len, files.values()))
+    held = _part_bytes(parted, count)
+    assert sum(held) == total
+    assert all(abs(count * b - total) <= count * largest for b in held), held
+    with Index(part_directory(parted, 0, count)) as ix:
+        assert ix.num_samples < 303 // count  # a count split puts the three big ones in part 0
+    merge_parts(parted, progress=False)
+    assert _samples(parted) == _samples(single)
+    assert verify_store(parted, progress=False) == []
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.one_of(st.integers(0, 10), st.integers(0, 2**40)), max_size=60),
+    st.integers(1, 12),
+)
+def test_part_shares_cover_and_balance(sizes: list[int], count: int) -> None:
+    shares = part_shares(sizes, count)
+    assert shares == part_shares(sizes, count)  # deterministic
+    assert len(shares) == count
+    assert shares[0].start == 0 and shares[-1].stop == len(sizes)
+    assert all(a.stop == b.start for a, b in itertools.pairwise(shares))
+    assert all(s.step == 1 and s.start <= s.stop for s in shares)  # contiguous, in order
+    if len(sizes) >= count:
+        assert all(shares)
+    total, largest = sum(sizes), max(sizes, default=0)
+    for share in shares:  # within the largest item of an even share
+        assert abs(count * sum(sizes[share.start : share.stop]) - total) <= count * largest
+
+
+@pytest.mark.hostile
+def test_overlapping_parts_are_refused(
+    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part 0 packed with another split (an older tierfeed's): its share overlaps part 1's."""
+    dst = tmp_path / "dst"
+    real = parts_module.part_shares
+
+    def longer(sizes: list[int], count: int) -> list[range]:
+        shares = real(sizes, count)
+        return [range(shares[0].start, shares[0].stop + 5), *shares[1:]]
+
+    monkeypatch.setattr(parts_module, "part_shares", longer)
+    pack_part(src, dst, (0, 2), OPTIONS)
+    monkeypatch.setattr(parts_module, "part_shares", real)
+    pack_part(src, dst, (1, 2), OPTIONS)
+    with pytest.raises(PackError, match=r"part-0001-of-0002: holds samples .* the parts overlap"):
+        merge_parts(dst, progress=False)
+    assert not (dst / INDEX_NAME).exists()
+
+
+def test_merge_opens_each_part_once(
+    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The part's index opened (in full) for the checks is the one its chunks are verified
+    and merged from."""
+    dst, opened = tmp_path / "dst", []
+    _pack_in_parts(src, dst, 2)
+
+    class Counted(Index):
+        def __init__(self, path: Path, *args: Any, **kw: Any) -> None:
+            opened.append(Path(path))
+            super().__init__(path, *args, **kw)
+
+    monkeypatch.setattr(merge_module, "Index", Counted)
+    monkeypatch.setattr(verify_module, "Index", Counted)
+    merge_parts(dst, progress=False)
+    assert sorted(opened) == [part_directory(dst, i, 2) for i in range(2)]
 
 
 def test_merging_again_writes_the_same_index(tmp_path: Path, src: Path) -> None:

@@ -29,9 +29,9 @@ from tierfeed.format.indexparts import KIND, check_shards, merged_index
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.packplan import OWNER_BITS
 from tierfeed.format.packstate import lock_destination, unlock_destination
-from tierfeed.format.parts import PART_NAME, PARTS_DIR, part_directory, part_name, part_samples
+from tierfeed.format.parts import PART_NAME, PARTS_DIR, part_directory, part_name
 from tierfeed.format.tarchunk import cannot_write
-from tierfeed.format.verify import verify_store
+from tierfeed.format.verify import verify_index
 
 __all__ = ["MergeReport", "merge_parts"]
 
@@ -87,12 +87,13 @@ def _again(dst: Path, index: int, count: int, known: dict[str, Any] | None) -> s
     return f"run `tierfeed pack {src} {dst} --part {index}/{count}`"
 
 
-def _open_part(dst: Path, index: int, count: int, known: dict[str, Any] | None) -> Index:
-    """Part ``index`` of ``count``, its index open and its record checked against its name."""
+def _open_part(dst: Path, index: int, count: int) -> Index:
+    """Part ``index`` of ``count``, its index open with a full check (`verify_index` checks the
+    rest) and its record checked against its name."""
     directory = part_directory(dst, index, count)
-    again = _again(dst, index, count, known)
     if not (directory / INDEX_NAME).exists():
         state = "is not finished (interrupted?)" if directory.exists() else "is missing"
+        again = _again(dst, index, count, _known_part(dst, count))
         raise PackError(f"{directory}: part {index} of {count} {state}: {again}")
     ix = Index(directory, recheck=True)
     record = ix.header["extra"].get("part")
@@ -101,6 +102,7 @@ def _open_part(dst: Path, index: int, count: int, known: dict[str, Any] | None) 
         count,
     ):
         ix.close()
+        again = _again(dst, index, count, _known_part(dst, count))
         raise PackError(
             f"{directory}: does not hold part {index} of {count} (its index says "
             f"{_said(record)}); remove it and {again}"
@@ -128,9 +130,11 @@ def _known_part(dst: Path, count: int) -> dict[str, Any] | None:
 
 
 def _check_shares(parts: list[Index], dst: Path) -> None:
-    """Every part of one source, holding exactly its share of the samples."""
+    """Every part of one source, the parts' shares of the samples (or shards) contiguous in
+    part order from the first to the last (none overlaps, none is left out), each holding
+    exactly its share."""
     first = parts[0].header["extra"]["part"]
-    count = len(parts)
+    count, at = len(parts), 0
     for ix in parts:
         record = ix.header["extra"]["part"]
         where = part_directory(dst, record["index"], count)
@@ -142,13 +146,25 @@ def _check_shares(parts: list[Index], dst: Path) -> None:
             )
         unit = "shards" if record.get("kind") == KIND else "samples"
         held = ix.num_chunks if unit == "shards" else ix.num_samples
-        share = part_samples(int(first["of"]), record["index"], count)
-        if record.get(unit) != [share.start, share.stop] or held != len(share):
+        share = record.get(unit)
+        end = int(first["of"]) if record["index"] == count - 1 else None
+        if not _follows(share, at, end) or held != share[1] - share[0]:
+            wanted = f"from {at}" if end is None else f"from {at} to {end}"
             raise PackError(
-                f"{where}: holds {unit} {record.get(unit)} and {held} of them, not its share "
-                f"[{share.start}, {share.stop}): the parts overlap or leave {unit} out; make "
+                f"{where}: holds {unit} {share} and {held} of them, not the share that follows "
+                f"the part before it ({wanted}): the parts overlap or leave {unit} out; make "
                 "this part again"
             )
+        at = share[1]
+
+
+def _follows(share: Any, at: int, end: int | None) -> bool:
+    """``share`` is [start, stop) from ``at`` (to ``end``, when given), holding one at least."""
+    if not (isinstance(share, list) and len(share) == 2):
+        return False
+    if not all(isinstance(v, int) for v in share):
+        return False
+    return bool(share[0] == at < share[1] and (end is None or share[1] == end))
 
 
 def _verify(parts: list[Index], progress: bool) -> None:
@@ -157,7 +173,7 @@ def _verify(parts: list[Index], progress: bool) -> None:
         check_shards(parts)  # the shards lie where they are: a stat each, not a second read
         return
     for ix in parts:
-        problems = verify_store(Index(ix.path, recheck=True), progress=progress)
+        problems = verify_index(ix, progress=progress)  # opened with a full check already
         if problems:
             more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
             raise PackError(
@@ -273,15 +289,14 @@ def merge_parts(
     """
     root, started = Path(dst), time.perf_counter()
     count = _part_count(root)
-    known = _known_part(root, count)
     parts: list[Index] = []
     try:
         for index in range(count):
-            parts.append(_open_part(root, index, count, known))
+            parts.append(_open_part(root, index, count))
         _check_shares(parts, root)
         _verify(parts, progress)
         content = _merged(parts)
-        if known is not None and known.get("kind") == KIND:
+        if parts[0].header["extra"]["part"].get("kind") == KIND:
             content = merged_index(content, parts, root)
         _write(root, content, _index_mode(parts), overwrite)
     finally:

@@ -22,7 +22,7 @@ import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,7 @@ from tierfeed.units import byte_count, count
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-__all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack"]
+__all__ = ["PackOptions", "PackReport", "chunk_file_name", "pack", "source_tree", "write_store"]
 
 
 def check_chunk_size(chunk_size: int | str) -> int:
@@ -305,11 +305,12 @@ def _run_with_bar(packer: _Packer, total: int) -> None:
             raise
 
 
-def _write_store(
-    dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree
-) -> tuple[_Packer, IndexContent]:
-    """Write the chunks in the claimed ``dst``, the index last; keep what an interrupted
-    earlier run finished. A failed write names its file and says what to do."""
+def write_store(
+    dst: Path, plan: PackPlan, options: PackOptions, tree: SourceTree, started: float
+) -> PackReport:
+    """Write the chunks of ``plan`` (the samples of ``tree``) in the claimed ``dst``, the index
+    last; keep what an interrupted earlier run finished. A failed write names its file and says
+    what to do. Returns what was written (``seconds`` since ``started``)."""
     try:
         packer = _Packer(dst, plan, options, tree)
         if options.progress:
@@ -328,10 +329,22 @@ def _write_store(
         raise
     except OSError as exc:
         raise cannot_write(Path(os.fsdecode(exc.filename or dst)), exc) from None
-    return packer, content
+    return PackReport(
+        store=dst,
+        samples=len(content.keys),
+        members=len(content.member_offset),
+        chunks=plan.num_chunks,
+        data_bytes=int(content.member_length.sum()),
+        chunk_bytes=int(packer.chunk_size.sum()),
+        seconds=time.perf_counter() - started,
+        resumed_chunks=packer.resumed,
+        skipped=tree.skipped,
+        classes=len(content.classes),
+        unlabelled=int(np.count_nonzero(content.labels < 0)) if content.classes else 0,
+    )
 
 
-def _source_tree(src: Path, dst: Path, options: PackOptions, files: Path | None) -> SourceTree:
+def source_tree(src: Path, dst: Path, options: PackOptions, files: Path | None) -> SourceTree:
     """The samples to pack: the files under ``src`` (``dst`` left out) or those ``files``
     lists, grouped into samples and labelled as ``options`` say, with what was skipped."""
     skipped: list[tuple[str, str]] | None = [] if options.skip_unreadable else None
@@ -378,21 +391,9 @@ def pack(
         # Everything is checked and the source listed before the first write.
         check_destination(src_path, root)
         target.check()
-        tree = _source_tree(src_path, root, options, None if files is None else Path(files))
+        tree = source_tree(src_path, root, options, None if files is None else Path(files))
         plan = plan_pack(tree, options.chunk_size)
         with claimed(target, resume=True):  # an interrupted pack's chunks are kept
-            packer, content = _write_store(root, plan, options, tree)
+            report = write_store(root, plan, options, tree, started)
     target.publish(root)
-    return PackReport(
-        store=target.store,
-        samples=len(content.keys),
-        members=len(content.member_offset),
-        chunks=plan.num_chunks,
-        data_bytes=int(content.member_length.sum()),
-        chunk_bytes=int(packer.chunk_size.sum()),
-        seconds=time.perf_counter() - started,
-        resumed_chunks=packer.resumed,
-        skipped=tree.skipped,
-        classes=len(content.classes),
-        unlabelled=int(np.count_nonzero(content.labels < 0)) if content.classes else 0,
-    )
+    return replace(report, store=target.store, seconds=time.perf_counter() - started)

@@ -2,8 +2,9 @@
 
 Every part lists the whole source (a directory walk: cheap next to reading the files), so that
 each computes the same samples, classes and labels a single pack does, and packs the
-contiguous run of samples ``part_samples`` gives it: joined in part order, the parts hold the
-single pack's samples in its order. Part I of N is a store of its own in
+contiguous run of samples ``part_shares`` gives it, about a 1/N of the source's bytes (the
+sizes the listing holds): joined in part order, the parts hold the single pack's samples in
+its order. Part I of N is a store of its own in
 ``DST/parts/part-000I-of-000N`` (its chunks, its journal and lock, its index written last),
 so parts run at once on any launcher without touching each other, and a part killed mid-way
 resumes as a pack does: run it again. Its index records which part of how many it is and a
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,8 @@ import xxhash
 from tierfeed.errors import ConfigError, PackError, TierfeedError
 from tierfeed.format.chunkroot import is_url
 from tierfeed.format.destination import check_destination
-from tierfeed.format.index import Index, IndexContent
-from tierfeed.format.pack import PackOptions, PackReport, _source_tree, _write_store
+from tierfeed.format.index import Index
+from tierfeed.format.pack import PackOptions, PackReport, source_tree, write_store
 from tierfeed.format.packplan import plan_pack
 from tierfeed.format.source import SourceTree
 from tierfeed.format.storetarget import LocalDirectory, claimed
@@ -40,6 +42,7 @@ __all__ = [
     "part_directory",
     "part_name",
     "part_samples",
+    "part_shares",
     "source_fingerprint",
 ]
 
@@ -76,6 +79,30 @@ def part_samples(num_samples: int, index: int, count: int) -> range:
     """The samples (store order) of part ``index`` of ``count``: contiguous, disjoint, in part
     order, together every sample; sizes differ by one at most."""
     return range(num_samples * index // count, num_samples * (index + 1) // count)
+
+
+def part_shares(sizes: Sequence[int] | npt.NDArray[np.integer[Any]], count: int) -> list[range]:
+    """The shares of ``count`` parts of items of ``sizes`` bytes (store order), balanced by
+    bytes: contiguous, disjoint, in part order, together every item, each part's bytes within
+    the largest item of an even 1/``count`` of the whole; none empty while there are at least
+    ``count`` items. The same for the same sizes on every machine (whole numbers only)."""
+    ends = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(sizes, dtype=np.int64), out=ends[1:])
+    n, total = len(sizes), int(ends[-1])
+    cuts = [0]
+    for i in range(1, count):
+        # the item boundary nearest to i/count of the bytes (the earlier one on a tie)
+        k = int(np.searchsorted(ends, -(-i * total // count)))
+        if k > 0 and i * total - count * int(ends[k - 1]) <= count * int(ends[k]) - i * total:
+            k -= 1
+        cuts.append(k)
+    cuts.append(n)
+    if n >= count:  # move cuts the least that leaves every part an item
+        for i in range(1, count):
+            cuts[i] = max(cuts[i], cuts[i - 1] + 1)
+        for i in range(count - 1, 0, -1):
+            cuts[i] = min(cuts[i], cuts[i + 1] - 1)
+    return [range(cuts[i], cuts[i + 1]) for i in range(count)]
 
 
 def source_fingerprint(tree: SourceTree, options: PackOptions) -> str:
@@ -145,8 +172,9 @@ def pack_part(
     directory = part_directory(root, index, count)
     target = LocalDirectory(directory, options.overwrite, "--overwrite")
     check_destination(src_path, root)
-    tree = _source_tree(src_path, root, options, None if files is None else Path(files))
-    samples = part_samples(len(tree.samples), index, count)
+    tree = source_tree(src_path, root, options, None if files is None else Path(files))
+    sizes = [sum(f.size for _, f in sample.files) for sample in tree.samples]
+    samples = part_shares(sizes, count)[index]
     if not samples:
         raise PackError(
             f"{src}: part {index} of {count} would hold no sample (the source has "
@@ -161,8 +189,7 @@ def pack_part(
     plan = plan_pack(share, options.chunk_size)
     plan.part = record
     with claimed(target, resume=True):  # an interrupted run of this part is kept
-        packer, content = _write_store(directory, plan, options, share)
-    return _report(directory, content, share, packer.chunk_size, packer.resumed, started)
+        return write_store(directory, plan, options, share, started)
 
 
 def finished_part(index: Path, record: dict[str, Any]) -> Index | None:
@@ -201,30 +228,6 @@ def _packed_already(directory: Path, record: dict[str, Any], started: float) -> 
             skipped=[],
             classes=len(ix.classes),
         )
-
-
-def _report(
-    directory: Path,
-    content: IndexContent,
-    share: SourceTree,
-    chunk_size: npt.NDArray[np.uint64],
-    resumed: int,
-    started: float,
-) -> PackReport:
-    """What packing the part into ``directory`` did."""
-    return PackReport(
-        store=directory,
-        samples=len(content.keys),
-        members=len(content.member_offset),
-        chunks=len(content.chunk_names),
-        data_bytes=int(content.member_length.sum()),
-        chunk_bytes=int(chunk_size.sum()),
-        seconds=time.perf_counter() - started,
-        resumed_chunks=resumed,
-        skipped=share.skipped,
-        classes=len(content.classes),
-        unlabelled=int(np.count_nonzero(content.labels < 0)) if content.classes else 0,
-    )
 
 
 def _record(

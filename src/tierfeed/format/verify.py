@@ -20,7 +20,7 @@ from tierfeed.format.names import normalize_member_name
 from tierfeed.format.relpath import safe_chunk_path
 from tierfeed.format.tarchunk import scan_tar
 
-__all__ = ["StoreSummary", "summarize", "verify_store"]
+__all__ = ["StoreSummary", "summarize", "verify_index", "verify_store"]
 
 
 def _check_structure(ix: Index) -> list[str]:
@@ -191,18 +191,22 @@ def verify_store(
     except TierfeedError as exc:
         return [str(exc)]
     with ix:
-        if fetch is None and ix.chunk_url is not None:  # no file of its own to check
-            return [
-                f"{ix.path}: its chunks lie under {ix.chunk_url}; check them there with "
-                "`tierfeed verify` (or `tierfeed.loader.commands.verify_location`)"
-            ]
-        problems = _check_structure(ix)
-        total = int(ix.chunk_size.sum())
-        with tqdm(
-            total=total, unit="B", unit_scale=True, desc="verify", disable=not progress
-        ) as bar:
-            for chunk in range(ix.num_chunks):
-                problems.extend(_check_one(ix, chunk, bar, fetch))
+        return verify_index(ix, progress, fetch)
+
+
+def verify_index(ix: Index, progress: bool = True, fetch: ChunkFetch | None = None) -> list[str]:
+    """`verify_store` of an index the caller opened with a full check (``recheck=True``) and
+    keeps using: the problems found (empty: good); ``ix`` is left open."""
+    if fetch is None and ix.chunk_url is not None:  # no file of its own to check
+        return [
+            f"{ix.path}: its chunks lie under {ix.chunk_url}; check them there with "
+            "`tierfeed verify` (or `tierfeed.loader.commands.verify_location`)"
+        ]
+    problems = _check_structure(ix)
+    total = int(ix.chunk_size.sum())
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+        for chunk in range(ix.num_chunks):
+            problems.extend(_check_one(ix, chunk, bar, fetch))
     return problems
 
 
