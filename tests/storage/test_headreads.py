@@ -172,10 +172,10 @@ def test_pieces_wait_for_the_head_reads_in_flight_within_a_bound(store_dir: Path
         fetch.heads_begin(1)
         started = time.monotonic()
         threading.Timer(0.1, fetch.heads_end).start()
-        fetch._after_heads()  # a piece's request waits here
+        fetch.requests.after_heads()  # a piece's request waits here
         assert 0.08 <= time.monotonic() - started < 0.25
         fetch.heads_begin(1)  # never ends: the bound (0.3 s) lets pieces go
         started = time.monotonic()
-        fetch._after_heads()
+        fetch.requests.after_heads()
         assert 0.25 <= time.monotonic() - started < 1.0
         fetch.heads_end()

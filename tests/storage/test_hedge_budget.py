@@ -15,13 +15,13 @@ HEDGE = 10**6
 
 def _fetch(tmp_path: Path, begun: int = BEGUN) -> OriginFetch:
     fetch = OriginFetch(PosixDriver(tmp_path, read_only=True), True, 2, None)
-    fetch._begun_bytes = begun  # copies begun so far
+    fetch.requests.begun(begun)  # copies begun so far
     return fetch
 
 
 def _granted(fetch: OriginFetch, most: int = 10_000) -> int:
     n = 0
-    while n < most and fetch._may_hedge(HEDGE):
+    while n < most and fetch.requests.may_hedge(HEDGE):
         n += 1
     return n
 
@@ -57,12 +57,12 @@ def test_a_process_that_copies_one_chunk_may_hedge_its_first_stall(tmp_path: Pat
     fetch = _fetch(tmp_path, begun=chunk)
     try:
         assert originfetch._HEDGE_FLOOR * chunk < piece < originfetch._HEDGE_SHARE * chunk
-        assert fetch._may_hedge(piece)  # the first one
-        assert not fetch._may_hedge(piece)  # no more until it wins
+        assert fetch.requests.may_hedge(piece)  # the first one
+        assert not fetch.requests.may_hedge(piece)  # no more until it wins
         fetch.counters.add(hedge_wins=1)
-        assert fetch._may_hedge(piece)  # it won: one more, within the share
+        assert fetch.requests.may_hedge(piece)  # it won: one more, within the share
         fetch.counters.add(hedge_wins=1)
-        assert not fetch._may_hedge(piece)  # the share (2%, 1.3 MB) holds, wins or not
+        assert not fetch.requests.may_hedge(piece)  # the share (2%, 1.3 MB) holds, wins or not
     finally:
         fetch.close()
 
@@ -70,6 +70,6 @@ def test_a_process_that_copies_one_chunk_may_hedge_its_first_stall(tmp_path: Pat
 def test_no_first_hedge_past_the_share(tmp_path: Path) -> None:
     fetch = _fetch(tmp_path, begun=HEDGE * 10)  # a hedge of HEDGE is 10% of what was begun
     try:
-        assert not fetch._may_hedge(HEDGE)
+        assert not fetch.requests.may_hedge(HEDGE)
     finally:
         fetch.close()

@@ -598,10 +598,10 @@ def test_a_copy_landing_for_a_sibling_takes_room_in_the_shared_tier(
             options=TierOptions(piece_bytes=PIECE),
         ) as second,
     ):
-        assert second.filler._needed(1)  # nothing held, nothing landing: room for it
+        assert second.filler.copies.needed(1)  # nothing held, nothing landing: room for it
         assert first.schedule(0)
         until(lambda: first.filler.landing.find(first.chunks[0]) is not None)
-        assert not second.filler._needed(1)
+        assert not second.filler.copies.needed(1)
         second.holdings.ask_again()
         second.set_future([0, 1] * 25)  # its prefetch copies nothing while chunk 0 lands
         second.drain()
@@ -610,7 +610,7 @@ def test_a_copy_landing_for_a_sibling_takes_room_in_the_shared_tier(
         assert 0 in first.tiers[0].held
         time.sleep(0.15)  # past the sibling's view of the directory
         second.holdings.ask_again()
-        assert not second.filler._needed(1)  # placed now: held, still no room
+        assert not second.filler.copies.needed(1)  # placed now: held, still no room
 
 
 def test_the_future_told_starts_the_first_chunks_a_host_can_copy_at_once(

@@ -3,10 +3,11 @@ the requests in flight; hedges keep to their budget; nothing lands after the cop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,13 +20,14 @@ from tierfeed.daemonpool import DaemonPool
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.format.index import Index
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
-from tierfeed.storage.copier import Gate
-from tierfeed.storage.disktier import cache_key
+from tierfeed.storage.disktier import TierCounters, cache_key
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.files import FdCache
-from tierfeed.storage.landing import FetchCounters, MemoryLanding
-from tierfeed.storage.piecefetch import PieceFetch, piece_order, piece_ranks
+from tierfeed.storage.landing import Arrival, FetchCounters, MemoryLanding
+from tierfeed.storage.originfetch import PieceRequests
+from tierfeed.storage.piecefetch import Piece, PieceFetch, piece_order, piece_ranks
 from tierfeed.storage.tiers import TierOptions, disk_tier
+from tierfeed.storage.tuning import FetchTuner
 
 pytestmark = pytest.mark.timeout(60)
 PIECE = 8 * 1024
@@ -65,7 +67,7 @@ def test_a_stalled_piece_is_hedged_and_the_copy_does_not_wait_for_it(
     try:
         for _ in range(8):  # the tuner learns what a piece takes: a stall is then late
             stack.fetch.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
-        stack.fetch._begun_bytes = 10**9  # a budget for the hedge (earlier copies)
+        stack.fetch.requests.begun(10**9)  # a budget for the hedge (earlier copies)
         assert stack.schedule(0)
         assert origin.stalled.wait(10)
         deadline = time.monotonic() + 10
@@ -82,7 +84,7 @@ def test_a_stalled_piece_is_hedged_and_the_copy_does_not_wait_for_it(
         stack.drain()
         time.sleep(0.05)
         assert cached.read_bytes() == want
-        assert stack.fetch.gate._aside == 0  # the late request, set aside, has left
+        assert stack.fetch.requests._aside == 0  # the late request, set aside, has left
     finally:
         origin.release.set()
         stack.close()
@@ -106,7 +108,7 @@ def test_a_stalled_request_does_not_hold_a_place_among_those_in_flight(
         stack.fetch.tuner.limits = type(stack.fetch.tuner.limits)(min_inflight=1, max_inflight=1)
         for _ in range(8):
             stack.fetch.tuner.observe(PIECE, 0.001, time.monotonic(), piece=True)
-        stack.fetch._begun_bytes = 10**9
+        stack.fetch.requests.begun(10**9)
         stack.schedule(0)
         deadline = time.monotonic() + 10
         while 0 not in stack.tiers[0].held:
@@ -118,25 +120,60 @@ def test_a_stalled_request_does_not_hold_a_place_among_those_in_flight(
         stack.close()
 
 
+class Reads:
+    """A `PieceReader` over ``read(index, hedge)``: no limit on the requests in flight."""
+
+    def __init__(
+        self,
+        read: Callable[[int, bool], bytes],
+        may_hedge: Callable[[int], bool] = lambda n: False,
+        late_after: float | None = None,
+    ) -> None:
+        self._read, self._may_hedge, self._late_after = read, may_hedge, late_after
+
+    def slot(self, hedge: bool) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def read(self, info: ChunkInfo, offset: int, length: int, hedge: bool) -> list[bytes]:
+        return [self._read(offset // PIECE, hedge)]
+
+    def late_after(self) -> float | None:
+        return self._late_after
+
+    def may_hedge(self, nbytes: int) -> bool:
+        return self._may_hedge(nbytes)
+
+    def set_aside(self, n: int) -> None:
+        pass
+
+
 def _fetch_of(
     info: ChunkInfo,
-    read: Callable[[int, Callable[[], None], bool], bytes],
+    read: Callable[[int, bool], bytes],
     may_hedge: Callable[[int], bool],
     late_after: float = 0.02,
 ) -> tuple[PieceFetch, FetchCounters, DaemonPool, ThreadPoolExecutor]:
     counters = FetchCounters()
     pool, hedges = DaemonPool(4, "test-fetch"), ThreadPoolExecutor(2)
     arrival = MemoryLanding().begin(info, PIECE)
-    fetch = PieceFetch(arrival, read, pool, hedges, lambda: late_after, may_hedge, counters)
+    fetch = PieceFetch(arrival, Reads(read, may_hedge, late_after), pool, hedges, counters)
     return fetch, counters, pool, hedges
+
+
+def whole_pieces(arrival: Arrival, order: Iterable[int]) -> list[Piece]:
+    """The pieces ``order`` of ``arrival``'s chunk, each read by one request."""
+    return [Piece(i, (arrival.span(i),)) for i in order]
+
+
+def _all(fetch: PieceFetch) -> list[Piece]:
+    return whole_pieces(fetch.arrival, range(fetch.arrival.pieces))
 
 
 def test_hedges_keep_to_their_budget(store_dir: Path) -> None:
     info = Index(store_dir).chunk(0)
     whole = (store_dir / info.name).read_bytes()
 
-    def read(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
-        begun()
+    def read(index: int, hedge: bool) -> bytes:
         if index in (1, 2) and not hedge:
             time.sleep(0.3)  # both stall; the budget allows one second request
         return whole[index * PIECE : (index + 1) * PIECE]
@@ -149,7 +186,7 @@ def test_hedges_keep_to_their_budget(store_dir: Path) -> None:
 
     fetch, counters, pool, hedges = _fetch_of(info, read, may_hedge)
     try:
-        fetch.run(range(fetch.arrival.pieces), 4)
+        fetch.run(_all(fetch), 4)
     finally:
         pool.shutdown()
         hedges.shutdown()
@@ -161,19 +198,17 @@ def test_a_piece_fails_only_when_every_request_for_it_failed(store_dir: Path) ->
     info = Index(store_dir).chunk(0)
     whole = (store_dir / info.name).read_bytes()
 
-    def read(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
-        begun()
+    def read(index: int, hedge: bool) -> bytes:
         if index == 1 and not hedge:
             time.sleep(0.2)
             raise OSError("the stalled request failed in the end")
         return whole[index * PIECE : (index + 1) * PIECE]
 
     fetch, _, pool, hedges = _fetch_of(info, read, lambda n: True)
-    fetch.run(range(fetch.arrival.pieces), 4)  # the hedge landed piece 1: no error
+    fetch.run(_all(fetch), 4)  # the hedge landed piece 1: no error
     assert fetch.arrival.whole() == whole
 
-    def never(index: int, begun: Callable[[], None], hedge: bool) -> bytes:
-        begun()
+    def never(index: int, hedge: bool) -> bytes:
         if index == 1:
             time.sleep(0.05 if hedge else 0.1)
             raise OSError(f"piece 1 {'hedge' if hedge else 'first'} failed")
@@ -181,28 +216,32 @@ def test_a_piece_fails_only_when_every_request_for_it_failed(store_dir: Path) ->
 
     fetch, _, pool2, hedges2 = _fetch_of(info, never, lambda n: True)
     with pytest.raises(OSError, match="piece 1 first failed"):
-        fetch.run(range(fetch.arrival.pieces), 4)
+        fetch.run(_all(fetch), 4)
     for p in (pool, hedges, pool2, hedges2):
         p.shutdown()
 
 
-def test_the_gate_does_not_count_threads_set_aside() -> None:
-    gate = Gate()
+def test_the_places_do_not_count_requests_set_aside(tmp_path: Path) -> None:
+    origin = PosixDriver(tmp_path, read_only=True)
+    tuner = FetchTuner.starting(0, 1, PIECE)  # one request in flight
+    assert tuner.inflight == 1
+    events = threading.Event()
+    requests = PieceRequests(origin, origin, tuner, FetchCounters(), TierCounters(), events)
     entered = threading.Event()
 
     def second() -> None:
-        with gate.held(1):
+        with requests.slot(False):
             entered.set()
 
-    with gate.held(1):
+    with requests.slot(False):
         t = threading.Thread(target=second)
         t.start()
         assert not entered.wait(0.1)  # one place, taken
-        gate.set_aside(1)  # the one inside stalls: its place is free
+        requests.set_aside(1)  # the one inside stalls: its place is free
         assert entered.wait(5)
         t.join()
-    gate.set_aside(-1)
-    assert gate._inside == gate._aside == 0
+    requests.set_aside(-1)
+    assert requests._inside == requests._aside == 0
 
 
 def test_open_ahead_queues_behind_an_open_in_progress(tmp_path: Path) -> None:
@@ -388,15 +427,13 @@ def test_ranked_pieces_of_two_copies_are_fetched_by_need() -> None:
     for name in data:
         arrival = MemoryLanding().begin(infos[name], PIECE)
 
-        def read(index: int, begun: Callable[[], None], hedge: bool, name: str = name) -> bytes:
-            begun()
+        def read(index: int, hedge: bool, name: str = name) -> bytes:
             fetched.append((name, index))
             return data[name][index * PIECE : (index + 1) * PIECE]
 
-        fetch = PieceFetch(arrival, read, pool, ThreadPoolExecutor(1), lambda: None,
-                           lambda n: False, FetchCounters())  # fmt: skip
+        fetch = PieceFetch(arrival, Reads(read), pool, ThreadPoolExecutor(1), FetchCounters())
         ranks = piece_ranks(positions[name], offsets, PIECE, 8)
-        order = piece_order(ranks)
+        order = whole_pieces(arrival, piece_order(ranks))
         fetches.append(threading.Thread(target=fetch.run, args=(order, 8, ranks.tolist())))
     for thread in fetches:
         thread.start()

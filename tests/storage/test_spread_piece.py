@@ -71,10 +71,10 @@ def test_a_stack_told_a_shuffle_copies_in_small_pieces(store_dir: Path, tmp_path
         floor = stack.fetch.tuner.limits.min_piece
         info = index.chunk(0)
         stack.set_reads(chunk, starts, starts + 900)  # the reads in the order they come
-        assert stack.filler._piece(info) == 16 * MIB  # in sequence
+        assert stack.filler.copies.piece(info) == 16 * MIB  # in sequence
         order = np.random.default_rng(2).permutation(n)
         stack.set_reads(chunk[order], starts[order], starts[order] + 900)
-        assert floor <= stack.filler._piece(info) < 16 * MIB  # spread: a few samples' bytes
+        assert floor <= stack.filler.copies.piece(info) < 16 * MIB  # spread: a few samples' bytes
     finally:
         stack.close()
 

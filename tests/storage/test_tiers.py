@@ -258,7 +258,7 @@ def test_processes_sharing_a_disk_tier_copy_a_chunk_from_the_origin_once(
             assert mine.origin.counters.snapshot()["reads"] == 0  # it did not copy it too
             assert 0 not in ram.held
             with stack(store_dir, [disk_tier(cache, 10**9)]) as sibling:
-                sibling.filler._placer.place_all(
+                sibling.filler.copies.place_all(
                     info, Landed((store_dir / info.name).read_bytes()), 0.0
                 )
         # The sibling's copy has landed: the next miss takes it from the shared directory.
@@ -279,7 +279,7 @@ def test_a_copy_placed_by_a_sibling_meanwhile_is_not_read_again(
         assert 0 not in disk.held  # what this process saw when it queued the copy
         sibling.schedule(0)
         sibling.drain()
-        mine.filler._copy(0)  # the queued copy runs after the sibling's landed
+        mine.filler.copies.copy(0)  # the queued copy runs after the sibling's landed
         assert disk.driver.counters.snapshot()["reads"] == 0  # not read whole to place it
         assert mine.origin.counters.snapshot()["reads"] == 0
         assert 0 in disk.held and disk.counters.copies == 0

@@ -1,9 +1,11 @@
 """Background copies: a bounded queue of chunks, the set in flight, and the threads that copy.
 
-`TierStack` owns one `Copier` and hands it a function that copies one chunk; the copier only
-decides when that runs and on which thread. A chunk is queued once while in flight; a full
-queue refuses (the caller has served its read already and a later miss asks again). A copy
-that raises is reported to ``failed`` and its thread goes on with the next one.
+A copy is a plain job, a chunk id: the `Filler` queues it here, and a copy thread runs it with
+the function the copier was given (`tierfeed.storage.placing.Copies.copy`), which calls back
+into neither. The copier only decides when a copy runs and on which thread. A chunk is queued
+once while in flight; a full queue refuses (the caller has served its read already and a
+later miss asks again). A copy that raises is reported to ``failed`` and its thread goes on
+with the next one.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from tierfeed.errors import StorageError
 
-__all__ = ["Copier", "Gate"]
+__all__ = ["Copier"]
 
 _log = logging.getLogger("tierfeed.tiers")
 
@@ -219,34 +221,3 @@ class Copier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class Gate:
-    """Lets at most ``limit`` threads through at once, the limit given at each entry (it may
-    change while threads are inside: the fetch tuner moves it). Threads inside that are set
-    aside (stalled, and replaced by a hedge) do not count: a stall does not take a place."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._inside = 0
-        self._aside = 0
-
-    @contextlib.contextmanager
-    def held(self, limit: int) -> Iterator[None]:
-        """Enter once fewer than ``limit`` threads are inside; leave at the end of the block."""
-        with self._cond:
-            while self._inside - self._aside >= max(1, limit):
-                self._cond.wait(0.05)  # bounded: a limit raised meanwhile is seen
-            self._inside += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._inside -= 1
-                self._cond.notify()
-
-    def set_aside(self, n: int) -> None:
-        """``n`` more threads inside are stalled (negative: that many of them have left)."""
-        with self._cond:
-            self._aside += n
-            self._cond.notify_all()

@@ -1,9 +1,8 @@
 """How chunks get into a stack's tiers, and the reads served by copies in flight.
 
-A `Filler` owns the copy threads (`Copier`), the copies' requests to the origin
-(`OriginFetch`), where copies land (`Landing`: a disk tier's directory, shared by the host's
-processes, else memory), their placement under each tier's policy, and the look-ahead. Its
-contract to the tier stack (`tierfeed.storage.tiers`), which serves reads:
+A `Filler` owns the copy threads (`Copier`), what a copy does (`Copies`: its requests to the
+origin through `OriginFetch`, where it lands, its placement under each tier's policy), and
+the look-ahead. Its contract to the tier stack (`tierfeed.storage.tiers`), which serves reads:
 
 - `schedule(chunk)`: copy ``chunk`` into the tiers that lack it and would take it;
 - `read_landing(info, offset, length)`: the range from the chunk's copy in flight, once it
@@ -20,31 +19,23 @@ on with the next one.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 
 import numpy.typing as npt
 
-from tierfeed.errors import ChunkCorruptError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.storage.copier import Copier
-from tierfeed.storage.disktier import TierFiles, cache_key
 from tierfeed.storage.foresight import Foresight
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.landing import Arrival, Landing
 from tierfeed.storage.originfetch import OriginFetch
-from tierfeed.storage.piecefetch import spread_piece
-from tierfeed.storage.placing import Landed, Placer
+from tierfeed.storage.placing import Copies
 from tierfeed.storage.tieroptions import TierOptions
 
 __all__ = ["Filler"]
 
 _WAIT_MAX_S = 5.0  # a read waits for its piece of a copy in flight at most this long
-# A process that claims a copy writes its arrival's map at once: a claim found taken more than
-# this long ago is over (its copy placed, refused or failed), not about to begin.
-_CLAIM_TO_MAP_S = 0.2
-_VIEW_S = 0.1  # a placement decision looks at a shared tier again after this long
 
 
 class Filler:
@@ -62,18 +53,17 @@ class Filler:
     ) -> None:
         self._h, self._fetch, self.landing, self._options = holdings, fetch, landing, options
         self.foresight = Foresight(holdings)
-        self._placer = Placer(holdings)
-        self._demanded: dict[int, int] = {}  # chunk -> offset a read waits for in its copy
-        self._elsewhere: dict[int, float] = {}  # chunk -> when its claim was found taken
-        self._landing_seen: set[int] = set()  # what `_landing_here` found landing last time
         self._looks_ahead = holdings.clairvoyant  # other stacks do not count reads for it
-        copies = bool(holdings.tiers)
+        # A copy is a plain job, a chunk id, that the copier runs with `Copies.copy`: nothing
+        # on a copy thread calls back into this filler.
+        self.copies = Copies(holdings, fetch, landing, self.foresight)
+        tiers = bool(holdings.tiers)
         self.copier = Copier(
-            self._copy,
-            options.threads if copies else 0,  # named tierfeed-copy-<i>
+            self.copies.copy,
+            options.threads if tiers else 0,  # named tierfeed-copy-<i>
             options.queue,
-            failed=self._copy_failed,
-            urgent_threads=options.urgent_copies if copies else 0,
+            failed=self.copies.failed,
+            urgent_threads=options.urgent_copies if tiers else 0,
         )
 
     # --- the reads made and to come ------------------------------------------------------
@@ -87,8 +77,8 @@ class Filler:
     def _queue(self, chunk: int, urgent: bool = False) -> bool:
         """Queue the copy of ``chunk`` if a tier wants it (an urgent one moved ahead if it is
         queued already). A copy that lands between the question and the queueing is queued
-        again and ends at once: `_copy` asks again before it copies."""
-        if not self.copier.pending(chunk) and not self._needed(chunk):
+        again and ends at once: `Copies.copy` asks again before it copies."""
+        if not self.copier.pending(chunk) and not self.copies.needed(chunk):
             return False
         return self.copier.schedule(chunk, urgent)
 
@@ -128,7 +118,7 @@ class Filler:
         take; returns how many."""
         if not self._looks_ahead:
             return 0
-        chosen = self.foresight.chosen(self._landing_here(), horizon)
+        chosen = self.foresight.chosen(self.copies.landing_here(), horizon)
         return sum(self.schedule(chunk) for chunk in chosen)
 
     # --- reads served by copies in flight ----------------------------------------------
@@ -220,145 +210,19 @@ class Filler:
         arrival = self.landing.find(info)
         if arrival is not None or not self._fetch.origin.holds_whole(info.name):
             return arrival
-        self._demanded.setdefault(info.id, offset)
+        self.copies.demand(info.id, offset)
         self._queue(info.id, urgent=True)
         pause = 0.001
         while time.perf_counter() < deadline:
-            if not self.copier.pending(info.id) and not self._awaited_elsewhere(info):
+            if not self.copier.pending(info.id) and not self.copies.awaited_elsewhere(info):
                 return None
             time.sleep(pause)
             pause = min(2 * pause, 0.01)
             arrival = self.landing.find(info)
             if arrival is not None:
                 return arrival
-        self._elsewhere.pop(info.id, None)  # the next read asks for a copy (and a claim) anew
+        self.copies.forget_elsewhere(info.id)  # the next read asks for a copy anew
         return None
-
-    def _awaited_elsewhere(self, info: ChunkInfo) -> bool:
-        """Whether another process claimed the chunk's copy just now (its arrival is about to
-        appear) and the chunk has not landed."""
-        found = self._elsewhere.get(info.id)
-        if found is None:
-            return False
-        if time.monotonic() - found > _CLAIM_TO_MAP_S or self._h.appeared(info):
-            self._elsewhere.pop(info.id, None)
-            return False
-        return True
-
-    # --- whether a copy is wanted ---------------------------------------------------------
-
-    def _needed(self, chunk: int, fresh: bool = False) -> bool:
-        """Whether a tier lacks ``chunk`` and its policy would take it (the copier asks once it
-        marked the chunk in flight, so a copy landing meanwhile is seen and not repeated). A
-        refusal is remembered until room is made or the future changes."""
-        if self._h.settled(chunk):
-            return False
-        return self._h.wanted(chunk, self._landing_here(fresh))  # a listing: outside the lock
-
-    def _landing_here(self, fresh: bool = False) -> set[int]:
-        """This store's chunks whose copies land on this host now (any process's): the room
-        they will take. A shared tier's view is looked at again when a copy seen landing
-        before has ended (placed, most likely), the view is older than `_VIEW_S`, or ``fresh``
-        (the last look before a copy begins)."""
-        chunks = self._h.chunks
-        landing = {
-            c
-            for c, checksum in self.landing.in_flight()
-            if 0 <= c < len(chunks) and chunks[c].checksum == checksum
-        }
-        with self._h.mutex:
-            ended = bool(self._landing_seen - landing)
-            self._landing_seen = landing
-        for tier in self._h.tiers:
-            if tier.shared and (fresh or ended or time.monotonic() - tier.scanned > _VIEW_S):
-                with contextlib.suppress(StorageError):
-                    self._h.scan(tier)
-        return landing
-
-    # --- copies ---------------------------------------------------------------------------
-
-    def _copy(self, chunk: int) -> None:
-        """Copy ``chunk`` into the tiers that want it: from a tier that holds it, else from
-        the origin, by the one process of the host that claims it."""
-        h = self._h
-        info = h.chunks[chunk]
-        h.appeared(info)  # a tier another process filled meanwhile: seen before deciding
-        if not self._needed(chunk):
-            return  # filled meanwhile (by this process's copies or another's)
-        started = time.perf_counter()
-        data = h.whole(info)  # held by a lower tier, or landed from a sibling process
-        if data is not None:
-            self._placer.place_all(info, Landed(data), started)
-            return
-        claims = (h.shared or h.tiers[0]).files
-        with claims.claim(cache_key(info)) as mine:
-            if not mine:
-                self._elsewhere[chunk] = time.monotonic()  # another process copies it now
-                return
-            self._elsewhere.pop(chunk, None)
-            data = h.whole(info)  # a sibling DataLoader worker may have copied it already
-            if data is not None:
-                self._placer.place_all(info, Landed(data), started)
-                return
-            arrival = self._begin(info, claims)
-            if arrival is not None:
-                self._land(arrival, started)
-
-    def _begin(self, info: ChunkInfo, claims: TierFiles) -> Arrival | None:
-        """The chunk's arrival, decided again and begun under the tier's placement lock: a
-        sibling deciding at the same moment sees this copy landing (its room taken)."""
-        try:
-            with claims.placing():  # bounded: past it, a TimeoutError (an OSError)
-                if self._h.shared is not None and not self._needed(info.id, fresh=True):
-                    return None
-                return self.landing.begin(info, self._piece(info))
-        except OSError as exc:
-            self._landing_failed(info, exc)
-            return None
-
-    def _piece(self, info: ChunkInfo) -> int:
-        """The piece size of the chunk's copy: the tuner's, or less where the plan's reads of
-        the chunk are spread (`spread_piece`)."""
-        tuner = self._fetch.tuner
-        return spread_piece(tuner.piece, tuner.limits.min_piece, *self.foresight.reads_of(info.id))
-
-    def _land(self, arrival: Arrival, started: float) -> None:
-        """Fetch the arrival's pieces from the origin, check the chunk, place it."""
-        info = arrival.info
-        demanded = self._demanded.pop(info.id, None)
-        first = None if demanded is None else demanded // arrival.piece
-        try:
-            self._fetch.fetch(arrival, self.foresight.reads_of(info.id), first)
-            self._fetch.origin_counters.add(copies=1)
-            self._placer.place_all(info, Landed(arrival=arrival), started)
-        except ChunkCorruptError as exc:
-            self._h.mark_corrupt(info.id, f"chunk {info.name} at the origin is bad: {exc}")
-        except OSError as exc:
-            if isinstance(exc, StorageError):
-                raise  # the origin's: a failed copy
-            self._landing_failed(info, exc)
-        finally:
-            self.landing.end(arrival)  # after placing: readers go from one to the other
-
-    def _copy_failed(self, chunk: int, exc: Exception) -> None:
-        """A copy raised: the read path still serves from the origin; count it, log it once
-        (not one stopped by the close of its stack)."""
-        if self._fetch.stopped:
-            return
-        self._fetch.origin_counters.add(copy_failures=1)
-        name = self._h.chunks[chunk].name
-        self._h.warn("copy", f"copy of chunk {name} from the origin failed: {exc!r}")
-
-    def _landing_failed(self, info: ChunkInfo, exc: OSError) -> None:
-        """The chunk could not land where copies land (the disk tier's directory: full, gone,
-        or held by another process past the lock's bound): counted as that tier's failure to
-        keep it; reads go on from the origin (after a held lock, without waiting again)."""
-        tier = self._h.shared
-        if tier is None:  # landing in memory: not a disk's failure
-            raise exc
-        if isinstance(exc, TimeoutError):  # another process holds the tier: don't wait again
-            self._h.shun(info.id)
-        self._placer.failed(tier, info, exc)
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait until queued copies are done, at most ``timeout`` seconds.

@@ -1,19 +1,20 @@
 """Requests to a tier stack's origin: single reads, and the pieces of whole-chunk copies.
 
 Every request is timed for the `FetchTuner`, which learns the origin's latency and bandwidth
-and chooses the piece size and the requests in flight. A copy's pieces run on the fetch
-threads within that budget (`Gate`), in the order the epoch's reads need them; a piece that
-runs late is hedged (`tierfeed.hedging`) through a way to the origin of its own,
-within a budget of bytes.
+and chooses the piece size and the requests in flight. `OriginFetch.fetch` makes a copy's
+pieces plain jobs (`Piece`) and hands them to a `PieceFetch`, which runs them on the fetch
+threads, in the order the epoch's reads need them, with the stack's `PieceRequests`: a place
+among the requests in flight, the request itself, and a budget of bytes for the
+second requests of late pieces (hedges, `tierfeed.hedging`, through a way to the origin of
+their own). Data flows one way: `OriginFetch` -> `PieceFetch` -> `PieceRequests` -> driver.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,15 +23,14 @@ import numpy.typing as npt
 from tierfeed.daemonpool import DaemonPool
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.hedging import Hedges
-from tierfeed.storage.copier import Gate
 from tierfeed.storage.disktier import TierCounters
 from tierfeed.storage.driver import Driver
 from tierfeed.storage.fetch import damaged_chunk, short_chunk
 from tierfeed.storage.landing import Arrival, FetchCounters
-from tierfeed.storage.piecefetch import PieceFetch, piece_order, piece_ranks
+from tierfeed.storage.piecefetch import Piece, PieceFetch, piece_order, piece_ranks
 from tierfeed.storage.tuning import FetchTuner
 
-__all__ = ["OriginFetch"]
+__all__ = ["OriginFetch", "PieceRequests"]
 
 _SPLITS = 4  # pieces read as two halves for the fetch tuner's first fit, at most
 # Second requests for late pieces read at most _HEDGE_SHARE of the copies' bytes begun, and
@@ -73,7 +73,6 @@ class OriginFetch:
         self.tuner = FetchTuner.starting(
             origin.parallel_requests, fetch_threads, piece, origin.costly_requests
         )
-        self.gate = Gate()
         # The requests in flight are bounded by the gate; a thread holds its piece a while
         # after its request ends (writing it where it lands). Where many requests are in
         # flight (an object store), threads to spare let the next request start meanwhile.
@@ -86,14 +85,13 @@ class OriginFetch:
         self._stop = threading.Event()
         self._hedges = Hedges()
         self._hedge_origin = origin.for_hedges() if copies else origin
-        self._mutex = threading.Lock()
-        self._hedged_bytes = self._begun_bytes = self._hedges_granted = 0
         self._splits = 0  # pieces read as halves for the tuner's fit (a few)
-        self._heads = threading.Condition()
-        self._heads_left, self._heads_until = 0, 0.0
         # ``hits``: reads served from the origin; ``bytes``: every byte it gave (reads, the
         # pieces of copies, hedges); ``copies``, ``copy_failures``: whole-chunk copies.
         self.origin_counters = TierCounters()
+        self.requests = PieceRequests(
+            origin, self._hedge_origin, self.tuner, self.counters, self.origin_counters, self._stop
+        )
 
     def read(self, info: ChunkInfo, offset: int, length: int, block: bool = False) -> bytes:
         """One request that is not a piece of a copy, timed for the tuner: a sample read, or
@@ -103,73 +101,24 @@ class OriginFetch:
         Raises:
             ChunkCorruptError: the origin returned fewer bytes than the index says are there.
         """
-        return bytes(self._request(info, offset, length, None, False, block)[0])
-
-    def _request(
-        self,
-        info: ChunkInfo,
-        offset: int,
-        length: int,
-        begun: Callable[[], None] | None,
-        hedge: bool,
-        block: bool = False,
-    ) -> list[Any]:
-        """One request, timed for the tuner. A piece of a copy (``begun`` given: told when it
-        starts) waits for a place within the tuner's requests in flight, is read past the page
-        cache where the origin can, and comes as the buffers it arrived in
-        (`Driver.read_parts`), which it lands as they are; a ``hedge`` goes its own way and past
-        that limit, so it does not queue behind the requests it hedges. Any other read comes as
-        one bytes.
-
-        Raises:
-            ChunkCorruptError: the origin returned fewer bytes than the index says are there.
-        """
-        piece = begun is not None
-        gated = piece and not hedge
-        if gated:
-            self._after_heads()
-        with self.gate.held(self.tuner.inflight) if gated else contextlib.nullcontext():
-            if begun is not None:
-                begun()
-            started = time.perf_counter()
-            way = self._hedge_origin if hedge else self.origin
-            if piece:
-                parts = list(way.read_parts(info.name, offset, length))
-            else:
-                parts = [(way.read_block if block else way.read_range)(info.name, offset, length)]
-            took = time.perf_counter() - started
-        size = sum(len(part) for part in parts)
-        self.tuner.observe(size, took, time.monotonic(), piece=piece)
-        if size != length:
+        started = time.perf_counter()
+        data = (self.origin.read_block if block else self.origin.read_range)(
+            info.name, offset, length
+        )
+        self.tuner.observe(len(data), time.perf_counter() - started, time.monotonic())
+        if len(data) != length:
             raise short_chunk(info, self.origin.name, offset, length)
-        if piece:
-            self.origin_counters.add(bytes=length)
-        else:
-            self.origin_counters.add(hits=1, bytes=length)
-        return parts
+        self.origin_counters.add(hits=1, bytes=length)
+        return bytes(data)
 
     def heads_begin(self, reads: int) -> None:
         """``reads`` head reads began: pieces of copies wait until they end, or at most
-        `_HEADS_FIRST_S` from now."""
-        with self._heads:
-            self._heads_left += reads
-            self._heads_until = time.monotonic() + _HEADS_FIRST_S
+        `_HEADS_FIRST_S` from now (`PieceRequests.heads_begin`)."""
+        self.requests.heads_begin(reads)
 
     def heads_end(self) -> None:
         """One head read ended (landed or failed)."""
-        with self._heads:
-            self._heads_left -= 1
-            if self._heads_left <= 0:
-                self._heads.notify_all()
-
-    def _after_heads(self) -> None:
-        """Wait while head reads are in flight, at most until their bound (or a stop)."""
-        with self._heads:
-            while self._heads_left > 0 and not self._stop.is_set():
-                left = self._heads_until - time.monotonic()
-                if left <= 0:
-                    return
-                self._heads.wait(min(left, 0.05))
+        self.requests.heads_end()
 
     def fetch(self, arrival: Arrival, reads: Reads, first: int | None) -> None:
         """Every piece of ``arrival``'s chunk, in parallel on the fetch threads: piece
@@ -181,22 +130,13 @@ class OriginFetch:
                 checksum differs.
             StorageError: the origin could not be read.
         """
-        with self._mutex:
-            self._begun_bytes += arrival.info.size
+        self.requests.begun(arrival.info.size)
         # A hedge's way to the chunk is opened now, while no request of it stalls: on FUSE an
         # open waits for the pages a stalled read holds (and on NFS an open may hang itself).
         if self._hedge_origin is not self.origin:
             self._hedge_origin.open_ahead([arrival.info.name])
         pieces = PieceFetch(
-            arrival,
-            lambda index, begun, hedge: self._piece(arrival, index, begun, hedge),
-            self._pool,
-            self._hedges,
-            self.tuner.late_after,
-            self._may_hedge,
-            self.counters,
-            self.gate.set_aside,
-            self._stop,
+            arrival, self.requests, self._pool, self._hedges, self.counters, self._stop
         )
         positions, offsets, ends = reads
         ranks = piece_ranks(positions, offsets, arrival.piece, arrival.pieces, first, ends)
@@ -208,49 +148,30 @@ class OriginFetch:
         # `bench/s3_compare.py`'s endpoint; docs/BENCHMARKS.md, "From an object store: head
         # reads and ranked pieces tried, and left off").
         ranked = None if self.origin.costly_requests else ranks.tolist()
-        pieces.run(order, self.tuner.limits.max_inflight, ranked)
+        pieces.run(self._jobs(arrival, order), self.tuner.limits.max_inflight, ranked)
         info = arrival.info
         size, checksum = arrival.digest()
         if size != info.size or checksum != info.checksum:
             raise damaged_chunk(info, self.origin.name, size)
 
-    def _piece(
-        self, arrival: Arrival, index: int, begun: Callable[[], None], hedge: bool
-    ) -> list[Any]:
-        """Piece ``index`` of ``arrival``'s chunk. Until the tuner can tell latency from
-        bandwidth, a few pieces are read as two halves: requests of two sizes are what the fit
-        needs. A few: all of a chunk's pieces may start before the first ends, and each split
-        is one request more. None from a store that bills requests: there the fit takes the
-        sizes that occur (each chunk's shorter last piece, sample reads)."""
-        offset, length = arrival.span(index)
+    def _jobs(self, arrival: Arrival, order: list[int]) -> list[Piece]:
+        """The pieces of ``arrival``'s chunk, in ``order``, as plain jobs. Until the tuner can
+        tell latency from bandwidth, a few pieces are read as two halves: requests of two
+        sizes are what the fit needs. A few: all of a chunk's pieces may start before the
+        first ends, and each split is one request more. None from a store that bills
+        requests: there the fit takes the sizes that occur (each chunk's shorter last piece,
+        sample reads)."""
         splits = 0 if self.origin.costly_requests else _SPLITS
-        halves = 1
-        if self.tuner.fitted is None and index % 2 and length > 1 and self._splits < splits:
-            self._splits += 1
-            halves = 2
-        cut = [offset + length * k // halves for k in range(halves + 1)]
-        return [
-            part
-            for a, b in itertools.pairwise(cut)
-            for part in self._request(arrival.info, a, b - a, begun, hedge)
-        ]
-
-    def _may_hedge(self, nbytes: int) -> bool:
-        """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges
-        read at most `_HEDGE_FLOOR` of the bytes of the copies begun (the first hedge always
-        fits it), more as they win (each win earns `_HEDGE_EARNED` hedges of its size), never
-        past `_HEDGE_SHARE`."""
-        with self._mutex:
-            spent = self._hedged_bytes + nbytes
-            granted = self._hedges_granted
-            won = self.counters.hedge_wins * self._hedged_bytes / granted if granted else 0.0
-            floor = max(_HEDGE_FLOOR * self._begun_bytes, nbytes)
-            earned = floor + _HEDGE_EARNED * won
-            if spent > min(earned, _HEDGE_SHARE * self._begun_bytes):
-                return False
-            self._hedged_bytes = spent
-            self._hedges_granted += 1
-            return True
+        jobs = []
+        for index in order:
+            offset, length = arrival.span(index)
+            if self.tuner.fitted is None and index % 2 and length > 1 and self._splits < splits:
+                self._splits += 1
+                half = length // 2
+                jobs.append(Piece(index, ((offset, half), (offset + half, length - half))))
+            else:
+                jobs.append(Piece(index, ((offset, length),)))
+        return jobs
 
     def stats(self) -> dict[str, Any]:
         """The pieces and reads served from copies in flight, what the tuner chose
@@ -280,3 +201,133 @@ class OriginFetch:
         self.origin.close()
         if self._hedge_origin is not self.origin:
             self._hedge_origin.close()
+
+
+class PieceRequests:
+    """The requests that read the pieces of a stack's copies, for its `PieceFetch`es: a place
+    among the requests in flight (the tuner's number; none for a hedge, which goes
+    its own way and past that limit, so it does not queue behind the requests it hedges),
+    after the head reads in flight (a bounded wait); each request timed for the tuner and read
+    past the page cache where the origin can, as the buffers it arrived in
+    (`Driver.read_parts`); and the budget of bytes for hedges.
+
+    Args:
+        origin: the origin's driver.
+        hedge_origin: its way for hedges (``origin`` itself where there is none).
+        tuner: times the requests; says when a piece is late.
+        counters: the copies' counters (hedges won earn budget).
+        origin_counters: the origin's bytes.
+        stop: set when the stack closes: a wait for the head reads ends.
+    """
+
+    def __init__(
+        self,
+        origin: Driver,
+        hedge_origin: Driver,
+        tuner: FetchTuner,
+        counters: FetchCounters,
+        origin_counters: TierCounters,
+        stop: threading.Event,
+    ) -> None:
+        self._origin, self._hedge_origin, self._tuner = origin, hedge_origin, tuner
+        self._counters, self._origin_counters, self._stop = counters, origin_counters, stop
+        self._places = threading.Condition()
+        self._inside = self._aside = 0  # requests in their places; of them, set aside (late)
+        self._mutex = threading.Lock()
+        self._hedged_bytes = self._begun_bytes = self._hedges_granted = 0
+        self._heads = threading.Condition()
+        self._heads_left, self._heads_until = 0, 0.0
+
+    @contextlib.contextmanager
+    def slot(self, hedge: bool) -> Iterator[None]:
+        """A place for one request of a piece: after the head reads in flight, once fewer
+        than the tuner's requests in flight are in theirs (those set aside do not count: a
+        stall does not take a place); a ``hedge`` takes none."""
+        if hedge:
+            yield
+            return
+        self.after_heads()
+        with self._places:
+            while self._inside - self._aside >= max(1, self._tuner.inflight):
+                self._places.wait(0.05)  # bounded: a limit the tuner raised meanwhile is seen
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._places:
+                self._inside -= 1
+                self._places.notify()
+
+    def read(self, info: ChunkInfo, offset: int, length: int, hedge: bool) -> list[Any]:
+        """One request of a piece (in its `slot`), timed for the tuner, as the buffers it
+        arrived in; a ``hedge`` through the way for hedges.
+
+        Raises:
+            ChunkCorruptError: the origin returned fewer bytes than the index says are there.
+        """
+        started = time.perf_counter()
+        way = self._hedge_origin if hedge else self._origin
+        parts = list(way.read_parts(info.name, offset, length))
+        took = time.perf_counter() - started
+        size = sum(len(part) for part in parts)
+        self._tuner.observe(size, took, time.monotonic(), piece=True)
+        if size != length:
+            raise short_chunk(info, self._origin.name, offset, length)
+        self._origin_counters.add(bytes=length)
+        return parts
+
+    def late_after(self) -> float | None:
+        """Seconds after which a running piece is late; None: not known yet."""
+        return self._tuner.late_after()
+
+    def set_aside(self, n: int) -> None:
+        """``n`` more requests in their places are late, replaced by hedges (negative: that
+        many of them ended): they no longer count against the requests in flight."""
+        with self._places:
+            self._aside += n
+            self._places.notify_all()
+
+    def begun(self, nbytes: int) -> None:
+        """A copy of ``nbytes`` began: hedges may read a share of it."""
+        with self._mutex:
+            self._begun_bytes += nbytes
+
+    def may_hedge(self, nbytes: int) -> bool:
+        """Whether a second request of ``nbytes`` for a late piece fits the budget: hedges
+        read at most `_HEDGE_FLOOR` of the bytes of the copies begun (the first hedge always
+        fits it), more as they win (each win earns `_HEDGE_EARNED` hedges of its size), never
+        past `_HEDGE_SHARE`."""
+        with self._mutex:
+            spent = self._hedged_bytes + nbytes
+            granted = self._hedges_granted
+            won = self._counters.hedge_wins * self._hedged_bytes / granted if granted else 0.0
+            floor = max(_HEDGE_FLOOR * self._begun_bytes, nbytes)
+            earned = floor + _HEDGE_EARNED * won
+            if spent > min(earned, _HEDGE_SHARE * self._begun_bytes):
+                return False
+            self._hedged_bytes = spent
+            self._hedges_granted += 1
+            return True
+
+    def heads_begin(self, reads: int) -> None:
+        """``reads`` head reads began: pieces wait until they end, or at most
+        `_HEADS_FIRST_S` from now."""
+        with self._heads:
+            self._heads_left += reads
+            self._heads_until = time.monotonic() + _HEADS_FIRST_S
+
+    def heads_end(self) -> None:
+        """One head read ended (landed or failed)."""
+        with self._heads:
+            self._heads_left -= 1
+            if self._heads_left <= 0:
+                self._heads.notify_all()
+
+    def after_heads(self) -> None:
+        """Wait while head reads are in flight, at most until their bound (or a stop)."""
+        with self._heads:
+            while self._heads_left > 0 and not self._stop.is_set():
+                left = self._heads_until - time.monotonic()
+                if left <= 0:
+                    return
+                self._heads.wait(min(left, 0.05))

@@ -155,10 +155,19 @@ class TierStack(ChunkSource):
             self.filler.schedule(info.id)
             return data
         if not self.holdings.refuses(info.id):
+            # Two looks at the tiers, for two different copies; one look misses one of them.
+            # Before: another process (a worker sharing the disk tier) placed the chunk since
+            # this one last looked; unseen, the read would ask for a copy of a chunk held
+            # already and wait for it. After: the copy this read asked for was placed and its
+            # arrival ended while the read did not look (between two polls for its arrival,
+            # or by another process that claimed it): `read_landing` has nothing to serve,
+            # and unseen, the read would go to the origin for bytes a tier holds. A look
+            # serves only a copy renamed into place whole and checked, never a half-placed
+            # one, and costs a check of the tier's view, not a wait: the bound is the wait's.
             data = self._placed_meanwhile(info, offset, length)
             if data is None:
                 data = self.filler.read_landing(info, offset, length)
-            if data is None:  # placed by the copy this read awaited
+            if data is None:
                 data = self._placed_meanwhile(info, offset, length)
             if data is not None:
                 return data
