@@ -7,10 +7,12 @@ by putting its ``src`` first on the path:
 
     .venv/bin/python bench/cold_hops.py
     PYTHONPATH=/tmp/old/src .venv/bin/python bench/cold_hops.py
+    .venv/bin/python bench/cold_hops.py --piece-kb 64   # the chunk copied in ~7 pieces
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -25,7 +27,7 @@ from tierfeed.format.index import Index
 from tierfeed.format.pack import PackOptions, pack
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import PosixDriver, TierStack
-from tierfeed.storage.tiers import disk_tier
+from tierfeed.storage.tiers import TierOptions, disk_tier
 
 SRC = str(Path(tierfeed.__file__).parent) + os.sep
 
@@ -55,6 +57,10 @@ class Trace:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--piece-kb", type=int, default=0, help="pieces of this size (0: the default)")
+    piece_kb = p.parse_args().piece_kb
+    options = TierOptions(piece_bytes=piece_kb * 1024) if piece_kb else TierOptions()
     root = Path(tempfile.mkdtemp(prefix="tf-cold-hops-"))
     (root / "src" / "c").mkdir(parents=True)
     for i in range(64):
@@ -62,7 +68,9 @@ def main() -> None:
     pack(root / "src", root / "store", PackOptions(chunk_size=400_000, progress=False))
     index = Index(root / "store")
     origin = PosixDriver(root / "store", read_only=True)
-    tiers = TierStack(index.chunks(), origin, [disk_tier(root / "cache", 10**9)], "fill-top")
+    tiers = TierStack(
+        index.chunks(), origin, [disk_tier(root / "cache", 10**9)], "fill-top", options
+    )
     trace = Trace()
     with tiers, open_store(root / "store", source=tiers) as store:
         threading.setprofile(trace)
