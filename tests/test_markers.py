@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).parent.parent
 
 # Hostile tests outside tests/hostile, marked where they stand: a tar slip, a symlink loop, a
-# truncated index, a path leaving its source, damaged shards of another format.
+# truncated index, a path leaving its source, damaged shards of another format, parts a merge
+# refuses, a damaged store under the calibration probe.
 MARKED_ELSEWHERE = [
     "tests/format/test_shards.py::test_tar_slip_names_are_refused[/etc/passwd-absolute]",
     "tests/format/test_shards.py::test_nul_in_a_pax_name_is_refused",
@@ -21,6 +22,10 @@ MARKED_ELSEWHERE = [
     "tests/format/test_bad_input.py::test_file_list_cannot_leave_the_source",
     "tests/format/test_convert_peers.py::test_the_command_names_a_truncated_shard",
     "tests/format/test_convert_peers.py::test_a_shard_name_may_not_leave_the_dataset",
+    "tests/format/test_pack_parts.py::test_a_damaged_chunk_is_refused",
+    "tests/format/test_pack_parts.py::test_overlapping_parts_are_refused",
+    "tests/format/test_index_parts.py::test_a_shard_changed_after_its_part_is_refused",
+    "tests/distributed/test_simulate_time.py::test_a_probe_of_a_damaged_store_fails_in_one_line",
 ]
 
 

@@ -1,6 +1,6 @@
-"""`tierfeed simulate` and a stage-in in one process (`stage(comm=None)`, `tierfeed stage`) never
-import torch: only a process group needs it, and `distributed/comm.py` imports it where one is
-used."""
+"""`tierfeed simulate` (with time too) and a stage-in in one process (`stage(comm=None)`,
+`tierfeed stage`) never import torch: only a process group needs it, and `distributed/comm.py`
+imports it where one is used."""
 
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ else:
 
     argv = {
         "simulate": ["simulate", store, "--ranks", "4", "--ranks-per-node", "2"],
+        "simulate-time": ["simulate", store, "--ranks", "4", "--ranks-per-node", "2",
+                          "--origin", "nfs", "--step-ms", "10"],
         "stage-cli": ["stage", store, "--to", to, "-q", "--json"],
     }[what]
     if main([*argv, "--plan", "partial:0.3"]) != 0:
@@ -54,7 +56,7 @@ print("tried:", RefuseTorch.tried, "loaded:", "torch" in sys.modules)
 """
 
 
-@pytest.mark.parametrize("what", ["simulate", "stage", "stage-cli"])
+@pytest.mark.parametrize("what", ["simulate", "simulate-time", "stage", "stage-cli"])
 def test_simulate_and_a_stage_in_one_process_import_no_torch(tmp_path: Path, what: str) -> None:
     store = make_store(tmp_path, 61)
     to = tmp_path / "local" / "node{node}"
@@ -71,8 +73,9 @@ def test_simulate_and_a_stage_in_one_process_import_no_torch(tmp_path: Path, wha
     *out, verdict = done.stdout.splitlines()
     assert verdict == "tried: [] loaded: False"
     # The run was real: simulate printed its table, a stage-in copied every chunk.
-    if what == "simulate":
+    if what.startswith("simulate"):
         assert "61 samples" in out[0]
+        assert ("first batch" in "\n".join(out)) == (what == "simulate-time")
     else:
         with Index(store) as ix:
             chunks = len(np.asarray(ix.chunk_size))

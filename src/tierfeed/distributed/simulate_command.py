@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from tierfeed.distributed.exchanger import ExchangeOptions
+from tierfeed.distributed.simulate_time import add_time_arguments, print_times, times, wants_time
 from tierfeed.errors import ConfigError
 from tierfeed.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
@@ -47,8 +48,9 @@ def _run(args: argparse.Namespace) -> int:
     shape, total = _shape(args)
     plan = Plan(shape, PlanSpec.parse(args.plan, seed=args.seed))
     rows = simulate(shape, plan, args.ranks, args.epochs, args.sample_ranks)
+    timed = times(args, shape.num_samples, total, shape.num_chunks) if wants_time(args) else None
     if args.json:
-        print(json.dumps(as_dict(rows), indent=1))
+        print(json.dumps(_with_time(as_dict(rows), timed), indent=1))
         return 0
     print(
         f"{shape.num_samples:,} samples, {human(total)}, {shape.num_chunks:,} chunks, "
@@ -65,7 +67,14 @@ def _run(args: argparse.Namespace) -> int:
             f"{human(r.exchange_mean):>14} {human(r.totals['exchange']):>12} "
             f"{human(r.cache_max):>11} {r.plan_seconds_max:>7.3f} {human(r.plan_peak_bytes):>9}"
         )
+    if timed is not None:
+        print_times(timed)
     return 0
+
+
+def _with_time(rows: list[dict[str, Any]], timed: dict[str, Any] | None) -> Any:
+    """The rows as today, or, with time asked, ``{"traffic": rows, "time": ...}``."""
+    return rows if timed is None else {"traffic": rows, "time": timed}
 
 
 def _run_store(args: argparse.Namespace) -> int:
@@ -83,8 +92,10 @@ def _run_store(args: argparse.Namespace) -> int:
         rows = job_traffic(index, spec, args.ranks, args.ranks_per_node, args.epochs, args.window)
         total = int(np.asarray(index.chunk_size, dtype=np.int64).sum())
         head = f"{index.num_samples:,} samples, {human(total)}, {index.num_chunks:,} chunks"
+        shape = (index.num_samples, total, index.num_chunks)
+    timed = times(args, *shape) if wants_time(args) else None
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=1))
+        print(json.dumps(_with_time([r.to_dict() for r in rows], timed), indent=1))
         return 0
     print(
         f"{head}, {args.ranks:,} ranks ({args.ranks_per_node} per node), plan {spec}, "
@@ -103,6 +114,8 @@ def _run_store(args: argparse.Namespace) -> int:
             lines = [("mean", *cols.mean(axis=0)), ("max", *cols.max(axis=0))]
         for name, *values in lines:
             print(f"{epoch:>5} {name:>6} " + " ".join(f"{human(v):>10}" for v in values))
+    if timed is not None:
+        print_times(timed)
     return 0
 
 
@@ -119,6 +132,7 @@ def register(sub: Any) -> None:
     )
     _add_dataset_arguments(p)
     _add_job_arguments(p)
+    add_time_arguments(p)
     p.set_defaults(func=_run)
 
 
