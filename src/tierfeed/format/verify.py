@@ -36,7 +36,21 @@ def _check_structure(ix: Index) -> list[str]:
     return []
 
 
-def _check_chunk(ix: Index, path: Path, chunk: int, bar: tqdm[Any]) -> list[str]:
+def _members_by_chunk(ix: Index) -> Callable[[int], npt.NDArray[np.intp]]:
+    """The members of each chunk, found once for all chunks (not a pass over every member
+    per chunk: that grows with members times chunks)."""
+    order = np.argsort(ix.member_chunk, kind="stable")
+    bounds = np.searchsorted(ix.member_chunk[order], np.arange(ix.num_chunks + 1))
+    return lambda chunk: order[bounds[chunk] : bounds[chunk + 1]]
+
+
+def _check_chunk(
+    ix: Index,
+    path: Path,
+    chunk: int,
+    bar: tqdm[Any],
+    members_of: Callable[[int], npt.NDArray[np.intp]],
+) -> list[str]:
     """Size, checksum, and that the tar headers agree with the index's members of the chunk
     in the file ``path``."""
     info = ix.chunk(chunk)
@@ -48,7 +62,7 @@ def _check_chunk(ix: Index, path: Path, chunk: int, bar: tqdm[Any]) -> list[str]
         return [f"chunk {path}: size {size} bytes, the index says {info.size} (truncated?)"]
     if checksum_file(path, bar.update)[1] != info.checksum:
         return [_checksum_mismatch(ix, path, chunk, size)]
-    members = np.flatnonzero(ix.member_chunk == chunk)
+    members = members_of(chunk)
     expected = {
         (int(ix.member_offset[m]), int(ix.member_length[m])): ix.member_path_bytes(int(m))
         for m in members
@@ -204,19 +218,27 @@ def verify_index(ix: Index, progress: bool = True, fetch: ChunkFetch | None = No
         ]
     problems = _check_structure(ix)
     total = int(ix.chunk_size.sum())
+    members_of = _members_by_chunk(ix)
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
         for chunk in range(ix.num_chunks):
-            problems.extend(_check_one(ix, chunk, bar, fetch))
+            problems.extend(_check_one(ix, chunk, bar, fetch, members_of))
     return problems
 
 
-def _check_one(ix: Index, chunk: int, bar: tqdm[Any], fetch: ChunkFetch | None) -> list[str]:
+def _check_one(
+    ix: Index,
+    chunk: int,
+    bar: tqdm[Any],
+    fetch: ChunkFetch | None,
+    members_of: Callable[[int], npt.NDArray[np.intp]],
+) -> list[str]:
     name = ix.chunk_name(chunk)
     try:
         if fetch is None:
-            return _check_chunk(ix, safe_chunk_path(ix.chunk_root, name, ix.path), chunk, bar)
+            path = safe_chunk_path(ix.chunk_root, name, ix.path)
+            return _check_chunk(ix, path, chunk, bar, members_of)
         with fetch(name, int(ix.chunk_size[chunk])) as (local, shown):
-            found = _check_chunk(ix, local, chunk, bar)
+            found = _check_chunk(ix, local, chunk, bar, members_of)
             return [problem.replace(str(local), shown) for problem in found]
     except TierfeedError as exc:
         return [str(exc)]
