@@ -150,46 +150,37 @@ def measure(
     return out
 
 
+def simulate(store: str, world: int, env: dict[str, str], *args: str) -> str:
+    """``tierfeed simulate STORE`` for ``world`` ranks on one node, with ``args``; its output."""
+    argv = [*TIERFEED, "simulate", store, "--ranks", str(world), "--ranks-per-node", str(world)]
+    done = subprocess.run(
+        [*argv, *args], env=env, capture_output=True, text=True, check=True, timeout=600
+    )
+    return done.stdout
+
+
 def predict(
     store: str, world: int, calibration: Path, env: dict[str, str], extra: list[str] | None = None
 ) -> dict[str, Any]:
-    argv = [
-        *TIERFEED,
-        "simulate",
+    """The predicted epochs, from a saved calibration."""
+    out = simulate(
         store,
-        "--ranks",
-        str(world),
-        "--ranks-per-node",
-        str(world),
+        world,
+        env,
         "--calibration",
         str(calibration),
         "--epochs",
         "2",
         "--json",
         *(extra or []),
-    ]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=600)
-    timed: dict[str, Any] = json.loads(out.stdout)["time"]
+    )
+    timed: dict[str, Any] = json.loads(out)["time"]
     return timed
 
 
 def calibrate(store: str, path: Path, env: dict[str, str], world: int = 1) -> None:
     """``tierfeed simulate --calibrate`` with ``world`` ranks on the node, saved to ``path``."""
-    argv = [
-        *TIERFEED,
-        "simulate",
-        store,
-        "--ranks",
-        str(world),
-        "--ranks-per-node",
-        str(world),
-        "--epochs",
-        "1",
-        "--calibrate",
-        "--save-calibration",
-        str(path),
-    ]
-    subprocess.run(argv, env=env, check=True, timeout=600, capture_output=True)
+    simulate(store, world, env, "--epochs", "1", "--calibrate", "--save-calibration", str(path))
 
 
 def compare(
