@@ -80,6 +80,8 @@ def test_what_simulate_cannot_time_is_said_in_one_line(tmp_path: Path) -> None:
         (("--origin", "fast"), "fast"),
         (("--calibration", tmp_path / "none.json"), "none.json"),
         (("--origin", "nfs", "--cores", "0"), "--cores"),
+        (("--origin", "nfs", "--ranks-per-node", "3"), "does not divide"),
+        (("--origin", "nfs", "--ranks-per-node", "0"), "does not divide"),
     ]
     (tmp_path / "bad.json").write_text('{"origin": {"speed": 1}, "costs": {}}')
     cases.append((("--calibration", tmp_path / "bad.json"), "not a saved calibration"))

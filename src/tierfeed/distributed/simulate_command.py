@@ -10,7 +10,13 @@ from typing import Any
 import numpy as np
 
 from tierfeed.distributed.exchanger import ExchangeOptions
-from tierfeed.distributed.simulate_time import add_time_arguments, print_times, times, wants_time
+from tierfeed.distributed.simulate_time import (
+    add_time_arguments,
+    check_layout,
+    print_times,
+    times,
+    wants_time,
+)
 from tierfeed.errors import ConfigError
 from tierfeed.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
@@ -83,10 +89,7 @@ def _run_store(args: argparse.Namespace) -> int:
 
     if args.ranks < 1 or args.window < 1:
         raise ConfigError(f"--ranks and --window must be positive: {args.ranks}, {args.window}")
-    if args.ranks_per_node < 1 or args.ranks % args.ranks_per_node:
-        raise ConfigError(
-            f"--ranks-per-node {args.ranks_per_node} does not divide --ranks {args.ranks}"
-        )
+    check_layout(args)
     spec = PlanSpec.parse(args.plan, seed=args.seed)
     with StoreLocation.of(args.store).open_index() as index:
         rows = job_traffic(index, spec, args.ranks, args.ranks_per_node, args.epochs, args.window)

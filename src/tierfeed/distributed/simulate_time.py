@@ -29,7 +29,7 @@ from tierfeed.plan.timing import (
 )
 from tierfeed.units import human, parse_size
 
-__all__ = ["add_time_arguments", "print_times", "times", "wants_time"]
+__all__ = ["add_time_arguments", "check_layout", "print_times", "times", "wants_time"]
 
 CALIBRATE_S = 300  # the probe ends within this or is stopped
 
@@ -84,6 +84,14 @@ def wants_time(args: argparse.Namespace) -> bool:
     return bool(args.origin or args.calibrate or args.calibration)
 
 
+def check_layout(args: argparse.Namespace) -> None:
+    """``--ranks-per-node`` lays the ranks out on whole nodes."""
+    if args.ranks_per_node < 1 or args.ranks % args.ranks_per_node:
+        raise ConfigError(
+            f"--ranks-per-node {args.ranks_per_node} does not divide --ranks {args.ranks}"
+        )
+
+
 def _calibrated(args: argparse.Namespace) -> dict[str, Any]:
     """The probe's figures: run now (``--calibrate``) or saved (``--calibration``)."""
     if args.calibration is not None:
@@ -111,21 +119,28 @@ def _calibrated(args: argparse.Namespace) -> dict[str, Any]:
         )
     out: dict[str, Any] = json.loads(done.stdout)
     if args.save_calibration is not None:
-        args.save_calibration.write_text(json.dumps(out, indent=1) + "\n")
+        try:
+            args.save_calibration.write_text(json.dumps(out, indent=1) + "\n")
+        except OSError as exc:
+            raise ConfigError(
+                f"{args.save_calibration}: cannot save the calibration ({exc.strerror or exc})"
+            ) from None
     return out
 
 
 def _models(args: argparse.Namespace) -> tuple[Origin, Node, Costs]:
-    if (args.calibrate or args.calibration) and args.store is None and args.calibration is None:
+    """The origin, node and costs the options say; checked before any probe is run."""
+    if args.calibrate and args.calibration is None and args.store is None:
         raise ConfigError("--calibrate probes a STORE: give one")
+    if min(args.cores, args.batch_size, args.max_nodes) < 1 or args.disk_mbps <= 0:
+        raise ConfigError("--cores, --batch-size, --max-nodes and --disk-mbps must be positive")
+    check_layout(args)
     found = _calibrated(args) if args.calibrate or args.calibration else None
     origin = Origin(**found["origin"]) if found else Origin()
     if args.origin:  # beside a calibration: what it names wins, a preset wholly
         origin = Origin.parse(args.origin, origin if found else None)
     costs = Costs(**found["costs"]) if found else Costs()
     costs = replace(costs, cpu_per_sample_s=costs.cpu_per_sample_s + args.decode_ms / 1e3)
-    if min(args.cores, args.batch_size, args.max_nodes) < 1 or args.disk_mbps <= 0:
-        raise ConfigError("--cores, --batch-size, --max-nodes and --disk-mbps must be positive")
     node = Node(
         cores=args.cores,
         ram_bytes=args.ram,

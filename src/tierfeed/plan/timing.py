@@ -266,10 +266,15 @@ def _start_s(node: Node, costs: Costs) -> float:
     return costs.start_s * crowd(node.ranks) / crowd(costs.start_ranks)
 
 
+def _index_s(origin: Origin) -> float:
+    """Reading a store's index: two requests."""
+    return 2 * origin.request_s(4096)
+
+
 def first_fetch_s(origin: Origin, node: Node, job: Job) -> float:
-    """What a cold epoch's first batch reads after the start: the index (two requests), then
-    its samples (``heads``) or the pieces a global shuffle's first batch touches."""
-    index = 2 * origin.request_s(4096)
+    """What a cold epoch's first batch reads after the start: the index, then its samples
+    (``heads``), or from an object store the share's pieces (see below)."""
+    index = _index_s(origin)
     if origin.heads:
         mean = job.store_bytes / job.samples
         return index + math.ceil(job.batch_size / origin.streams) * origin.request_s(mean)
@@ -284,8 +289,10 @@ def _first_batch_s(origin: Origin, node: Node, job: Job, costs: Costs) -> float:
     return _start_s(node, costs) + first_fetch_s(origin, node, job)
 
 
-def _parts(origin: Origin, node: Node, costs: Costs, job: Job, epoch: int) -> dict[str, float]:
-    """Seconds of each part of one node's epoch, each on its own."""
+def _parts(
+    origin: Origin, node: Node, costs: Costs, job: Job, epoch: int
+) -> tuple[dict[str, float], float]:
+    """Seconds of each part of one node's epoch, each on its own; the origin's bytes."""
     share, touched, room = _node_bytes(job, node)
     samples = job.samples / job.nodes
     misses = share * (1 - room / max(touched, 1.0))
@@ -298,23 +305,22 @@ def _parts(origin: Origin, node: Node, costs: Costs, job: Job, epoch: int) -> di
     cpu = samples * costs.cpu_per_sample_s / node.cores
     if costs.rank_rate:
         cpu = max(cpu, samples / (node.ranks * costs.rank_rate))
-    return {
+    parts = {
         "origin": _origin_s(origin, node, job, copies, misses),
         "exchange": exchange / node.nic_bps if node.nic_bps else 0.0,
         "local": (share - misses) * beyond_ram / node.disk_bps,
         "cpu": cpu + (copies + misses) * costs.cpu_per_byte_s / node.cores,
         "model": math.ceil(samples / node.ranks / job.batch_size) * job.step_s,
-        "origin_bytes": copies + misses,
     }
+    return parts, copies + misses
 
 
 def _epoch(origin: Origin, node: Node, costs: Costs, job: Job, epoch: int) -> EpochTime:
-    parts = _parts(origin, node, costs, job, epoch)
-    origin_bytes = parts.pop("origin_bytes")
+    parts, origin_bytes = _parts(origin, node, costs, job, epoch)
     bound = max(parts, key=lambda k: parts[k])
     if epoch == 0:  # the copies begin once the index is read, while the workers start
         first = _first_batch_s(origin, node, job, costs)
-        seconds = max(first, 2 * origin.request_s(4096) + parts[bound])
+        seconds = max(first, _index_s(origin) + parts[bound])
     else:
         first = costs.warm_start_s
         seconds = first + parts[bound]
@@ -327,9 +333,14 @@ def epoch_times(origin: Origin, node: Node, costs: Costs, job: Job) -> list[Epoc
     return [_epoch(origin, node, costs, job, e) for e in range(job.epochs)]
 
 
+def _warm(origin: Origin, node: Node, costs: Costs, job: Job) -> EpochTime:
+    """A warm epoch (the first epoch when only one is run)."""
+    return _epoch(origin, node, costs, job, min(1, job.epochs - 1))
+
+
 def _waits(origin: Origin, node: Node, costs: Costs, job: Job) -> bool:
-    """Whether the model waits on I/O in a warm epoch (the first when only one is run)."""
-    return _epoch(origin, node, costs, job, min(1, job.epochs - 1)).io_bound
+    """Whether the model waits on I/O in a warm epoch."""
+    return _warm(origin, node, costs, job).io_bound
 
 
 def least_cache(origin: Origin, node: Node, costs: Costs, job: Job) -> float | None:
@@ -343,11 +354,10 @@ def least_cache(origin: Origin, node: Node, costs: Costs, job: Job) -> float | N
         return 0.0
     while hi - lo > max(touched / 1000, 1 << 20):
         mid = (lo + hi) / 2
-        lo, hi = (
-            (lo, mid)
-            if not _waits(origin, replace(node, cache_bytes=int(mid)), costs, job)
-            else (mid, hi)
-        )
+        if _waits(origin, replace(node, cache_bytes=int(mid)), costs, job):
+            lo = mid
+        else:
+            hi = mid
     return hi
 
 
@@ -356,7 +366,4 @@ def fed_nodes(
 ) -> dict[int, EpochTime]:
     """The warm epoch at each node count in ``counts`` (ranks per node and cache per node as
     ``node`` says): where its `EpochTime.io_bound` is False, the model does not wait."""
-    return {
-        n: _epoch(origin, node, costs, replace(job, nodes=n), min(1, job.epochs - 1))
-        for n in counts
-    }
+    return {n: _warm(origin, node, costs, replace(job, nodes=n)) for n in counts}

@@ -2,8 +2,7 @@
 loader, the figures `tierfeed.plan.timing` models a job from.
 
 Run as ``python -m tierfeed.torch.calibrate STORE [--workers W] [--batch-size B] [--ranks R]``;
-it prints
-one JSON object: ``origin`` and ``costs`` (the fields of `tierfeed.plan.timing.Origin` and
+it prints one JSON object: ``origin`` and ``costs`` (the fields of `tierfeed.plan.timing.Origin` and
 `Costs`) and ``probe`` (what was measured). `tierfeed simulate` runs it in a process of its
 own, with a bound, so that neither torch nor the probe's workers live in the simulating one.
 
@@ -104,11 +103,12 @@ def probe_origin(driver: Driver, index: Index, rounds: int = 24) -> dict[str, fl
     return {"latency_s": latency, "sigma": sigma, "stream_bps": stream, "total_bps": best}
 
 
-def _first_samples(index: Index, least: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """The samples of the store's first chunks, at least ``least`` (or all)."""
+def _first_samples(index: Index, least: int) -> tuple[np.ndarray[Any, np.dtype[np.int64]], int]:
+    """The samples of the store's first chunks, at least ``least`` (or all), and how many
+    chunks they fill."""
     chunk = np.asarray(index.sample_chunk)
     upto = int(chunk[min(least, len(chunk)) - 1])
-    return np.flatnonzero(chunk <= upto).astype(np.int64)
+    return np.flatnonzero(chunk <= upto).astype(np.int64), upto + 1
 
 
 def costs_of(node: dict[str, float], origin: Origin, probed: Job, ranks: int) -> Costs:
@@ -144,9 +144,8 @@ def calibrate(
     with location.open_index() as index, location.chunk_origin(index) as driver:
         say(f"probing the origin of {store} ...")
         origin = probe_origin(driver, index)
-        ids = _first_samples(index, LOADER_SAMPLES)
-        last = int(np.asarray(index.sample_chunk)[ids[-1]])  # the chunks the probe copies
-        nbytes = int(np.asarray(index.chunk_size, dtype=np.int64)[: last + 1].sum())
+        ids, chunks = _first_samples(index, LOADER_SAMPLES)  # the chunks the probe copies
+        nbytes = int(np.asarray(index.chunk_size, dtype=np.int64)[:chunks].sum())
     say(f"probing this node's loader: {ranks} rank(s), {len(ids)} samples ...")
     go, marks = run_ranks(store, ids, ranks, workers, batch_size, LOADER_S)
     node = node_figures(go, marks)
@@ -157,7 +156,7 @@ def calibrate(
         total_bps=origin["total_bps"],
         heads=not location.remote,
     )
-    probed = Job(samples=len(ids), store_bytes=nbytes, chunks=last + 1, batch_size=batch_size)
+    probed = Job(samples=len(ids), store_bytes=nbytes, chunks=chunks, batch_size=batch_size)
     costs = costs_of(node, modelled, probed, ranks)
     probe = {**origin, **node, "samples": float(len(ids)), "bytes": float(nbytes)}
     return {"origin": asdict(modelled), "costs": asdict(costs), "probe": probe}

@@ -58,7 +58,7 @@ def _epoch(loader: Any) -> dict[str, dict[str, float]]:
     n = 0
     for batch in loader:
         n += len(batch)
-        if n == len(batch):
+        if "first" not in marks:
             marks["first"] = _mark(n)
     marks["end"] = _mark(n)
     marks.setdefault("first", marks["end"])
