@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,36 @@ def test_a_probe_of_a_damaged_store_fails_in_one_line(tmp_path: Path) -> None:
     err = done.stderr.strip().splitlines()
     assert done.returncode == 1 and err[-1].startswith("tierfeed simulate: error: "), done.stderr
     assert "calibration probe failed" in err[-1]
+
+
+@pytest.mark.hostile
+def test_a_probe_past_its_bound_is_stopped_with_what_it_started(tmp_path: Path) -> None:
+    """A probe that hangs (an origin that never answers) ends at its bound, and so do the
+    rank processes it started: none is left running once the command has said why."""
+    from tierfeed.distributed.simulate_time import run_probe
+    from tierfeed.errors import ConfigError
+
+    pid_file = tmp_path / "child.pid"
+    hang = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(600)"
+    )
+    with pytest.raises(ConfigError, match="did not end in 3 s"):
+        run_probe([sys.executable, "-c", hang], 3)
+    child = int(pid_file.read_text())
+    for _ in range(100):  # reaped by init: gone within moments
+        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or "Z" in _state(child)
+    assert run_probe([sys.executable, "-c", "print('{}')"], 30).strip() == "{}"
+    with pytest.raises(ConfigError, match="the calibration probe failed: broken"):
+        run_probe([sys.executable, "-c", "import sys; sys.exit('broken')"], 30)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -6,8 +6,10 @@ table of epoch times, first batch, where the time goes, and the cache and node a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -29,7 +31,14 @@ from tierfeed.plan.timing import (
 )
 from tierfeed.units import human, parse_size
 
-__all__ = ["add_time_arguments", "check_layout", "print_times", "times", "wants_time"]
+__all__ = [
+    "add_time_arguments",
+    "check_layout",
+    "print_times",
+    "run_probe",
+    "times",
+    "wants_time",
+]
 
 CALIBRATE_S = 300  # the probe ends within this or is stopped
 
@@ -108,16 +117,7 @@ def _calibrated(args: argparse.Namespace) -> dict[str, Any]:
         f"calibrating on {args.store} with {args.ranks_per_node} rank(s) (seconds) ...",
         file=sys.stderr,
     )
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CALIBRATE_S)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"the calibration probe did not end in {CALIBRATE_S} s") from None
-    if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ConfigError(
-            f"the calibration probe failed: {last.removeprefix('tierfeed simulate: error: ')}"
-        )
-    out: dict[str, Any] = json.loads(done.stdout)
+    out: dict[str, Any] = json.loads(run_probe(command, CALIBRATE_S))
     if args.save_calibration is not None:
         try:
             args.save_calibration.write_text(json.dumps(out, indent=1) + "\n")
@@ -126,6 +126,33 @@ def _calibrated(args: argparse.Namespace) -> dict[str, Any]:
                 f"{args.save_calibration}: cannot save the calibration ({exc.strerror or exc})"
             ) from None
     return out
+
+
+def run_probe(command: list[str], timeout_s: float) -> str:
+    """Run the probe ``command`` and return what it printed; it and every process it started
+    (its own session) end within ``timeout_s``, or when this one is interrupted.
+
+    Raises:
+        ConfigError: it failed (its last line said why), or did not end in time.
+    """
+    probe = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = probe.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(probe.pid, signal.SIGKILL)
+        probe.communicate()
+        raise ConfigError(f"the calibration probe did not end in {timeout_s:g} s") from None
+    finally:  # interrupted, or ended and left a process behind: they go with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(probe.pid, signal.SIGKILL)
+    if probe.returncode:
+        last = (stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(
+            f"the calibration probe failed: {last.removeprefix('tierfeed simulate: error: ')}"
+        )
+    return stdout
 
 
 def _models(args: argparse.Namespace) -> tuple[Origin, Node, Costs]:
