@@ -26,6 +26,17 @@ listing is a pure function of the unchanged tree: each part's store is the one `
 hand. The merged store is checked against a single pack of the same tree, and `Index(DST)`
 is opened --opens times, each in a fresh process, for both (median of the open alone, the
 interpreter and import not counted).
+
+--build listed (for --samples in the millions: a tree of 10M files would take hours to make
+here): the source is a listing of --samples names under 1,000 class directories, every one
+read from one file of --tiny-size bytes. Each part's share is grouped and labelled by the real
+`group_samples`, the listing fingerprinted by the real `source_fingerprint`, and each part
+written by the real `write_store` with the record `pack_part` gives it (`pack_parts_listed`).
+The merged store is checked by its names (every sample's key and label are those of the
+listing at spread positions); `tierfeed merge --verify` (every chunk read again) is timed once.
+
+    .venv/bin/python bench/pack_parts.py --work /tmp/tf-bench --merge-parts 1000 \
+        --samples 10000000 --build listed --runs 5
 """
 
 from __future__ import annotations
@@ -177,6 +188,119 @@ def pack_parts_inproc(src: Path, dst: Path, count: int, jobs: int) -> float:
     return time.perf_counter() - started
 
 
+def _listed_files(one: Path, samples: range, total: int, classes: int) -> list[Any]:
+    """The listing of samples ``samples`` of a --build listed source: file i is
+    ``class-C/i.bin`` (C = i * classes // total), every one of them read from the file ``one``."""
+    from tierfeed.format.source import SourceFile
+
+    st = one.stat()
+    where = os.fsencode(one)
+    return [
+        SourceFile(
+            b"class-%05d/%08d.bin" % (i * classes // total, i),
+            where,
+            st.st_size,
+            int(st.st_mtime),
+            0o644,
+            st.st_mtime_ns,
+        )
+        for i in samples
+    ]
+
+
+def _listed_tree(samples: range) -> Any:
+    """The grouped, labelled samples ``samples`` of the --build listed source (`_BUILD`)."""
+    from tierfeed.format.source import group_samples
+
+    b = _BUILD
+    files = _listed_files(b["one"], samples, b["total"], b["classes"])
+    tree = group_samples(files, "auto", b["src"], "file", b["dirs"])
+    tree.dirs = b["dirs"]
+    return tree
+
+
+def _build_listed_part(i: int) -> int:
+    """Part i of the --build listed source, written as `pack_part` writes a part once it has
+    its share (`tierfeed.format.parts`): the share's plan, the part's record, `write_store`."""
+    from tierfeed.format.pack import write_store
+    from tierfeed.format.packplan import plan_pack
+    from tierfeed.format.parts import part_directory
+    from tierfeed.format.storetarget import LocalDirectory, claimed
+
+    b = _BUILD
+    samples = b["shares"][i]
+    share = _listed_tree(samples)
+    directory = part_directory(b["dst"], i, b["count"])
+    plan = plan_pack(share, b["options"].chunk_size)
+    plan.part = {
+        "index": i, "count": b["count"], "source": b["fingerprint"],
+        "samples": [samples.start, samples.stop], "of": b["total"],
+        "src": os.fsdecode(os.path.abspath(b["src"])),
+    }  # fmt: skip
+    target = LocalDirectory(directory, False, "--overwrite")
+    target.check()
+    with claimed(target, resume=True):
+        return write_store(directory, plan, b["options"], share, time.perf_counter()).samples
+
+
+def pack_parts_listed(src: Path, dst: Path, count: int, jobs: int, total: int) -> float:
+    """Seconds to make ``count`` parts of a ``total``-sample source that is a listing rather
+    than a tree (10M files would take hours to make here): ``total`` names under 1,000 class
+    directories, every one read from the one file ``src/one.bin``. Each part's share is
+    grouped and labelled by the real `group_samples` (the classes from the whole source's
+    directories), the whole listing fingerprinted by the real `source_fingerprint`, and each
+    part written by the real `write_store`, in ``jobs`` forked processes."""
+    from tierfeed.format.pack import PackOptions
+    from tierfeed.format.parts import part_samples, source_fingerprint
+    from tierfeed.format.source import SourceDir, SourceTree
+
+    started = time.perf_counter()
+    options = PackOptions(progress=False)
+    classes = 1000
+    st = src.stat()
+    dirs = [SourceDir(b"", 0o755, st.st_mtime_ns)]
+    dirs += [SourceDir(b"class-%05d" % c, 0o755, st.st_mtime_ns) for c in range(classes)]
+    _BUILD.update(
+        one=src / "one.bin", src=src, dst=dst, count=count, options=options, total=total,
+        classes=classes, dirs=dirs, shares=[part_samples(total, i, count) for i in range(count)],
+    )  # fmt: skip
+
+    class Listing:  # the whole source's samples, grouped a share at a time
+        def __iter__(self) -> Any:
+            for share in _BUILD["shares"]:
+                yield from _listed_tree(share).samples
+
+    whole = SourceTree(samples=Listing(), classes=[f"class-{c:05d}" for c in range(classes)])  # type: ignore[arg-type]
+    whole.dirs = dirs
+    _BUILD["fingerprint"] = source_fingerprint(whole, options)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            samples = pool.map(
+                _build_listed_part, range(count), chunksize=max(1, count // jobs // 8)
+            )
+    finally:
+        _BUILD.clear()
+    if sum(samples) != total:
+        raise SystemExit(f"the parts hold {sum(samples)} samples, the source {total}")
+    return time.perf_counter() - started
+
+
+def check_listed(merged: Path, total: int) -> None:
+    """The merged --build listed store holds every sample of the listing, in order: counts,
+    and the key and label of spread samples; exits when not."""
+    from tierfeed.format.index import Index
+
+    with Index(merged) as ix:
+        if ix.num_samples != total or len(ix.classes) != 1000:
+            raise SystemExit(f"{merged}: {ix.num_samples} samples in {len(ix.classes)} classes")
+        for s in sorted({0, total - 1, *range(0, total, max(1, total // 97))}):
+            label = s * 1000 // total
+            want = (b"class-%05d/%08d" % (label, s), label)
+            got = (ix.key_bytes(s), int(ix.sample_label[s]))
+            if got != want:
+                raise SystemExit(f"{merged}: sample {s} is {got!r}, not {want!r}")
+
+
 def check_same(single: Path, merged: Path) -> None:
     """The merged store holds the single pack's samples: counts, bytes, classes, and the keys
     and labels of a few samples (first, last, spread between); exits when not."""
@@ -294,13 +418,19 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
 
     src, dst, single = work / "tiny-tree", work / "merged", work / "tiny-single"
     made = time.perf_counter()
-    make_tree(src, args.samples, args.classes, args.tiny_size, args.seed)
-    made = time.perf_counter() - made
-    read_tree(src)
-    build: Callable[[Path, Path, int, int], float] = (
-        pack_parts_cli if args.build == "cli" else pack_parts_inproc
-    )
-    built = build(src, dst, args.merge_parts, args.jobs)
+    if args.build == "listed":
+        src.mkdir()
+        (src / "one.bin").write_bytes(b"x" * args.tiny_size)
+        built = pack_parts_listed(src, dst, args.merge_parts, args.jobs, args.samples)
+        made = 0.0  # the listing is made with the parts
+    else:
+        make_tree(src, args.samples, args.classes, args.tiny_size, args.seed)
+        made = time.perf_counter() - made
+        read_tree(src)
+        build: Callable[[Path, Path, int, int], float] = (
+            pack_parts_cli if args.build == "cli" else pack_parts_inproc
+        )
+        built = build(src, dst, args.merge_parts, args.jobs)
     print(
         f"# {args.samples} files of {args.tiny_size} B made in {made:.1f} s; "
         f"{args.merge_parts} parts built ({args.build}) in {built:.1f} s",
@@ -308,8 +438,15 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
         flush=True,
     )
     merges = [tierfeed("merge", str(dst)) for _ in range(args.runs)]
-    single_s = pack_single(src, single)
-    check_same(single, dst)
+    if args.build == "listed":  # no tree to pack in one: the listing's names are checked
+        single = dst
+        single_s = 0.0
+        check_listed(dst, args.samples)
+        verified = tierfeed("merge", str(dst), "--verify")
+    else:
+        single_s = pack_single(src, single)
+        check_same(single, dst)
+        verified = 0.0
     common = {"mode": "merge", "samples": args.samples, "parts": args.merge_parts}
     common |= {"build": args.build, "page_cache": "warm", **machine()}
     emit(
@@ -321,10 +458,13 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
             "build_s": round(built, 3),
             "checked": True,
             "merge_s_runs": [round(t, 3) for t in merges],
+            "merge_verify_s": round(verified, 3),
         },
         rows,
     )
-    for what, store in (("open merged index", dst), ("open single pack's index", single)):
+    stores = [("open merged index", dst)]
+    stores += [] if single == dst else [("open single pack's index", single)]
+    for what, store in stores:
         row = {
             **common,
             "what": what,
@@ -332,10 +472,10 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
             "opens": args.opens,
             "index_bytes": (store / INDEX_NAME).stat().st_size,
         }
-        if store == single:
+        if what.startswith("open single"):
             row["parts"], row["pack_s"] = 0, round(single_s, 3)
         emit(row, rows)
-    for path in (dst, single, src):
+    for path in {dst, single, src}:
         shutil.rmtree(path)
 
 
@@ -371,7 +511,7 @@ def main() -> None:
     ap.add_argument("--merge-parts", type=int, help="P: time the merge of P parts")
     ap.add_argument("--samples", type=int, default=200_000, help="S: samples of the P parts")
     ap.add_argument("--tiny-size", type=int, default=1, help="bytes of each of the S files")
-    ap.add_argument("--build", choices=("inproc", "cli"), default="inproc")
+    ap.add_argument("--build", choices=("inproc", "cli", "listed"), default="inproc")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parts built at once")
     ap.add_argument("--opens", type=int, default=5, help="Index(DST) opens (fresh processes)")
     args = ap.parse_args()

@@ -25,6 +25,8 @@ MARKED_ELSEWHERE = [
     "tests/format/test_pack_parts.py::test_a_damaged_chunk_is_refused",
     "tests/format/test_pack_parts.py::test_overlapping_parts_are_refused",
     "tests/format/test_index_parts.py::test_a_shard_changed_after_its_part_is_refused",
+    "tests/format/test_merge_quick.py::test_a_chunk_altered_in_place_with_its_mtime_put_back",
+    "tests/format/test_pathsort.py::test_a_broken_path_order_is_named",
     "tests/distributed/test_simulate_time.py::test_a_probe_of_a_damaged_store_fails_in_one_line",
     "tests/distributed/test_simulate_time.py::test_a_probe_past_its_bound_is_stopped_with_what_it_started",
 ]

@@ -16,7 +16,7 @@ from tierfeed.format.index import Index
 from tierfeed.format.indexparts import index_part
 from tierfeed.format.layout import INDEX_NAME
 from tierfeed.format.merge import merge_parts
-from tierfeed.format.parts import part_directory
+from tierfeed.format.parts import part_directory, part_shares
 from tierfeed.format.shards import index_shards
 
 SHARDS = 12
@@ -50,14 +50,37 @@ def test_merged_parts_are_the_single_index(tmp_path: Path, shards: list[Path], c
     single, parted = tmp_path / "single", tmp_path / "parted"
     index_shards(shards, single, progress=False)
     _index_in_parts(shards, parted, count)
+    shares = part_shares([p.stat().st_size for p in shards], count)
     for i in range(count):
         with Index(part_directory(parted, i, count)) as ix:
-            assert ix.num_chunks == len(range(SHARDS * i // count, SHARDS * (i + 1) // count))
+            assert ix.num_chunks == len(shares[i])
     report = merge_parts(parted, progress=False)
     assert (report.parts, report.chunks, report.samples) == (count, SHARDS, SHARDS * 4)
     _same_as_single(single, parted)
     with Index(parted) as ix:
         assert ix.classes == ["0", "1", "2"]
+
+
+def test_parts_hold_about_equal_bytes(tmp_path: Path) -> None:
+    """Two large shards and ten small ones in 2 parts: each part holds about half the bytes
+    (within one shard's size, the cut at the shard end nearest half), not half the shards."""
+    where = tmp_path / "shards"
+    for s in range(12):
+        size = 40_000 if s in (0, 1) else 2_000
+        samples = {f"k{s:02d}_{i}": {"bin": b"x" * size} for i in range(4)}
+        write_shard(where / f"s{s:02d}.tar", samples)
+    shards = sorted(where.glob("*.tar"))
+    sizes = [p.stat().st_size for p in shards]
+    _index_in_parts(shards, tmp_path / "parted", 2)
+    held = []
+    for i in range(2):
+        with Index(part_directory(tmp_path / "parted", i, 2)) as ix:
+            held.append(int(ix.chunk_size.sum()))
+    assert held == [sum(sizes[:2]), sum(sizes[2:])]  # by count, 6 shards each: 430 KB, 123 KB
+    assert abs(held[0] - held[1]) <= max(sizes)
+    merge_parts(tmp_path / "parted", progress=False)
+    index_shards(shards, tmp_path / "single", progress=False)
+    _same_as_single(tmp_path / "single", tmp_path / "parted")
 
 
 def test_folder_labels_are_the_whole_lists(tmp_path: Path) -> None:

@@ -159,7 +159,9 @@ def run_merge(args: argparse.Namespace) -> int:
     """`tierfeed merge` with ``args``."""
     from tierfeed.format.merge import merge_parts
 
-    report = merge_parts(args.dst, overwrite=args.overwrite, progress=not args.quiet)
+    report = merge_parts(
+        args.dst, overwrite=args.overwrite, progress=not args.quiet, verify=args.verify
+    )
     print(
         f"merged {report.parts} parts: {report.samples} samples "
         f"({human(report.data_bytes)}) in {report.chunks} chunks, checked, in "
@@ -176,6 +178,12 @@ def register_merge(sub: Any) -> None:
         "--overwrite",
         action="store_true",
         help="replace an index at DST that was not merged from parts",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every chunk again, as `tierfeed verify` does (default: only the chunks "
+        "whose size or mtime changed since their part was packed)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_merge)

@@ -40,9 +40,8 @@ __all__ = ["CHECKSUM_ON_OPEN_BYTES", "ChunkTable", "Index", "IndexContent", "wri
 
 
 # Indexes whose sections total at most this many bytes (about 3M one-file samples) have their
-# sections checksum verified on open: xxh3 reads several GB/s, so this costs tens of ms at
-# most and catches every bit flip, including the ones that break the path order. Larger ones
-# rely on the vectorised invariant checks on open and `tierfeed verify` for the rest.
+# sections checksum verified on open: tens of ms at most (xxh3), and it catches every bit
+# flip; larger ones rely on the invariant checks on open and `tierfeed verify` for the rest.
 CHECKSUM_ON_OPEN_BYTES = 256 * 2**20
 # `Index.check_samples` sorts more rows than this first (BENCHMARKS: "Row checks of format 3").
 _SORT_ROWS_ABOVE = 4096
@@ -158,6 +157,7 @@ class Index:
         self.member_checksum: npt.NDArray[np.uint64] = arrays["member_checksum"]
         self.member_ext: npt.NDArray[np.uint16] = arrays["member_ext"]
         self.path_order: npt.NDArray[np.unsignedinteger[Any]] = arrays["path_order"]
+        self.sample_check: npt.NDArray[np.uint64] = arrays["sample_check"]  # (`rowcheck`)
         self._keys: npt.NDArray[np.uint8] = arrays["keys"]
         self.chunk_size: npt.NDArray[np.uint64] = arrays["chunk_size"]
         self.chunk_checksum: npt.NDArray[np.uint64] = arrays["chunk_checksum"]

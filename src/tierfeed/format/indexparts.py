@@ -29,7 +29,7 @@ from tierfeed.format.chunkroot import ShardNames, is_url
 from tierfeed.format.index import Index, IndexContent
 from tierfeed.format.labels import load_classes, resolve_labels
 from tierfeed.format.layout import INDEX_NAME
-from tierfeed.format.parts import finished_part, parse_part, part_directory, part_samples
+from tierfeed.format.parts import finished_part, parse_part, part_directory, part_shares
 from tierfeed.format.shards import IndexReport, ShardScan, scan_shard_set, write_shard_index
 from tierfeed.format.shardset import ShardSet, check_target, listed_shards
 
@@ -122,8 +122,9 @@ def _whole(shards: Sequence[str | os.PathLike[str]] | ShardSet, dst: Path) -> Sh
 
 
 def _share(whole: ShardSet, index: int, count: int, dst: Path) -> range:
-    """The shards of part ``index`` of ``count``; refuses a part that would hold none."""
-    share = part_samples(len(whole.shown), index, count)
+    """The shards of part ``index`` of ``count``, the parts of about equal bytes
+    (`tierfeed.format.parts.part_shares`); refuses a part that would hold none."""
+    share = part_shares(whole.sizes, count)[index]
     if not share:
         raise PackError(
             f"{dst}: part {index} of {count} would hold no shard (there are "
@@ -225,8 +226,9 @@ def merged_index(content: IndexContent, parts: list[Index], dst: Path) -> IndexC
     """``content`` (the parts' rows joined) as a single index of the whole list makes it:
     labels decided over every part, the shards' chunk root; a key in two parts refused."""
     records = [ix.header["extra"]["part"] for ix in parts]
+    keys = list(content.keys)
     seen: set[bytes] = set()
-    for key in content.keys:
+    for key in keys:
         if key in seen:
             raise PackError(
                 f"{dst}: sample key {os.fsdecode(key)!r} is in two shards of two parts; a "
@@ -238,7 +240,7 @@ def merged_index(content: IndexContent, parts: list[Index], dst: Path) -> IndexC
         labels = ix.sample_label.astype(int).tolist()
         cls.extend(labels if record["cls"] else [None] * len(labels))
     names = list(parts[0].classes) if records[0]["classes_map"] else None
-    label_of, classes = resolve_labels(content.keys, cls, records[0]["labels"], names, dst)
+    label_of, classes = resolve_labels(keys, cls, records[0]["labels"], names, dst)
     content.labels = content.labels.copy()
     content.labels[:] = label_of
     content.classes = classes

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,12 +17,34 @@ from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
 from tierfeed.format.headercheck import header_checksum
 from tierfeed.format.layout import MAGIC, NARROW, aligned, present_sections, version_of
+from tierfeed.format.pathsort import padded_paths, sorted_order
 from tierfeed.format.rowcheck import write_checks
 from tierfeed.publish import publishing
 
-__all__ = ["PREFIX", "IndexContent", "write_index"]
+__all__ = ["PREFIX", "IndexContent", "KeyBlob", "write_index"]
 
 PREFIX = struct.Struct("<8sII")
+Payload = bytes | memoryview  # a section's bytes in file order
+
+
+@dataclass(frozen=True)
+class KeyBlob:
+    """Sample keys as one blob: key ``i`` is ``blob[offsets[i]:offsets[i + 1]]``. What
+    `IndexContent.keys` may be instead of a list, where the keys come as blobs already (a
+    merge of parts' indexes): no Python bytes object per key."""
+
+    offsets: npt.NDArray[np.uint64]  # samples + 1, from 0 to len(blob)
+    blob: bytes
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def __iter__(self) -> Iterator[bytes]:
+        bounds = self.offsets.tolist()
+        return (self.blob[lo:hi] for lo, hi in itertools.pairwise(bounds))
 
 
 @dataclass
@@ -32,7 +55,7 @@ class IndexContent:
     extension; every member of a sample lies in the sample's chunk.
     """
 
-    keys: list[bytes]
+    keys: list[bytes] | KeyBlob
     labels: npt.NDArray[np.int32]
     member_start: npt.NDArray[np.uint64]  # samples + 1
     member_chunk: npt.NDArray[np.uint32]
@@ -57,6 +80,12 @@ class IndexContent:
     # The directory the chunk names are relative to, when not the index's own: absolute, or
     # relative to it (`tierfeed.format.chunkroot`; format 4).
     chunk_root: str | None = None
+    # Each key's own check (`tierfeed.format.rowcheck.name_check`), when the caller holds
+    # them already (a merge: its parts' checked indexes); computed from the keys when None.
+    key_checks: npt.NDArray[np.uint64] | None = None
+    # The members in bytewise order of their paths, when the caller holds it already (a
+    # merge of parts whose orders it checked, `tierfeed.format.merge`); sorted when None.
+    path_order: npt.NDArray[np.unsignedinteger[Any]] | None = None
 
 
 def _tree_arrays(content: IndexContent) -> dict[str, npt.NDArray[Any] | bytes]:
@@ -91,22 +120,33 @@ def _blob(parts: Sequence[bytes]) -> tuple[npt.NDArray[np.uint64], bytes]:
     return offsets, b"".join(parts)
 
 
-def _path_order(content: IndexContent) -> npt.NDArray[np.generic]:
-    start = content.member_start
-    owner = np.repeat(np.arange(len(content.keys)), np.diff(start).astype(np.int64))
-    paths = [
-        content.keys[s] + content.exts[e] for s, e in zip(owner, content.member_ext, strict=True)
-    ]
-    order = sorted(range(len(paths)), key=paths.__getitem__)
-    dtype = "<u4" if len(paths) < 2**32 else "<u8"
-    return np.asarray(order, dtype=dtype)
+def _order_dtype(members: int) -> str:
+    return "<u4" if members < 2**32 else "<u8"
+
+
+def _path_order(
+    content: IndexContent, key_offset: npt.NDArray[np.uint64], keys: bytes
+) -> npt.NDArray[np.generic]:
+    """The members in bytewise order of their paths (`tierfeed.format.pathsort`)."""
+    start, dtype = content.member_start, _order_dtype(len(content.member_ext))
+    blob = np.frombuffer(keys, dtype=np.uint8)
+    padded = padded_paths(blob, key_offset, start, content.member_ext, content.exts)
+    if padded is not None:
+        return sorted_order(padded).astype(dtype)
+    owner = np.repeat(np.arange(len(content.keys)), np.diff(start).astype(np.int64)).tolist()
+    exts = content.member_ext.tolist()
+    paths = [content.keys[s] + content.exts[e] for s, e in zip(owner, exts, strict=True)]
+    return np.asarray(sorted(range(len(paths)), key=paths.__getitem__), dtype=dtype)
 
 
 def _section_arrays(
     content: IndexContent, narrow: bool = True
 ) -> dict[str, npt.NDArray[Any] | bytes]:
     """Every section of the index for ``content``, by name, before encoding."""
-    key_offset, keys = _blob(content.keys)
+    if isinstance(content.keys, KeyBlob):
+        key_offset, keys = content.keys.offsets, content.keys.blob
+    else:
+        key_offset, keys = _blob(content.keys)
     name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
     arrays: dict[str, npt.NDArray[Any] | bytes] = {
         "sample_member_start": content.member_start,
@@ -120,7 +160,9 @@ def _section_arrays(
         "member_length": content.member_length,
         "member_checksum": content.member_checksum,
         "member_ext": content.member_ext,
-        "path_order": _path_order(content),
+        "path_order": _path_order(content, key_offset, keys)
+        if content.path_order is None
+        else content.path_order.astype(_order_dtype(len(content.member_ext))),
         "keys": keys,
         "chunk_name_offset": name_offset,
         "chunk_names": names,
@@ -130,7 +172,9 @@ def _section_arrays(
     arrays |= _tree_arrays(content)
     arrays = _narrowed(arrays, content, narrow)
     columns = {k: v for k, v in arrays.items() if not isinstance(v, bytes)}
-    arrays["sample_check"], arrays["chunk_check"] = write_checks(columns, keys, names)
+    arrays["sample_check"], arrays["chunk_check"] = write_checks(
+        columns, keys, names, content.key_checks
+    )
     return arrays
 
 
@@ -150,9 +194,9 @@ def _narrowed(
     return arrays
 
 
-def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, bytes]]:
+def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, Payload]]:
     """The sections' bytes in file order, each in its on-disk dtype."""
-    payloads: list[tuple[str, bytes]] = []
+    payloads: list[tuple[str, Payload]] = []
     for name, (dtype, _) in present_sections(arrays).items():
         value = arrays[name]
         if isinstance(value, bytes):
@@ -160,14 +204,15 @@ def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, by
         else:
             own = name == "path_order" or name in NARROW  # their dtype is the array's
             spec = value.dtype.newbyteorder("<").str if own else dtype
-            payloads.append((name, np.ascontiguousarray(value, dtype=spec).tobytes()))
+            data = np.ascontiguousarray(value, dtype=spec)
+            payloads.append((name, data.data.cast("B")))  # (no copy of the array)
     return payloads
 
 
 def _header(
     content: IndexContent,
     arrays: dict[str, npt.NDArray[Any] | bytes],
-    payloads: list[tuple[str, bytes]],
+    payloads: list[tuple[str, Payload]],
 ) -> dict[str, Any]:
     """The JSON header's fields, except the section offsets and its own checksum."""
     hasher = new_hasher()
@@ -197,7 +242,7 @@ def _header(
     return header
 
 
-def _lay_out(header: dict[str, Any], payloads: list[tuple[str, bytes]]) -> int:
+def _lay_out(header: dict[str, Any], payloads: list[tuple[str, Payload]]) -> int:
     """Place every section after the header; set ``header["sections"]``; return the
     header's slot length (where the first section starts)."""
     header_slack = 64  # room for the header checksum added once the offsets are known

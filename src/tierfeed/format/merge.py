@@ -3,16 +3,18 @@
 No chunk is copied: the store's index names each part's chunks where they lie
 (``parts/part-000I-of-000N/chunks/...``). Before anything is written every part must be there
 and finished, of one source (the fingerprint its index records) and one count N, each holding
-exactly its share of the samples, and every chunk of every part must verify as `tierfeed
-verify` checks it (size, xxh3, tar headers). The index is then written atomically: the merged
-store is the store a single pack makes (samples, keys, labels, classes, bytes), its chunks cut
-at the parts' ends. Merging again rewrites the same index; an index not merged from parts is
-replaced only when asked.
+exactly its share of the samples, and every part's index must check whole. A part records
+its chunks' sizes and mtimes as it wrote them (and checksummed them); a chunk still so is
+trusted, any other is verified as `tierfeed verify` checks it (size, xxh3, tar headers), and
+``verify=True`` (`tierfeed merge --verify`) verifies every chunk: a store of millions of
+samples merges in seconds, not in a read of all its bytes. The index is then written
+atomically: the merged store is the store a single pack makes (samples, keys, labels,
+classes, bytes), its chunks cut at the parts' ends. Merging again rewrites the same index; an
+index not merged from parts is replaced only when asked.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import stat
 import time
@@ -21,17 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+from tqdm import tqdm
 
 from tierfeed.errors import PackError, TierfeedError
 from tierfeed.format.destination import already_holds_a_store
 from tierfeed.format.index import Index, IndexContent, write_index
-from tierfeed.format.indexparts import KIND, check_shards, merged_index
+from tierfeed.format.indexparts import KIND, merged_index
+from tierfeed.format.indexwrite import KeyBlob
 from tierfeed.format.layout import INDEX_NAME
+from tierfeed.format.mergecheck import in_order, verify_parts
 from tierfeed.format.packplan import OWNER_BITS
 from tierfeed.format.packstate import lock_destination, unlock_destination
 from tierfeed.format.parts import PART_NAME, PARTS_DIR, part_directory, part_name
 from tierfeed.format.tarchunk import cannot_write
-from tierfeed.format.verify import verify_index
 
 __all__ = ["MergeReport", "merge_parts"]
 
@@ -167,24 +172,37 @@ def _follows(share: Any, at: int, end: int | None) -> bool:
     return bool(share[0] == at < share[1] and (end is None or share[1] == end))
 
 
-def _verify(parts: list[Index], progress: bool) -> None:
-    """Every chunk of every part as `tierfeed verify` checks it; refuses the first problem."""
-    if parts[0].header["extra"]["part"].get("kind") == KIND:
-        check_shards(parts)  # the shards lie where they are: a stat each, not a second read
-        return
+def _keys(parts: list[Index]) -> KeyBlob:
+    """The parts' keys in part order, as one blob (their key blobs joined)."""
+    blobs = [ix.key_blob() for ix in parts]
+    at = np.cumsum([0] + [len(blob) for blob in blobs]).tolist()
+    offsets = [ix.sample_key_offset[:-1].astype(np.uint64) + at[i] for i, ix in enumerate(parts)]
+    return KeyBlob(
+        np.concatenate([*offsets, np.asarray([at[-1]], dtype=np.uint64)]), b"".join(blobs)
+    )
+
+
+def _path_order(parts: list[Index]) -> npt.NDArray[np.uint64] | None:
+    """The merged members' path order: each part's (`verify_index` checked it sorts the
+    part's paths), one after the other, when every part's paths sort after those of the part
+    before it; None when they interleave (the writer then sorts every path)."""
+    last = None
     for ix in parts:
-        problems = verify_index(ix, progress=progress)  # opened with a full check already
-        if problems:
-            more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
-            raise PackError(
-                f"{problems[0]}{more}; the part {ix.path.parent} is damaged: pack it again "
-                "with --overwrite"
-            )
+        if ix.num_members:
+            if last is not None and ix.sorted_path(0) <= last:
+                return None
+            last = ix.sorted_path(ix.num_members - 1)
+    first = np.cumsum([0] + [ix.num_members for ix in parts]).tolist()
+    return np.concatenate(
+        [ix.path_order.astype(np.uint64) + np.uint64(first[i]) for i, ix in enumerate(parts)]
+    )
 
 
-def _keys(ix: Index) -> list[bytes]:
-    blob, offsets = ix.key_blob(), ix.sample_key_offset.astype(np.int64).tolist()
-    return [blob[lo:hi] for lo, hi in itertools.pairwise(offsets)]
+def _joined(parts: list[Index], name: str, dtype: Any) -> Any:
+    """The parts' column ``name``, one after the other. (A key's own check is the high half of
+    its ``sample_check``, `tierfeed.format.rowcheck`: as its part wrote it, whose sections
+    checksum was checked, so the merge joins the keys' checks rather than hash every key.)"""
+    return np.concatenate([np.asarray(getattr(ix, name)).astype(dtype) for ix in parts])
 
 
 def _merged(parts: list[Index]) -> IndexContent:
@@ -199,7 +217,7 @@ def _merged(parts: list[Index]) -> IndexContent:
     first, extra = parts[0], [ix.header["extra"] for ix in parts]
 
     def joined(name: str, dtype: Any) -> Any:
-        return np.concatenate([np.asarray(getattr(ix, name)).astype(dtype) for ix in parts])
+        return _joined(parts, name, dtype)
 
     tree: dict[str, Any] = {}
     if first.has_tree:
@@ -212,7 +230,9 @@ def _merged(parts: list[Index]) -> IndexContent:
             "root": first.root,
         }
     return IndexContent(
-        keys=[key for ix in parts for key in _keys(ix)],
+        keys=_keys(parts),
+        key_checks=joined("sample_check", np.uint64) >> np.uint64(32),  # (`_joined`)
+        path_order=_path_order(parts),
         labels=joined("sample_label", np.int32),
         member_start=np.concatenate([*starts, np.asarray([members[-1]], dtype=np.uint64)]),
         member_chunk=np.concatenate(
@@ -262,7 +282,7 @@ def _write(dst: Path, content: IndexContent, mode: int, overwrite: bool) -> None
         raise cannot_write(dst, exc) from None
     try:
         if (dst / INDEX_NAME).exists() and not overwrite:
-            with Index(dst / INDEX_NAME) as old:
+            with Index(dst / INDEX_NAME, lazy=True) as old:  # its header is what is asked
                 if "parts" not in old.header["extra"]:
                     raise already_holds_a_store(dst, "--overwrite")
         write_index(dst / INDEX_NAME, content, mode=mode)
@@ -273,7 +293,10 @@ def _write(dst: Path, content: IndexContent, mode: int, overwrite: bool) -> None
 
 
 def merge_parts(
-    dst: str | os.PathLike[str], overwrite: bool = False, progress: bool = True
+    dst: str | os.PathLike[str],
+    overwrite: bool = False,
+    progress: bool = True,
+    verify: bool = False,
 ) -> MergeReport:
     """Join the parts packed under ``dst`` (`tierfeed.format.parts.pack_part`) into the store
     at ``dst``: checked, then its one index written atomically (see the module).
@@ -282,6 +305,8 @@ def merge_parts(
         dst: the store directory the parts were packed into.
         overwrite: replace an index at ``dst`` that was not merged from parts.
         progress: show a progress bar while the chunks are verified.
+        verify: read every chunk of every part again, as `tierfeed verify` does (default:
+            only the chunks whose size or mtime is not what their part recorded).
 
     Raises:
         PackError: a part is missing, unfinished, damaged, of another source or count, or
@@ -291,10 +316,10 @@ def merge_parts(
     count = _part_count(root)
     parts: list[Index] = []
     try:
-        for index in range(count):
-            parts.append(_open_part(root, index, count))
+        with tqdm(total=count, unit="part", desc="open", disable=not progress) as bar:
+            parts = in_order(lambda i: _open_part(root, i, count), count, bar, Index.close)
         _check_shares(parts, root)
-        _verify(parts, progress)
+        verify_parts(parts, progress, verify)
         content = _merged(parts)
         if parts[0].header["extra"]["part"].get("kind") == KIND:
             content = merged_index(content, parts, root)

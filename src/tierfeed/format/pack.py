@@ -318,10 +318,10 @@ def write_store(
         else:
             packer.run(None)
         content = packer.content()
-        if plan.part is not None:  # a part of a larger source (`tierfeed.format.parts`)
-            content.extra["part"] = plan.part
         remove_leftovers(dst, plan.num_chunks)
-        sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
+        mtimes = sync_files([dst / chunk_file_name(c) for c in range(plan.num_chunks)])
+        if plan.part is not None:  # a part (`tierfeed.format.parts`): `merge` trusts a chunk
+            content.extra["part"] = {**plan.part, "chunk_mtime_ns": mtimes}  # still as written
         write_index(dst / INDEX_NAME, content, mode=packer.index_mode())
         with contextlib.suppress(FileNotFoundError):
             (dst / JOURNAL).unlink()

@@ -66,6 +66,7 @@ _W = np.array(
 _P_SAMPLE = np.uint64(0xD1B54A32D192ED03)  # position mixers: rows, members, chunks
 _P_MEMBER = np.uint64(0xAEF17502108EF2D9)
 _P_CHUNK = np.uint64(0xDB4F0B9175AE2165)
+_BLOCK = 1 << 16  # samples whose checks `write_checks` computes at once
 
 
 def _fold(values: U64) -> U64:
@@ -153,28 +154,37 @@ def _blob_checks(offsets: npt.NDArray[Any], blob: bytes) -> U64:
     )
 
 
-def write_checks(a: dict[str, Any], keys: bytes, names: bytes) -> tuple[U64, U64]:
+def write_checks(
+    a: dict[str, Any], keys: bytes, names: bytes, key_check: U64 | None = None
+) -> tuple[U64, U64]:
     """(sample_check, chunk_check) of a new index's sections ``a`` (the key and chunk name
-    blobs given as bytes): what `write_index` stores."""
+    blobs given as bytes): what `write_index` stores. ``key_check``: the keys' own checks,
+    when the caller holds them (else computed, one xxh3 a key)."""
     start, key_offset = a["sample_member_start"], a["sample_key_offset"]
     samples = len(start) - 1
-    key_check = _blob_checks(key_offset, keys)
-    ids = np.arange(samples, dtype=np.int64)
-    row = sample_terms(
-        ids,
-        start[:-1],
-        start[1:],
-        key_offset[:-1],
-        key_offset[1:],
-        a["sample_label"],
-        a["sample_chunk"],
-        key_check,
-    )
-    members = np.arange(len(a["member_chunk"]), dtype=np.int64)
-    per_member = member_terms(members, [a[n] for n in member_columns(a)])
-    if samples:  # (every sample has a member: the writers' invariant)
-        row += np.add.reduceat(per_member, start[:-1].astype(np.int64))
-    sample_check = (row & MASK) | (key_check << np.uint64(32))
+    if key_check is None:
+        key_check = _blob_checks(key_offset, keys)
+    sample_check = np.empty(samples, dtype=np.uint64)
+    columns = [a[n] for n in member_columns(a)]
+    for lo in range(0, samples, _BLOCK):  # a block at a time: its matrices stay in cache
+        hi = min(samples, lo + _BLOCK)
+        first, end = int(start[lo]), int(start[hi])
+        ids = np.arange(lo, hi, dtype=np.int64)
+        row = sample_terms(
+            ids,
+            start[lo:hi],
+            start[lo + 1 : hi + 1],
+            key_offset[lo:hi],
+            key_offset[lo + 1 : hi + 1],
+            a["sample_label"][lo:hi],
+            a["sample_chunk"][lo:hi],
+            key_check[lo:hi],
+        )
+        members = np.arange(first, end, dtype=np.int64)
+        per_member = member_terms(members, [c[first:end] for c in columns])
+        # (every sample has a member: the writers' invariant)
+        row += np.add.reduceat(per_member, start[lo:hi].astype(np.int64) - first)
+        sample_check[lo:hi] = (row & MASK) | (key_check[lo:hi] << np.uint64(32))
     name_offset = a["chunk_name_offset"]
     chunks = np.arange(len(name_offset) - 1, dtype=np.int64)
     name = _blob_checks(name_offset, names)

@@ -54,10 +54,12 @@ def header_length(path: bytes, size: int, mtime: int) -> int:
     return BLOCK if _plain_ustar(path, size, mtime) else len(member_header(path, size, mtime))
 
 
-def sync_files(paths: list[Path]) -> None:
-    """fsync ``paths`` and their directories, so what is published later is on disk first."""
+def sync_files(paths: list[Path]) -> list[int]:
+    """fsync ``paths`` and their directories, so what is published later is on disk first;
+    the files' mtimes (ns) as synced."""
     for path in [*paths, *{p.parent for p in paths}]:
         fsync_path(path)
+    return [path.stat().st_mtime_ns for path in paths]
 
 
 def fsync_path(path: Path) -> None:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tierfeed.format.headercheck import MAX_MODE, damaged
+from tierfeed.format.pathsort import padded_paths, strictly_increasing
 
 __all__ = ["check_path_order", "check_tree", "check_tree_members"]
 
@@ -39,8 +40,22 @@ def check_tree(a: Mapping[str, npt.NDArray[Any]], where: Path) -> list[bytes]:
         raise damaged(where, f"directory path offsets are not monotone from 0 to {len(blob)}")
     if np.any(blob == 0):
         raise damaged(where, "a directory path holds a NUL byte")
-    raw = blob.tobytes()
-    bounds = offsets.tolist()
+    global _checked_table
+    table, last = (blob.tobytes(), offsets.tobytes()), _checked_table  # (one read: threads)
+    if last is not None and last[0] == table:
+        return list(last[1])  # the table the index opened before held, checked then
+    dirs = _check_dir_paths(table[0], offsets.tolist(), where)
+    _checked_table = (table, tuple(dirs))
+    return dirs
+
+
+# The last directory table `check_tree` passed, and its paths: every part `tierfeed merge`
+# opens holds the whole source's table, so it is checked once, not once a part.
+_checked_table: tuple[tuple[bytes, bytes], tuple[bytes, ...]] | None = None
+
+
+def _check_dir_paths(raw: bytes, bounds: list[int], where: Path) -> list[bytes]:
+    """The directory paths of a table (its offsets ``bounds`` into ``raw``), each checked."""
     dirs = [raw[lo:hi] for lo, hi in itertools.pairwise(bounds)]
     known: set[bytes] = set()
     previous = b""
@@ -127,7 +142,27 @@ def _missing_parent(a: Mapping[str, npt.NDArray[Any]], sample: int, where: Path)
 
 def check_path_order(a: Mapping[str, npt.NDArray[Any]], exts: list[bytes], where: Path) -> None:
     """Raise IndexFormatError unless every member path is distinct and the path order sorts
-    them bytewise (O(members) Python work: `tierfeed verify` runs it)."""
+    them bytewise (vectorised, `tierfeed.format.pathsort`; `tierfeed verify` runs it)."""
+    order = a["path_order"].astype(np.int64)
+    members = len(a["member_ext"])
+    if len(order) != members or (members and (order.min() < 0 or order.max() >= members)):
+        raise damaged(where, "the path order names members that are not there")
+    padded = padded_paths(
+        a["keys"], a["sample_key_offset"], a["sample_member_start"], a["member_ext"], exts
+    )
+    if padded is None:
+        _check_path_order_bytes(a, exts, where)
+        return
+    at = strictly_increasing(padded[order])
+    if at >= 0:
+        shown = os.fsdecode(padded[order[at]])
+        raise damaged(where, f"path order broken or duplicate path at {shown!r}")
+
+
+def _check_path_order_bytes(
+    a: Mapping[str, npt.NDArray[Any]], exts: list[bytes], where: Path
+) -> None:
+    """`check_path_order` one path at a time (paths with a NUL, or too many to lay out)."""
     blob = a["keys"].tobytes()
     offsets = a["sample_key_offset"].tolist()
     keys = [blob[lo:hi] for lo, hi in itertools.pairwise(offsets)]

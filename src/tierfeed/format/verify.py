@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +20,10 @@ from tierfeed.format.names import normalize_member_name
 from tierfeed.format.relpath import safe_chunk_path
 from tierfeed.format.tarchunk import scan_tar
 
-__all__ = ["StoreSummary", "summarize", "verify_index", "verify_store"]
+__all__ = ["StoreSummary", "check_index", "summarize", "verify_index", "verify_store"]
 
 
-def _check_structure(ix: Index) -> list[str]:
+def check_index(ix: Index) -> list[str]:
     """What opening the index does not check: the sections checksum (opening checks it only
     below a size threshold) and that the path order sorts every path; invariants of the
     arrays were checked when ``ix`` was opened (`tierfeed.format.indexcheck`)."""
@@ -208,19 +208,28 @@ def verify_store(
         return verify_index(ix, progress, fetch)
 
 
-def verify_index(ix: Index, progress: bool = True, fetch: ChunkFetch | None = None) -> list[str]:
+def verify_index(
+    ix: Index,
+    progress: bool = True,
+    fetch: ChunkFetch | None = None,
+    chunks: Sequence[int] | None = None,
+) -> list[str]:
     """`verify_store` of an index the caller opened with a full check (``recheck=True``) and
-    keeps using: the problems found (empty: good); ``ix`` is left open."""
+    keeps using: the problems found (empty: good); ``ix`` is left open. ``chunks``: check only
+    these chunks' bytes (default: every chunk); the index itself is checked whole either way."""
     if fetch is None and ix.chunk_url is not None:  # no file of its own to check
         return [
             f"{ix.path}: its chunks lie under {ix.chunk_url}; check them there with "
             "`tierfeed verify` (or `tierfeed.loader.commands.verify_location`)"
         ]
-    problems = _check_structure(ix)
-    total = int(ix.chunk_size.sum())
+    problems = check_index(ix)
+    chunks = range(ix.num_chunks) if chunks is None else chunks
+    if not len(chunks):
+        return problems
+    total = int(ix.chunk_size[np.asarray(chunks, dtype=np.intp)].sum())
     members_of = _members_by_chunk(ix)
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
-        for chunk in range(ix.num_chunks):
+        for chunk in chunks:
             problems.extend(_check_one(ix, chunk, bar, fetch, members_of))
     return problems
 
