@@ -202,7 +202,8 @@ def _joined(parts: list[Index], name: str, dtype: Any) -> Any:
     """The parts' column ``name``, one after the other. (A key's own check is the high half of
     its ``sample_check``, `tierfeed.format.rowcheck`: as its part wrote it, whose sections
     checksum was checked, so the merge joins the keys' checks rather than hash every key.)"""
-    return np.concatenate([np.asarray(getattr(ix, name)).astype(dtype) for ix in parts])
+    columns = [np.asarray(getattr(ix, name)) for ix in parts]
+    return np.concatenate(columns, dtype=dtype, casting="unsafe")  # (no copy of each first)
 
 
 def _merged(parts: list[Index]) -> IndexContent:
