@@ -162,7 +162,7 @@ def _section_arrays(
         "member_ext": content.member_ext,
         "path_order": _path_order(content, key_offset, keys)
         if content.path_order is None
-        else content.path_order.astype(_order_dtype(len(content.member_ext))),
+        else np.asarray(content.path_order, dtype=_order_dtype(len(content.member_ext))),
         "keys": keys,
         "chunk_name_offset": name_offset,
         "chunk_names": names,

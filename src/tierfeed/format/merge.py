@@ -176,10 +176,24 @@ def _keys(parts: list[Index]) -> KeyBlob:
     """The parts' keys in part order, as one blob (their key blobs joined)."""
     blobs = [ix.key_blob() for ix in parts]
     at = np.cumsum([0] + [len(blob) for blob in blobs]).tolist()
-    offsets = [ix.sample_key_offset[:-1].astype(np.uint64) + at[i] for i, ix in enumerate(parts)]
-    return KeyBlob(
-        np.concatenate([*offsets, np.asarray([at[-1]], dtype=np.uint64)]), b"".join(blobs)
+    offsets = _shifted([ix.sample_key_offset[:-1] for ix in parts], at, at[-1])
+    return KeyBlob(offsets, b"".join(blobs))
+
+
+def _shifted(columns: list[npt.NDArray[Any]], shifts: list[int], end: int | None) -> Any:
+    """Each part's ids or offsets moved on by its shift, one after the other (then ``end``,
+    when given), 32-bit where the largest fits: as the index stores them, no wider copy."""
+    top = end if end is not None else shifts[len(columns)] - 1
+    out = np.empty(
+        sum(map(len, columns)) + (end is not None), np.uint32 if top < 2**32 else np.uint64
     )
+    at = 0
+    for column, shift in zip(columns, shifts, strict=False):
+        np.add(column, shift, out=out[at : at + len(column)], casting="unsafe")
+        at += len(column)
+    if end is not None:
+        out[at] = end
+    return out
 
 
 def _path_order(parts: list[Index]) -> npt.NDArray[np.uint64] | None:
@@ -193,9 +207,7 @@ def _path_order(parts: list[Index]) -> npt.NDArray[np.uint64] | None:
                 return None
             last = ix.sorted_path(ix.num_members - 1)
     first = np.cumsum([0] + [ix.num_members for ix in parts]).tolist()
-    return np.concatenate(
-        [ix.path_order.astype(np.uint64) + np.uint64(first[i]) for i, ix in enumerate(parts)]
-    )
+    return _shifted([ix.path_order for ix in parts], first, None)  # type: ignore[no-any-return]
 
 
 def _joined(parts: list[Index], name: str, dtype: Any) -> Any:
@@ -211,9 +223,6 @@ def _merged(parts: list[Index]) -> IndexContent:
     exts = sorted({e for ix in parts for e in ix.exts})
     members = np.cumsum([0] + [ix.num_members for ix in parts]).tolist()
     chunks = np.cumsum([0] + [ix.num_chunks for ix in parts]).tolist()
-    starts = [
-        ix.sample_member_start[:-1].astype(np.uint64) + members[i] for i, ix in enumerate(parts)
-    ]
     ext_ids = [np.asarray([exts.index(e) for e in ix.exts], dtype=np.uint16) for ix in parts]
     first, extra = parts[0], [ix.header["extra"] for ix in parts]
 
@@ -235,12 +244,12 @@ def _merged(parts: list[Index]) -> IndexContent:
         key_checks=joined("sample_check", np.uint64) >> np.uint64(32),  # (`_joined`)
         path_order=_path_order(parts),
         labels=joined("sample_label", np.int32),
-        member_start=np.concatenate([*starts, np.asarray([members[-1]], dtype=np.uint64)]),
+        member_start=_shifted([ix.sample_member_start[:-1] for ix in parts], members, members[-1]),
         member_chunk=np.concatenate(
             [ix.member_chunk.astype(np.uint32) + chunks[i] for i, ix in enumerate(parts)]
         ),
-        member_offset=joined("member_offset", np.uint64),
-        member_length=joined("member_length", np.uint64),
+        member_offset=joined("member_offset", None),  # (as wide as the parts': `NARROW`)
+        member_length=joined("member_length", None),
         member_checksum=joined("member_checksum", np.uint64),
         member_ext=np.concatenate([ext_ids[i][ix.member_ext] for i, ix in enumerate(parts)]),
         exts=exts,
