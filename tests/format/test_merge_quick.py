@@ -61,15 +61,15 @@ def _chunks(dst: Path, count: int) -> list[Path]:
 def test_chunks_as_written_are_not_read_again(tmp_path: Path, src: Path, reads: list[Path]) -> None:
     dst = tmp_path / "dst"
     _pack_in_parts(src, dst, 3)
-    merge_parts(dst, progress=False)
+    assert merge_parts(dst, progress=False).chunks_read == 0
     assert reads == []
     touched = _chunks(dst, 3)[1]
     stat = touched.stat()
     os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same bytes, new mtime
-    merge_parts(dst, progress=False)
+    assert merge_parts(dst, progress=False).chunks_read == 1
     assert reads == [touched]
     reads.clear()
-    merge_parts(dst, progress=False, verify=True)
+    assert merge_parts(dst, progress=False, verify=True).chunks_read == len(_chunks(dst, 3))
     assert sorted(reads) == _chunks(dst, 3)
 
 
@@ -172,4 +172,8 @@ def test_cli_merge_verify(tmp_path: Path, src: Path) -> None:
     _pack_in_parts(src, dst, 2)
     done = tierfeed("merge", dst, "-q", "--verify")
     assert done.returncode == 0, done.stderr
+    chunks = len(_chunks(dst, 2))
+    assert f"in {chunks} chunks, checked ({chunks} of them read again)" in done.stdout
+    done = tierfeed("merge", dst, "-q")
+    assert f"in {chunks} chunks, checked (0 of them read again)" in done.stdout
     assert (dst / INDEX_NAME).exists()

@@ -164,8 +164,8 @@ def run_merge(args: argparse.Namespace) -> int:
     )
     print(
         f"merged {report.parts} parts: {report.samples} samples "
-        f"({human(report.data_bytes)}) in {report.chunks} chunks, checked, in "
-        f"{report.seconds:.1f} s -> {report.store}"
+        f"({human(report.data_bytes)}) in {report.chunks} chunks, checked ({report.chunks_read} "
+        f"of them read again), in {report.seconds:.1f} s -> {report.store}"
     )
     return 0
 

@@ -53,6 +53,7 @@ class MergeReport:
     chunks: int
     data_bytes: int
     seconds: float
+    chunks_read: int = 0  # read again to verify them (the rest: as their parts wrote them)
 
 
 def _counts(dst: Path) -> set[int]:
@@ -329,7 +330,7 @@ def merge_parts(
         with tqdm(total=count, unit="part", desc="open", disable=not progress) as bar:
             parts = in_order(lambda i: _open_part(root, i, count), count, bar, Index.close)
         _check_shares(parts, root)
-        verify_parts(parts, progress, verify)
+        read = verify_parts(parts, progress, verify)
         content = _merged(parts)
         if parts[0].header["extra"]["part"].get("kind") == KIND:
             content = merged_index(content, parts, root)
@@ -344,4 +345,5 @@ def merge_parts(
         chunks=len(content.chunk_names),
         data_bytes=int(content.member_length.sum()),
         seconds=time.perf_counter() - started,
+        chunks_read=read,
     )

@@ -46,21 +46,22 @@ def in_order(
     return results
 
 
-def verify_parts(parts: list[Index], progress: bool, everything: bool) -> None:
+def verify_parts(parts: list[Index], progress: bool, everything: bool) -> int:
     """Each part's index whole, and its chunks as `tierfeed verify` checks them: every chunk
     when ``everything``, else those not as the part wrote them (`changed_chunks`); refuses the
-    first problem in part order."""
+    first problem in part order. Returns how many chunks were read again."""
     shards = parts[0].header["extra"]["part"].get("kind") == KIND
 
-    def problems(i: int) -> list[str]:  # each part was opened with a full check already
+    def problems(i: int) -> tuple[list[str], int]:  # each part opened with a full check
         if shards:  # the shards lie where they are: a stat each (below), not a second read
-            return check_index(parts[i])
-        chunks = None if everything else changed_chunks(parts[i])
-        return verify_index(parts[i], progress=False, chunks=chunks)
+            return check_index(parts[i]), 0
+        ix = parts[i]
+        chunks = range(ix.num_chunks) if everything else changed_chunks(ix)
+        return verify_index(ix, progress=False, chunks=chunks), len(chunks)
 
     with tqdm(total=len(parts), unit="part", desc="verify", disable=not progress) as bar:
         found = in_order(problems, len(parts), bar, lambda _: None)
-    for ix, problem in zip(parts, found, strict=True):
+    for ix, (problem, _) in zip(parts, found, strict=True):
         if problem:
             more = f" ({len(problem)} problems in all)" if len(problem) > 1 else ""
             again = "index it again" if shards else "pack it again"
@@ -70,6 +71,7 @@ def verify_parts(parts: list[Index], progress: bool, everything: bool) -> None:
             )
     if shards:
         check_shards(parts)
+    return sum(read for _, read in found)
 
 
 def changed_chunks(ix: Index) -> list[int]:
