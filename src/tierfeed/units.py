@@ -4,12 +4,13 @@ comparison deep inside would say ``'<' not supported between instances of 'str' 
 
 from __future__ import annotations
 
+import argparse
 import numbers
 import re
 
 from tierfeed.errors import ConfigError
 
-__all__ = ["byte_count", "count", "human", "parse_size"]
+__all__ = ["byte_count", "count", "human", "parse_size", "size_argument"]
 
 _UNITS = {
     "": 1,
@@ -36,6 +37,14 @@ def parse_size(text: str) -> int:
     if not match or unit not in _UNITS:
         raise ConfigError(f"cannot read size {text!r}; write e.g. 64MiB, 1GB or 4096")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def size_argument(text: str) -> int:
+    """An argparse type: a bad size is a usage error (exit 2), in `parse_size`'s words."""
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def human(n: float) -> str:

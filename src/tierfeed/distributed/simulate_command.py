@@ -21,17 +21,9 @@ from tierfeed.errors import ConfigError
 from tierfeed.plan import Plan, PlanSpec
 from tierfeed.plan.shape import DatasetShape
 from tierfeed.plan.simulate import as_dict, simulate
-from tierfeed.units import human, parse_size
+from tierfeed.units import human, size_argument
 
 __all__ = ["register"]
-
-
-def _size(text: str) -> int:
-    """An argparse type: a bad size is a usage error (exit 2), in parse_size's words."""
-    try:
-        return parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _shape(args: argparse.Namespace) -> tuple[DatasetShape, int]:
@@ -147,7 +139,7 @@ def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, help="synthetic: number of samples in the dataset")
     p.add_argument(
         "--sample-bytes",
-        type=_size,
+        type=size_argument,
         default="110KB",
         help="mean sample size, lognormal (default 110KB)",
     )
@@ -155,7 +147,10 @@ def _add_dataset_arguments(p: argparse.ArgumentParser) -> None:
         "--sigma", type=float, default=0.6, help="lognormal shape of sizes (default 0.6)"
     )
     p.add_argument(
-        "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
+        "--chunk-size",
+        type=size_argument,
+        default="64MiB",
+        help="target chunk size (default 64MiB)",
     )
 
 

@@ -29,7 +29,7 @@ from tierfeed.plan.timing import (
     fed_nodes,
     least_cache,
 )
-from tierfeed.units import human, parse_size
+from tierfeed.units import human, size_argument
 
 __all__ = [
     "add_time_arguments",
@@ -41,13 +41,6 @@ __all__ = [
 ]
 
 CALIBRATE_S = 300  # the probe ends within this or is stopped
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_time_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,11 +63,13 @@ def add_time_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-calibration", type=Path, help="write the probe's figures here")
     g.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores per node")
     g.add_argument(
-        "--ram", type=_size, default=_ram(), help="memory per node (default: this one's)"
+        "--ram", type=size_argument, default=_ram(), help="memory per node (default: this one's)"
     )
     g.add_argument("--disk-mbps", type=float, default=1000.0, help="local disk MB/s (default 1000)")
     g.add_argument("--nic-mbps", type=float, default=0.0, help="network MB/s each way (0: none)")
-    g.add_argument("--cache", type=_size, help="cache tier per node (default: room for all)")
+    g.add_argument(
+        "--cache", type=size_argument, help="cache tier per node (default: room for all)"
+    )
     g.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (probe)")
     g.add_argument("--batch-size", type=int, default=64, help="samples per batch (default 64)")
     g.add_argument("--step-ms", type=float, default=0.0, help="the model's time per batch")

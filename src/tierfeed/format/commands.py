@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tierfeed.errors import ConfigError
 from tierfeed.format.pack import PackOptions, PackReport, pack
-from tierfeed.units import human, parse_size
+from tierfeed.units import human, size_argument
 
 if TYPE_CHECKING:  # `tierfeed index`'s module (tqdm with it) loads only for that command
     from tierfeed.format.shards import IndexReport
@@ -33,14 +33,6 @@ def _print_skipped(skipped: list[tuple[str, str]]) -> None:
         print(f"skipped {len(skipped)}:", file=sys.stderr)
         for path, reason in skipped:
             print(f"  {path}: {reason}", file=sys.stderr)
-
-
-def _size(text: str) -> int:
-    """An argparse type: a bad size is a usage error (exit 2), in parse_size's words."""
-    try:
-        return parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(text: str) -> int:
@@ -118,7 +110,10 @@ def register_pack(sub: Any, packer: Callable[..., PackReport] = pack) -> None:
     p.add_argument("src", help="source directory (ImageFolder layout gives labels)")
     p.add_argument("dst", help="store directory to create, or a URL (s3://bucket/ds)")
     p.add_argument(
-        "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
+        "--chunk-size",
+        type=size_argument,
+        default="64MiB",
+        help="target chunk size (default 64MiB)",
     )
     p.add_argument(
         "--workers",

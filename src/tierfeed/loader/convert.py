@@ -24,7 +24,7 @@ from tierfeed.format.peercolumns import PeerDataset, key_width, sample_of, stora
 from tierfeed.format.peers import open_peer
 from tierfeed.format.writer import Classes, WriteReport
 from tierfeed.loader.writer import Writer
-from tierfeed.units import human, parse_size
+from tierfeed.units import human, size_argument
 
 __all__ = ["convert", "register"]
 
@@ -138,14 +138,6 @@ def _with_bar(dataset: PeerDataset, progress: bool) -> Generator[tuple[str, list
             raise
 
 
-def _size(text: str) -> int:
-    """An argparse type: a bad size is a usage error (exit 2), in parse_size's words."""
-    try:
-        return parse_size(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _run(args: argparse.Namespace) -> int:
     dataset = open_peer(args.src)
     options = (args.label_column, args.classes, args.chunk_size, args.overwrite)
@@ -177,7 +169,10 @@ def register(sub: Any) -> None:
         "default '0', '1', ...",
     )
     p.add_argument(
-        "--chunk-size", type=_size, default="64MiB", help="target chunk size (default 64MiB)"
+        "--chunk-size",
+        type=size_argument,
+        default="64MiB",
+        help="target chunk size (default 64MiB)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DST")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
