@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["PADDED_LIMIT", "padded_paths", "sorted_order", "strictly_increasing"]
+__all__ = ["PADDED_LIMIT", "padded_paths", "padded_rows", "sorted_order", "strictly_increasing"]
 
 PADDED_LIMIT = 1 << 30  # bytes of the fixed-width array of every member's path
 
@@ -49,13 +49,24 @@ def padded_paths(
     if members * width > limit or np.any(keys == 0) or any(b"\0" in e for e in exts):
         return None
     windows = sliding_window_view(np.concatenate([keys, np.zeros(width, np.uint8)]), width)
-    matrix = windows[starts]  # one gather of whole rows: a copy
-    matrix *= np.arange(width) < key_len[:, None]  # zero past each key
-    flat, rows = matrix.ravel(), np.arange(members, dtype=np.int64) * width + key_len
+    paths = padded_rows(windows, starts, key_len)
+    flat, rows = paths.view(np.uint8), np.arange(members, dtype=np.int64) * width + key_len
     for i, ext in enumerate(exts):  # each extension after its members' keys
         at = rows if len(exts) == 1 else rows[ext_id == i]
         for j, byte in enumerate(ext):
             flat[at + j] = byte
+    return paths
+
+
+def padded_rows(
+    windows: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bytes_]:
+    """The byte strings ``blob[start:start + length]`` as one fixed-width bytes array (a
+    copy), from the blob's sliding ``windows`` (as wide as the longest): zero padded, which
+    compares as bytewise order does where no string holds a NUL."""
+    width = windows.shape[1]
+    matrix = windows[starts]  # one gather of whole rows: a copy
+    matrix *= np.arange(width) < lengths[:, None]  # zero past each string
     return matrix.view(f"S{width}").ravel()
 
 

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tierfeed.format.headercheck import MAX_MODE, damaged
-from tierfeed.format.pathsort import padded_paths, strictly_increasing
+from tierfeed.format.pathsort import padded_paths, padded_rows, strictly_increasing
 
 __all__ = ["check_path_order", "check_tree", "check_tree_members"]
 
@@ -83,18 +83,6 @@ def check_tree_members(a: Mapping[str, npt.NDArray[Any]], dirs: list[bytes], whe
     _check_member_parents(a, dirs, where)
 
 
-def _padded(
-    windows: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
-) -> npt.NDArray[np.bytes_]:
-    """The byte strings ``blob[start:start+length]`` as one fixed-width bytes array, from the
-    blob's sliding windows (no NUL inside them, so the zero padding compares as bytewise
-    order does)."""
-    width = windows.shape[1]
-    matrix = windows[starts]  # one gather of whole rows
-    matrix[np.arange(width) >= lengths[:, None]] = 0
-    return matrix.view(f"S{width}").ravel()
-
-
 def _check_member_parents(
     a: Mapping[str, npt.NDArray[Any]], dirs: list[bytes], where: Path
 ) -> None:
@@ -123,7 +111,7 @@ def _check_member_parents(
     step = max(1, _BLOCK_BYTES // width)
     for lo in range(0, len(samples), step):
         block = samples[lo : lo + step]
-        parents = _padded(windows, starts[block], lengths[lo : lo + step])
+        parents = padded_rows(windows, starts[block], lengths[lo : lo + step])
         change = np.ones(len(parents), dtype=bool)
         change[1:] = parents[1:] != parents[:-1]
         distinct = parents[change]
