@@ -39,6 +39,14 @@ listing at spread positions); `tierfeed merge --verify` (every chunk read again)
 
     .venv/bin/python bench/pack_parts.py --work /tmp/tf-bench --merge-parts 1000 \
         --samples 10000000 --build listed --runs 5
+
+--keep DIR builds the --merge-parts parts in DIR once and keeps them for the next runs (a
+build of 10M samples is minutes); --phases then times one merge's phases in this process
+(the parts opened with their full check, their shares, their chunks, the join, the index's
+write), --runs times, each a JSON line:
+
+    .venv/bin/python bench/pack_parts.py --merge-parts 1000 --samples 10000000 \
+        --build listed --keep /tmp/tf-bench/kept --phases --runs 5
 """
 
 from __future__ import annotations
@@ -415,10 +423,10 @@ def bench_tree(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]])
     shutil.rmtree(src)
 
 
-def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]) -> None:
-    from tierfeed.format.layout import INDEX_NAME
-
-    src, dst, single = work / "tiny-tree", work / "merged", work / "tiny-single"
+def build_merge(args: argparse.Namespace, work: Path) -> tuple[float, float]:
+    """The --merge-parts parts under ``work`` (unless --keep holds them, built as asked):
+    seconds to make the tree and to build the parts."""
+    src, dst = work / "tiny-tree", work / "merged"
     made = time.perf_counter()
     if args.build == "listed":
         src.mkdir()
@@ -433,6 +441,72 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
             pack_parts_cli if args.build == "cli" else pack_parts_inproc
         )
         built = build(src, dst, args.merge_parts, args.jobs)
+    return made, built
+
+
+def kept(args: argparse.Namespace, work: Path) -> bool:
+    """``work`` (--keep) holds the parts this run asks for, built before."""
+    wanted = {"samples": args.samples, "parts": args.merge_parts, "build": args.build}
+    record = work / "built.json"
+    return record.exists() and json.loads(record.read_text()) == wanted
+
+
+def merge_phases(dst: Path) -> dict[str, float]:
+    """One merge of ``dst`` in this process, timed phase by phase: the parts opened with their
+    full check, their shares checked, their chunks checked, the columns joined, the index
+    written (the calls `tierfeed.format.merge.merge_parts` makes, in its order)."""
+    from tierfeed.format import merge as m
+    from tierfeed.format.mergecheck import in_order, verify_parts
+
+    times: dict[str, float] = {}
+    at = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal at
+        now = time.perf_counter()
+        times[name] = round(now - at, 3)
+        at = now
+
+    count = m._part_count(dst)
+    parts = in_order(lambda i: m._open_part(dst, i, count), count, _NO_BAR, m.Index.close)
+    lap("open")
+    try:
+        m._check_shares(parts, dst)
+        lap("shares")
+        verify_parts(parts, False, False)
+        lap("verify")
+        content = m._merged(parts)
+        lap("join")
+        m._write(dst, content, m._index_mode(parts), False)
+        lap("write")
+    finally:
+        for ix in parts:
+            ix.close()
+    lap("close")
+    times["total"] = round(sum(times.values()), 3)
+    return times
+
+
+class _Bar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+_NO_BAR: Any = _Bar()
+
+
+def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]) -> None:
+    from tierfeed.format.layout import INDEX_NAME
+
+    src, dst, single = work / "tiny-tree", work / "merged", work / "tiny-single"
+    if args.keep and kept(args, work):
+        made, built = 0.0, 0.0
+        print(f"# the parts kept in {work} (--keep)", file=sys.stderr, flush=True)
+    else:
+        made, built = build_merge(args, work)
+        if args.keep:
+            record = {"samples": args.samples, "parts": args.merge_parts, "build": args.build}
+            (work / "built.json").write_text(json.dumps(record))
     synced = time.perf_counter()
     os.sync()  # the parts' bytes on disk first: a merge's fsync is not to flush the build's
     synced = time.perf_counter() - synced
@@ -443,6 +517,10 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
         file=sys.stderr,
         flush=True,
     )
+    if args.phases:
+        for run in range(args.runs):
+            print(json.dumps({"what": "merge phases", "run": run, **merge_phases(dst)}), flush=True)
+        return
     merges = [tierfeed("merge", str(dst)) for _ in range(args.runs)]
     if args.build == "listed":  # no tree to pack in one: the listing's names are checked
         single = dst
@@ -481,8 +559,9 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
         if what.startswith("open single"):
             row["parts"], row["pack_s"] = 0, round(single_s, 3)
         emit(row, rows)
-    for path in {dst, single, src}:
-        shutil.rmtree(path)
+    if not args.keep:
+        for path in {dst, single, src}:
+            shutil.rmtree(path)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -520,6 +599,16 @@ def main() -> None:
     ap.add_argument("--build", choices=("inproc", "cli", "listed"), default="inproc")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parts built at once")
     ap.add_argument("--opens", type=int, default=5, help="Index(DST) opens (fresh processes)")
+    ap.add_argument(
+        "--keep",
+        help="--merge-parts: build the parts in this directory once "
+        "and keep them there for the next runs (built.json says what they are)",
+    )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="--merge-parts: time the merge's phases in this process (--runs times), nothing else",
+    )
     args = ap.parse_args()
     if args.tree is None and args.merge_parts is None:
         args.tree = 100_000
@@ -530,7 +619,9 @@ def main() -> None:
         if args.tree is not None:
             bench_tree(args, work, rows)
         if args.merge_parts is not None:
-            bench_merge(args, work, rows)
+            kept_in = Path(args.keep) if args.keep else work
+            kept_in.mkdir(parents=True, exist_ok=True)
+            bench_merge(args, kept_in, rows)
     finally:
         shutil.rmtree(work)
     print(table(rows))

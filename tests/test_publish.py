@@ -96,6 +96,60 @@ def test_failure_leaves_no_file_and_no_temporary(tmp_path: Path) -> None:
     assert names(tmp_path) == ["dir"]
 
 
+def test_writes_at_offsets_are_whole_even_when_the_system_writes_less(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`write_at` places its parts at the offset, in order, however little each pwritev
+    writes; a pwritev that writes nothing is a full disk, and the block leaves nothing."""
+    real = os.pwritev
+
+    def one_byte(fd: int, views: list[memoryview], offset: int) -> int:
+        return real(fd, [views[0][:1]], offset)
+
+    monkeypatch.setattr(os, "pwritev", one_byte)
+    with publishing(tmp_path / "idx") as out:
+        assert out.write_at(4, b"ef", memoryview(b"gh")) == 4
+        assert out.write_at(0, b"abcd") == 4
+        assert out.write(b"") == 0
+    assert (tmp_path / "idx").read_bytes() == b"abcdefgh"
+    monkeypatch.setattr(os, "pwritev", lambda fd, views, offset: 0)
+    with pytest.raises(OSError, match="No space"), publishing(tmp_path / "full") as out:
+        out.write_at(0, b"x")
+    assert names(tmp_path) == ["idx"]
+
+
+@pytest.mark.hostile
+def test_an_index_whose_checks_or_writes_fail_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index's sections are written on a thread while its row checks are computed: a
+    failure of either (a full disk, an error in the checks) raises, after the other has
+    ended, and leaves neither the index nor its temporary."""
+    from tierfeed.format import indexwrite
+
+    content = IndexContent(
+        keys=[b"a", b"b"], labels=np.zeros(2, np.int32),
+        member_start=np.arange(3, dtype=np.uint64), member_chunk=np.zeros(2, np.uint32),
+        member_offset=np.asarray([512, 1536], np.uint64), member_length=np.ones(2, np.uint64),
+        member_checksum=np.zeros(2, np.uint64), member_ext=np.zeros(2, np.uint16),
+        exts=[b".x"], chunk_names=["chunks/000000.tar"],
+        chunk_size=np.asarray([3072], np.uint64), chunk_checksum=np.zeros(1, np.uint64),
+    )  # fmt: skip
+
+    def broken(*args: object) -> None:
+        raise ValueError("the checks failed")
+
+    monkeypatch.setattr(indexwrite, "write_checks", broken)
+    with pytest.raises(ValueError, match="the checks failed"):
+        write_index(tmp_path / "index.tfi", content)
+    assert names(tmp_path) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "pwritev", lambda fd, views, offset: 0)
+    with pytest.raises(OSError, match="No space"):
+        write_index(tmp_path / "index.tfi", content)
+    assert names(tmp_path) == []
+
+
 def test_killed_writers_temporary_is_swept_a_live_ones_kept(tmp_path: Path) -> None:
     sub = tmp_path / "sub"
     sub.mkdir()

@@ -83,12 +83,24 @@ class PendingFile:
     def write(self, *parts: Data) -> int:
         """Write every byte of ``parts``, in order; returns how many. On an error the file
         stays pending (the caller aborts it, or the ``with`` block does)."""
+        return self._write_all(parts, lambda views, _: os.writev(self.fd, views))
+
+    def write_at(self, offset: int, *parts: Data) -> int:
+        """`write` from ``offset`` on, not moving the file's position (a section laid out
+        before its bytes were known; other threads may write other ranges at once)."""
+        return self._write_all(parts, lambda views, at: os.pwritev(self.fd, views, offset + at))
+
+    @staticmethod
+    def _write_all(parts: tuple[Data, ...], call: Callable[[list[memoryview], int], int]) -> int:
+        """``call(views, written)`` until every byte is written: writev and pwritev may write
+        less than asked (signals, > 2 GiB)."""
         views = [m for m in (memoryview(p).cast("B") for p in parts) if m.nbytes]
-        total = sum(m.nbytes for m in views)
-        while views:  # writev may write less than asked (signals, > 2 GiB)
-            done = os.writev(self.fd, views)
+        total, written = sum(m.nbytes for m in views), 0
+        while views:
+            done = call(views, written)
             if done <= 0:  # nothing written and no error: treat as a full disk
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            written += done
             while views and done >= views[0].nbytes:
                 done -= views.pop(0).nbytes
             if done:

@@ -87,7 +87,7 @@ def _content(keys: list[bytes]) -> IndexContent:
 def test_keys_as_a_blob_write_the_same_index(tmp_path: Path) -> None:
     keys = [b"x", b"x-1", b"x.2", b"y/z"]
     write_index(tmp_path / "list.tfi", _content(keys))
-    blob = KeyBlob(np.cumsum([0] + [len(k) for k in keys]).astype(np.uint64), b"".join(keys))
+    blob = KeyBlob(np.cumsum([0] + [len(k) for k in keys]).astype(np.uint64), (b"".join(keys),))
     assert list(blob) == keys and blob[1] == b"x-1" and len(blob) == 4
     write_index(tmp_path / "blob.tfi", _content(blob))  # type: ignore[arg-type]
     assert (tmp_path / "list.tfi").read_bytes() == (tmp_path / "blob.tfi").read_bytes()
@@ -96,12 +96,27 @@ def test_keys_as_a_blob_write_the_same_index(tmp_path: Path) -> None:
         assert [ix.sorted_path(i) for i in range(4)] == sorted(k + b".bin" for k in keys)
 
 
+def test_keys_in_pieces_write_the_same_index(tmp_path: Path) -> None:
+    """A merge's keys come as its parts' key sections, views of their mappings: written as
+    they lie, they make the index the keys as a list make."""
+    keys = [b"a/%03d" % i for i in range(20)]
+    write_index(tmp_path / "list.tfi", _content(keys))
+    cut = [0, 7, 7, 15, 20]  # an empty piece too
+    pieces = tuple(memoryview(b"".join(keys[lo:hi])) for lo, hi in itertools.pairwise(cut))
+    blob = KeyBlob(np.cumsum([0] + [len(k) for k in keys]).astype(np.uint64), pieces)
+    assert list(blob) == keys and blob[19] == b"a/019"
+    write_index(tmp_path / "pieces.tfi", _content(blob))  # type: ignore[arg-type]
+    assert (tmp_path / "list.tfi").read_bytes() == (tmp_path / "pieces.tfi").read_bytes()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
 def test_checks_made_a_block_at_a_time_verify(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
-    """Row checks computed in blocks of a few samples, members crossing the blocks' ends, are
-    the ones a full check of the index recomputes."""
+    """Row checks computed in blocks of a few samples, members crossing the blocks' ends, on
+    one thread or several, are the ones a full check of the index recomputes."""
     monkeypatch.setattr(rowcheck, "_BLOCK", 3)
+    monkeypatch.setattr(rowcheck, "THREADS", threads)
     content = _content([b"k%02d" % i for i in range(10)])
     content.member_start = np.asarray([0, 2, 3, 6, 7, 8, 9, 10], dtype=np.uint64)
     content.keys = content.keys[:7]
@@ -112,6 +127,9 @@ def test_checks_made_a_block_at_a_time_verify(
     with Index(tmp_path / "blocks.tfi", recheck=True) as ix:
         ix.check_all()
         assert ix.num_samples == 7
+    monkeypatch.setattr(rowcheck, "_BLOCK", 1 << 16)  # one block: the same bytes
+    write_index(tmp_path / "one.tfi", content)
+    assert (tmp_path / "one.tfi").read_bytes() == (tmp_path / "blocks.tfi").read_bytes()
 
 
 @pytest.mark.hostile

@@ -239,11 +239,11 @@ class Index:
                 raise damaged(self.path, f"the key of sample {sample} does not match its check")
         return key
 
-    def key_blob(self) -> bytes:
+    def key_blob(self) -> memoryview:
         """Every key, concatenated in sample order (sample i's is ``[key_offset[i],
-        key_offset[i+1])``): one copy, for walks over all samples (slicing it spares the call
-        and the check `key_bytes` makes per sample)."""
-        return self._keys.tobytes()
+        key_offset[i+1])``), in the mapping (valid while the index is open; ``.tobytes()`` for
+        walks over all samples: slicing it spares the call and check `key_bytes` makes)."""
+        return self._keys.data
 
     def key(self, sample: int) -> str:
         """The key of ``sample`` (``os.fsdecode`` of the stored bytes)."""

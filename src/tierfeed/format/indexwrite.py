@@ -7,7 +7,9 @@ import json
 import os
 import struct
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -16,25 +18,39 @@ import numpy.typing as npt
 from tierfeed.errors import IndexFormatError
 from tierfeed.format.chunkref import CHECKSUM_ALGO, new_hasher
 from tierfeed.format.headercheck import header_checksum
-from tierfeed.format.layout import MAGIC, NARROW, aligned, present_sections, version_of
+from tierfeed.format.layout import (
+    MAGIC,
+    NARROW,
+    ROW_CHECK_SECTIONS,
+    aligned,
+    present_sections,
+    version_of,
+)
 from tierfeed.format.pathsort import padded_paths, sorted_order
 from tierfeed.format.rowcheck import write_checks
-from tierfeed.publish import publishing
+from tierfeed.publish import PendingFile, publishing
 
 __all__ = ["PREFIX", "IndexContent", "KeyBlob", "write_index"]
 
 PREFIX = struct.Struct("<8sII")
-Payload = bytes | memoryview  # a section's bytes in file order
+Payload = bytes | memoryview  # a section's bytes in file order, or a piece of them
+Section = npt.NDArray[Any] | bytes | tuple[Payload, ...]  # a section before encoding
 
 
 @dataclass(frozen=True)
 class KeyBlob:
     """Sample keys as one blob: key ``i`` is ``blob[offsets[i]:offsets[i + 1]]``. What
     `IndexContent.keys` may be instead of a list, where the keys come as blobs already (a
-    merge of parts' indexes): no Python bytes object per key."""
+    merge of parts' indexes): no Python bytes object per key, and the blob kept in the
+    ``pieces`` it came in (each part's key section, where it lies), written as they are."""
 
-    offsets: npt.NDArray[np.uint64]  # samples + 1, from 0 to len(blob)
-    blob: bytes
+    offsets: npt.NDArray[np.uint64]  # samples + 1, from 0 to the blob's length
+    pieces: tuple[Payload, ...]  # the blob, in pieces one after the other
+
+    @cached_property
+    def blob(self) -> bytes:
+        """The pieces joined (a copy: for what needs the blob whole)."""
+        return b"".join(self.pieces)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -43,8 +59,8 @@ class KeyBlob:
         return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
     def __iter__(self) -> Iterator[bytes]:
-        bounds = self.offsets.tolist()
-        return (self.blob[lo:hi] for lo, hi in itertools.pairwise(bounds))
+        bounds, blob = self.offsets.tolist(), self.blob
+        return (blob[lo:hi] for lo, hi in itertools.pairwise(bounds))
 
 
 @dataclass
@@ -139,16 +155,16 @@ def _path_order(
     return np.asarray(sorted(range(len(paths)), key=paths.__getitem__), dtype=dtype)
 
 
-def _section_arrays(
-    content: IndexContent, narrow: bool = True
-) -> dict[str, npt.NDArray[Any] | bytes]:
-    """Every section of the index for ``content``, by name, before encoding."""
+def _section_arrays(content: IndexContent, narrow: bool = True) -> dict[str, Section]:
+    """Every section of the index for ``content``, by name, before encoding; the row checks
+    as arrays not yet filled (`write_checks` fills them)."""
+    keys: bytes | tuple[Payload, ...]
     if isinstance(content.keys, KeyBlob):
-        key_offset, keys = content.keys.offsets, content.keys.blob
+        key_offset, keys = content.keys.offsets, content.keys.pieces
     else:
         key_offset, keys = _blob(content.keys)
     name_offset, names = _blob([os.fsencode(n) for n in content.chunk_names])
-    arrays: dict[str, npt.NDArray[Any] | bytes] = {
+    arrays: dict[str, Section] = {
         "sample_member_start": content.member_start,
         "sample_key_offset": key_offset,
         "sample_label": content.labels,
@@ -160,7 +176,7 @@ def _section_arrays(
         "member_length": content.member_length,
         "member_checksum": content.member_checksum,
         "member_ext": content.member_ext,
-        "path_order": _path_order(content, key_offset, keys)
+        "path_order": _path_order(content, key_offset, _joined(content.keys, keys))
         if content.path_order is None
         else np.asarray(content.path_order, dtype=_order_dtype(len(content.member_ext))),
         "keys": keys,
@@ -168,25 +184,35 @@ def _section_arrays(
         "chunk_names": names,
         "chunk_size": content.chunk_size,
         "chunk_checksum": content.chunk_checksum,
+        "sample_check": np.empty(len(content.keys), "<u8"),
+        "chunk_check": np.empty(len(content.chunk_names), "<u8"),
     }
     arrays |= _tree_arrays(content)
-    arrays = _narrowed(arrays, content, narrow)
-    columns = {k: v for k, v in arrays.items() if not isinstance(v, bytes)}
-    arrays["sample_check"], arrays["chunk_check"] = write_checks(
-        columns, keys, names, content.key_checks
-    )
-    return arrays
+    return _narrowed(arrays, content, narrow)
+
+
+def _joined(given: list[bytes] | KeyBlob, keys: bytes | tuple[Payload, ...]) -> bytes:
+    """The key blob whole (a `KeyBlob`'s pieces joined)."""
+    return given.blob if isinstance(given, KeyBlob) else keys  # type: ignore[return-value]
+
+
+def _checks(content: IndexContent, arrays: dict[str, Section]) -> None:
+    """Fill the row check sections of ``arrays`` (`write_checks`)."""
+    columns = {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
+    keys = None if content.key_checks is not None else _joined(content.keys, arrays["keys"])  # type: ignore[arg-type]
+    out = (columns["sample_check"], columns["chunk_check"])
+    write_checks(columns, keys, arrays["chunk_names"], content.key_checks, out)  # type: ignore[arg-type]
 
 
 def _narrowed(
-    arrays: dict[str, npt.NDArray[Any] | bytes], content: IndexContent, narrow: bool
-) -> dict[str, npt.NDArray[Any] | bytes]:
+    arrays: dict[str, Section], content: IndexContent, narrow: bool
+) -> dict[str, Section]:
     """The `NARROW` sections as <u4 where every value fits (member offsets and lengths only
     when every chunk is below 4 GiB, so that their sums fit as well), else <u8."""
     small_chunks = len(content.chunk_size) == 0 or int(np.max(content.chunk_size)) < 2**32
     for name in NARROW:
         value = arrays[name]
-        if isinstance(value, bytes):
+        if not isinstance(value, np.ndarray):
             continue
         fits = len(value) == 0 or int(np.max(value)) < 2**32
         fits = fits and narrow and (small_chunks or not name.startswith("member_"))
@@ -194,30 +220,34 @@ def _narrowed(
     return arrays
 
 
-def _payloads(arrays: dict[str, npt.NDArray[Any] | bytes]) -> list[tuple[str, Payload]]:
-    """The sections' bytes in file order, each in its on-disk dtype."""
-    payloads: list[tuple[str, Payload]] = []
+Encoded = list[tuple[str, tuple[Payload, ...]]]  # each section's bytes in pieces, file order
+
+
+def _payloads(arrays: dict[str, Section]) -> Encoded:
+    """The sections' bytes in file order, each in its on-disk dtype, as the arrays hold them
+    (no copy: the row checks' are filled in place later)."""
+    payloads: Encoded = []
     for name, (dtype, _) in present_sections(arrays).items():
         value = arrays[name]
         if isinstance(value, bytes):
+            payloads.append((name, (value,)))
+        elif isinstance(value, tuple):
             payloads.append((name, value))
         else:
             own = name == "path_order" or name in NARROW  # their dtype is the array's
             spec = value.dtype.newbyteorder("<").str if own else dtype
             data = np.ascontiguousarray(value, dtype=spec)
-            payloads.append((name, data.data.cast("B")))  # (no copy of the array)
+            payloads.append((name, (data.data.cast("B"),)))  # (no copy of the array)
     return payloads
 
 
-def _header(
-    content: IndexContent,
-    arrays: dict[str, npt.NDArray[Any] | bytes],
-    payloads: list[tuple[str, Payload]],
-) -> dict[str, Any]:
-    """The JSON header's fields, except the section offsets and its own checksum."""
-    hasher = new_hasher()
-    for _, data in payloads:
-        hasher.update(data)
+def _length(pieces: tuple[Payload, ...]) -> int:
+    return sum(map(len, pieces))
+
+
+def _header(content: IndexContent, arrays: dict[str, Section]) -> dict[str, Any]:
+    """The JSON header's fields, except the section offsets and its own checksum; the
+    sections' checksum as wide as any (set once the sections are whole)."""
     header: dict[str, Any] = {
         "samples": len(content.keys),
         "members": len(content.member_offset),
@@ -225,12 +255,12 @@ def _header(
         "classes": content.classes,
         "exts": [os.fsdecode(e) for e in content.exts],
         "checksum_algo": CHECKSUM_ALGO,
-        "sections_checksum": hasher.intdigest(),
+        "sections_checksum": 2**64 - 1,
         "path_order_dtype": arrays["path_order"].dtype.str,  # type: ignore[union-attr]
         "dtypes": {
             name: "<u4"
             for name in NARROW
-            if not isinstance(arrays[name], bytes) and arrays[name].dtype.itemsize == 4  # type: ignore[union-attr]
+            if isinstance(arrays[name], np.ndarray) and arrays[name].dtype.itemsize == 4  # type: ignore[union-attr]
         },
         "extra": content.extra,
     }
@@ -242,21 +272,25 @@ def _header(
     return header
 
 
-def _lay_out(header: dict[str, Any], payloads: list[tuple[str, Payload]]) -> int:
+def _lay_out(header: dict[str, Any], payloads: Encoded) -> int:
     """Place every section after the header; set ``header["sections"]``; return the
     header's slot length (where the first section starts)."""
     header_slack = 64  # room for the header checksum added once the offsets are known
     # Section offsets depend on the header length, which depends on the offsets: lay out with
     # a header padded to a fixed aligned size.
-    sections: dict[str, list[int]] = {name: [0, len(data)] for name, data in payloads}
+    sections: dict[str, list[int]] = {name: [0, _length(data)] for name, data in payloads}
     header["sections"] = sections
     header_len = aligned(len(json.dumps(header)) + 32 * len(sections) + header_slack + PREFIX.size)
-    offset = end = header_len
+    offset = header_len
     for name, data in payloads:
-        sections[name] = [offset, len(data)]
-        end = offset + len(data)
-        offset = aligned(end)
+        sections[name] = [offset, _length(data)]
+        offset = aligned(offset + _length(data))
     return header_len
+
+
+def _write_sections(out: PendingFile, sections: dict[str, list[int]], payloads: Encoded) -> None:
+    for name, data in payloads:
+        out.write_at(sections[name][0], *data)
 
 
 def write_index(
@@ -267,6 +301,9 @@ def write_index(
     ``narrow`` writes the `NARROW` offsets as 32-bit where they fit (12 bytes less per
     one-file sample); False keeps them 64-bit, as format version 1 had them. ``mode``: the
     file's permission bits (the umask applies); pack's keep a private source private.
+    The sections are written while the row checks are computed; then the checks, the
+    header last (at the file's start), each at its place: the gaps are holes that read as
+    zeros, and nothing is padded after the last section, so a truncated index is seen.
     """
     if len(content.exts) > 2**16:
         raise IndexFormatError(
@@ -275,17 +312,26 @@ def write_index(
         )
     arrays = _section_arrays(content, narrow)
     payloads = _payloads(arrays)
-    header = _header(content, arrays, payloads)
+    header = _header(content, arrays)
     header_len = _lay_out(header, payloads)
     sections: dict[str, list[int]] = header["sections"]
-    header["header_checksum"] = header_checksum(header)
-    blob = json.dumps(header).encode()
-    head = PREFIX.pack(MAGIC, version_of(header), len(blob)) + blob
-    if len(head) > header_len:
-        raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
+    checks = [(n, d) for n, d in payloads if n in ROW_CHECK_SECTIONS]
     with publishing(path, mode=mode) as out:
-        written = out.write(head.ljust(header_len, b"\0"))
-        for name, data in payloads:
-            gap = sections[name][0] - written  # zeros up to the section's aligned offset
-            written += out.write(b"\0" * gap, data)
-        # No padding after the last section, so a truncated index is always seen.
+        with ThreadPoolExecutor(1) as writer:  # (writes let go of the GIL, and numpy too)
+            rest = [(n, d) for n, d in payloads if n not in ROW_CHECK_SECTIONS]
+            written = writer.submit(_write_sections, out, sections, rest)
+            _checks(content, arrays)
+            written.result()
+        _write_sections(out, sections, checks)
+        hasher = new_hasher()
+        for _, data in payloads:
+            for piece in data:
+                hasher.update(piece)
+        header["sections_checksum"] = hasher.intdigest()
+        header["header_checksum"] = header_checksum(header)
+        blob = json.dumps(header).encode()
+        head = PREFIX.pack(MAGIC, version_of(header), len(blob)) + blob
+        if len(head) > header_len:
+            raise IndexFormatError(f"{path}: internal error, index header overflows its slot")
+        out.write_at(0, head.ljust(header_len, b"\0"))
+        os.ftruncate(out.fd, max(at + n for at, n in sections.values()))  # an empty last one

@@ -174,11 +174,12 @@ def _follows(share: Any, at: int, end: int | None) -> bool:
 
 
 def _keys(parts: list[Index]) -> KeyBlob:
-    """The parts' keys in part order, as one blob (their key blobs joined)."""
-    blobs = [ix.key_blob() for ix in parts]
+    """The parts' keys in part order, as one blob: their key sections one after the other,
+    where they lie (written from there, not joined)."""
+    blobs = tuple(ix.key_blob() for ix in parts)
     at = np.cumsum([0] + [len(blob) for blob in blobs]).tolist()
     offsets = _shifted([ix.sample_key_offset[:-1] for ix in parts], at, at[-1])
-    return KeyBlob(offsets, b"".join(blobs))
+    return KeyBlob(offsets, blobs)
 
 
 def _shifted(columns: list[npt.NDArray[Any]], shifts: list[int], end: int | None) -> Any:

@@ -25,6 +25,8 @@ against rot and stray writes; a crafted index (checks recomputed) is met by the 
 from __future__ import annotations
 
 import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ import xxhash
 
 __all__ = [
     "MASK",
+    "THREADS",
     "chunk_terms",
     "member_columns",
     "member_terms",
@@ -67,6 +70,7 @@ _P_SAMPLE = np.uint64(0xD1B54A32D192ED03)  # position mixers: rows, members, chu
 _P_MEMBER = np.uint64(0xAEF17502108EF2D9)
 _P_CHUNK = np.uint64(0xDB4F0B9175AE2165)
 _BLOCK = 1 << 16  # samples whose checks `write_checks` computes at once
+THREADS = min(4, os.cpu_count() or 1)  # blocks of `write_checks` computed at once
 
 
 def _fold(values: U64) -> U64:
@@ -155,18 +159,28 @@ def _blob_checks(offsets: npt.NDArray[Any], blob: bytes) -> U64:
 
 
 def write_checks(
-    a: dict[str, Any], keys: bytes, names: bytes, key_check: U64 | None = None
+    a: dict[str, Any],
+    keys: bytes | None,
+    names: bytes,
+    key_check: U64 | None = None,
+    out: tuple[U64, U64] | None = None,
 ) -> tuple[U64, U64]:
     """(sample_check, chunk_check) of a new index's sections ``a`` (the key and chunk name
-    blobs given as bytes): what `write_index` stores. ``key_check``: the keys' own checks,
-    when the caller holds them (else computed, one xxh3 a key)."""
+    blobs given as bytes): what `write_index` stores, in ``out`` when given. ``key_check``:
+    the keys' own checks, when the caller holds them (else computed from ``keys``, one xxh3
+    a key). The sample rows are checked a block at a time, on `THREADS` threads (numpy's
+    passes let go of the GIL)."""
     start, key_offset = a["sample_member_start"], a["sample_key_offset"]
     samples = len(start) - 1
     if key_check is None:
+        assert keys is not None, "the keys or their checks"
         key_check = _blob_checks(key_offset, keys)
-    sample_check = np.empty(samples, dtype=np.uint64)
+    if out is None:
+        out = (np.empty(samples, dtype=np.uint64), np.empty(len(a["chunk_size"]), np.uint64))
+    sample_check, chunk_check = out
     columns = [a[n] for n in member_columns(a)]
-    for lo in range(0, samples, _BLOCK):  # a block at a time: its matrices stay in cache
+
+    def block(lo: int) -> None:  # its matrices stay in cache
         hi = min(samples, lo + _BLOCK)
         first, end = int(start[lo]), int(start[hi])
         ids = np.arange(lo, hi, dtype=np.int64)
@@ -185,10 +199,19 @@ def write_checks(
         # (every sample has a member: the writers' invariant)
         row += np.add.reduceat(per_member, start[lo:hi].astype(np.int64) - first)
         sample_check[lo:hi] = (row & MASK) | (key_check[lo:hi] << np.uint64(32))
+
+    blocks = range(0, samples, _BLOCK)
+    if len(blocks) > 1 and THREADS > 1:
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(block, blocks))
+    else:
+        for lo in blocks:
+            block(lo)
     name_offset = a["chunk_name_offset"]
     chunks = np.arange(len(name_offset) - 1, dtype=np.int64)
     name = _blob_checks(name_offset, names)
     chunk_row = chunk_terms(
         chunks, name_offset[:-1], name_offset[1:], a["chunk_size"], a["chunk_checksum"], name
     )
-    return sample_check, chunk_row | (name << np.uint64(32))
+    chunk_check[:] = chunk_row | (name << np.uint64(32))
+    return sample_check, chunk_check

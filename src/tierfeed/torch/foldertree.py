@@ -187,7 +187,7 @@ def _tree_paths(index: Index) -> tuple[list[str], npt.NDArray[np.int64], bool]:
     """Every member's path (``os.fsdecode``) in the index's path order, the members in that
     order, and whether that order is the paths' string order (all UTF-8, and sorted)."""
     offsets = index.sample_key_offset.tolist()
-    blob = index.key_blob()
+    blob = index.key_blob().tobytes()
     if blob.isascii():
         text = blob.decode("ascii")
         keys = [text[a:b] for a, b in itertools.pairwise(offsets)]
