@@ -37,6 +37,7 @@ from tierfeed.errors import ConfigError, StorageError
 
 __all__ = [
     "DIR_FLAGS",
+    "LOCK_POLL_MAX_S",
     "CacheFolder",
     "host_lock",
     "let_go",
@@ -50,6 +51,7 @@ __all__ = [
 
 # Opens a directory, never through a link at its last component.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+LOCK_POLL_MAX_S = 0.004  # the longest sleep between two tries of a held lock (`lock_within`)
 
 
 def _refuse(path: Path, what: str, st: os.stat_result | None = None) -> ConfigError:
@@ -359,7 +361,11 @@ def host_lock(folder_fd: int, path: Path, doing: str, wait_s: float) -> Iterator
 
 def lock_within(fd: int, wait_s: float) -> bool:
     """Take ``fd``'s exclusive lock (flock), polling, since flock has no timeout, for at most
-    ``wait_s`` seconds; False if another process held it all that time.
+    ``wait_s`` seconds; False if another process held it all that time. The polls are at
+    most `LOCK_POLL_MAX_S` apart: the locks polled for are held for a placement decision (a
+    scan, a link), so a waiter that slept longer would take the lock long after it was let
+    go, and a cold epoch's reads wait for the copies that wait for it (docs/BENCHMARKS.md,
+    "The placement lock polled sooner").
 
     Raises:
         OSError: the lock cannot be taken at all (not a wait).
@@ -375,7 +381,7 @@ def lock_within(fd: int, wait_s: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(pause)
-            pause = min(2 * pause, 0.05)
+            pause = min(2 * pause, LOCK_POLL_MAX_S)
 
 
 def let_go(fd: int) -> None:

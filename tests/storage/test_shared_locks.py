@@ -9,6 +9,7 @@ most its bound, then leaves the copy unplaced; the read is served all the same.
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.storage.test_tiers import read_all, stack
+from tierfeed import cachedir
 from tierfeed.loader.compose import open_store
 from tierfeed.storage.shared_dir import copy_claim, placement_lock
 from tierfeed.storage.tiers import disk_tier
@@ -74,6 +76,32 @@ def test_the_placement_lock_is_waited_for_at_most_its_bound(tmp_path: Path) -> N
         holder.join(10)
     with placement_lock(tmp_path, wait_s=5):  # given back with its holder's placement
         pass
+
+
+def test_a_held_lock_is_tried_again_at_most_a_few_ms_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter of a held lock sleeps between its tries, longer each time but never past
+    `LOCK_POLL_MAX_S`: the lock is held for a placement decision, and a waiter asleep for
+    50 ms took it long after it was let go, while the reads waited for its copy. Past the
+    bound it gives up (False)."""
+    clock = [0.0]
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        clock[0] += seconds
+
+    def held(fd: int, how: int) -> None:
+        raise BlockingIOError(errno.EWOULDBLOCK, "held")
+
+    monkeypatch.setattr(cachedir.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cachedir.time, "sleep", sleep)
+    monkeypatch.setattr(cachedir.fcntl, "flock", held)
+    with open(tmp_path / "lock", "w") as f:
+        assert not cachedir.lock_within(f.fileno(), 0.5)
+    assert pauses[0] == 0.001 and max(pauses) == cachedir.LOCK_POLL_MAX_S
+    assert pauses == sorted(pauses) and 0.5 <= clock[0] <= 0.5 + cachedir.LOCK_POLL_MAX_S
 
 
 def test_reads_go_on_while_another_process_holds_the_placement_lock(
