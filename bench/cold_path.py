@@ -24,6 +24,11 @@ Usage:
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --limit
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --exact
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --trace out/
+    python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --lock-times
+
+With ``--lock-times``, each take of the disk tier's host-wide placement lock is timed in every
+process (how long its copy waited for it, how long it was held), and each row adds their
+count, sums, the longest wait, and the 90th percentile and longest hold.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -72,6 +79,44 @@ def warm_backing(origin: Path) -> None:
                     pass
 
 
+def time_the_placement_lock(log: Path) -> None:
+    """Wrap the disk tier's host-wide placement lock (`tierfeed.storage.shared_dir`) so that
+    each take appends (wait, hold) seconds to ``log``/<pid>, in this process and in the workers
+    forked from it: how long copies queue for it, and how long each holds it."""
+    import contextlib
+
+    from tierfeed.storage import disktier
+
+    real = disktier.placement_lock
+    log.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def timed(root: Any, wait_s: float | None = None) -> Iterator[None]:
+        asked = time.perf_counter()
+        with real(root, wait_s):
+            got = time.perf_counter()
+            try:
+                yield
+            finally:
+                held = time.perf_counter() - got
+                with open(log / str(os.getpid()), "a") as f:
+                    f.write(f"{got - asked:.6f} {held:.6f}\n")
+
+    disktier.placement_lock = timed  # type: ignore[assignment]
+
+
+def lock_times(log: Path) -> dict[str, float]:
+    """The placement lock's takes in ``log`` (`time_the_placement_lock`), every process's."""
+    rows = [line.split() for f in log.iterdir() for line in f.read_text().splitlines()]
+    waits = sorted(float(w) for w, _ in rows) or [0.0]
+    holds = sorted(float(h) for _, h in rows) or [0.0]
+    return {
+        "lock_takes": len(rows), "lock_wait_s": sum(waits), "lock_wait_max_s": waits[-1],
+        "lock_hold_s": sum(holds), "lock_hold_p90_s": holds[int(0.9 * (len(holds) - 1))],
+        "lock_hold_max_s": holds[-1],
+    }  # fmt: skip
+
+
 def one_epoch(
     mnt: Path,
     cache: Path,
@@ -80,12 +125,14 @@ def one_epoch(
     stop_at: int = 0,
     exact: bool = False,
     trace: Path | None = None,
+    locks: Path | None = None,
 ) -> dict[str, float]:
     """One cold epoch in this process (run as ``--child``). With ``stop_at``, the first
     ``stop_at`` batches only, and the Loader's state then saved to ``save``; with ``save`` an
     existing file and no ``stop_at``, the epoch resumed from that state; with ``exact``, in
     the plan's exact order (the guard's deferral off: `DeadlineOptions(enabled=False)`); with
-    ``trace``, each batch's wait, when it came and slowfs's stalls meanwhile written there."""
+    ``trace``, each batch's wait, when it came and slowfs's stalls meanwhile written there;
+    with ``locks``, the placement lock's waits and holds (`time_the_placement_lock`)."""
     import torch
 
     from bench.peers.common import origin_counters
@@ -94,6 +141,8 @@ def one_epoch(
     from tierfeed.torch import Dataset, Loader, TierConfig
 
     torch.set_num_threads(1)
+    if locks is not None:
+        time_the_placement_lock(locks)
     tiers = TierConfig(disk_dir=str(cache))  # room for the whole store
     deadline = DeadlineOptions(enabled=not exact)
     ds = Dataset(
@@ -139,6 +188,7 @@ def one_epoch(
         "wait_max_after_first_s": after[-1],
         "origin_over_store": read / store,
         "cpu_s": cpu,
+        **(lock_times(locks) if locks is not None else {}),
     }
 
 
@@ -155,14 +205,20 @@ def main() -> None:
     p.add_argument("--limit", action="store_true", help="then the origin's own limit")
     p.add_argument("--exact", action="store_true", help="the plan's exact order (no deferral)")
     p.add_argument("--trace", type=Path, help="write each run's batch waits and stalls here")
+    p.add_argument(
+        "--lock-times", action="store_true",
+        help="time each take of the disk tier's placement lock: waits and holds, every process",
+    )  # fmt: skip
+    p.add_argument("--locks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         mnt, cache = Path(args.child[0]), Path(args.child[1])
         row = one_epoch(
-            mnt, cache, args.workers, args.state, args.resume_at, args.exact, args.trace
-        )
+            mnt, cache, args.workers, args.state, args.resume_at, args.exact, args.trace,
+            args.locks,
+        )  # fmt: skip
         print(json.dumps(row))
         return
 
@@ -183,6 +239,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(dir=args.work) as scratch:
                 child = [sys.executable, __file__, "--workers", str(args.workers)]
                 child += ["--exact"] if args.exact else []
+                child += ["--locks", str(Path(scratch) / "locks")] if args.lock_times else []
                 if args.trace:
                     args.trace.mkdir(parents=True, exist_ok=True)
                     child += ["--trace", str(args.trace.resolve() / f"run-{run + 1}.json")]

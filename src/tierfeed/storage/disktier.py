@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tierfeed.cachedir import open_cache_dir
+from tierfeed.cachedir import list_names, open_cache_dir
 from tierfeed.errors import ConfigError, NotFoundError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
 from tierfeed.storage.driver import Driver
@@ -126,6 +126,13 @@ class SharedDirectory(TierFiles):
 
     def where(self, key: str) -> str:
         return str(self.root / key)
+
+    def scan(self, catalog: Mapping[str, ChunkInfo]) -> dict[int, int]:
+        # The keys are names in the tier's own directory: one listing of it, not a walk of
+        # its folders too (claims, marks, landings). A placement scans under the host's
+        # placement lock, in a process whose threads contend for the GIL: each system call
+        # of a walk let go of it and waited for it again while the lock was held.
+        return {catalog[p].id: catalog[p].size for p in list_names(self._fd) if p in catalog}
 
     def has(self, key: str) -> bool:
         # One stat, no path parsing: asked on a miss, before the origin is read.
