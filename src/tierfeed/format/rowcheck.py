@@ -158,6 +158,29 @@ def _blob_checks(offsets: npt.NDArray[Any], blob: bytes) -> U64:
     )
 
 
+def _sample_block(
+    a: dict[str, Any], columns: list[npt.NDArray[Any]], key_check: U64, lo: int, hi: int
+) -> U64:
+    """The checks of samples ``lo`` to ``hi`` (a block: its matrices stay in cache)."""
+    start, key_offset = a["sample_member_start"], a["sample_key_offset"]
+    first, end = int(start[lo]), int(start[hi])
+    row = sample_terms(
+        np.arange(lo, hi, dtype=np.int64),
+        start[lo:hi],
+        start[lo + 1 : hi + 1],
+        key_offset[lo:hi],
+        key_offset[lo + 1 : hi + 1],
+        a["sample_label"][lo:hi],
+        a["sample_chunk"][lo:hi],
+        key_check[lo:hi],
+    )
+    members = np.arange(first, end, dtype=np.int64)
+    per_member = member_terms(members, [c[first:end] for c in columns])
+    # (every sample has a member: the writers' invariant)
+    row += np.add.reduceat(per_member, start[lo:hi].astype(np.int64) - first)
+    return (row & MASK) | (key_check[lo:hi] << np.uint64(32))
+
+
 def write_checks(
     a: dict[str, Any],
     keys: bytes | None,
@@ -170,35 +193,19 @@ def write_checks(
     the keys' own checks, when the caller holds them (else computed from ``keys``, one xxh3
     a key). The sample rows are checked a block at a time, on `THREADS` threads (numpy's
     passes let go of the GIL)."""
-    start, key_offset = a["sample_member_start"], a["sample_key_offset"]
-    samples = len(start) - 1
+    samples = len(a["sample_member_start"]) - 1
     if key_check is None:
         assert keys is not None, "the keys or their checks"
-        key_check = _blob_checks(key_offset, keys)
+        key_check = _blob_checks(a["sample_key_offset"], keys)
     if out is None:
         out = (np.empty(samples, dtype=np.uint64), np.empty(len(a["chunk_size"]), np.uint64))
     sample_check, chunk_check = out
     columns = [a[n] for n in member_columns(a)]
+    checks: U64 = key_check
 
-    def block(lo: int) -> None:  # its matrices stay in cache
+    def block(lo: int) -> None:
         hi = min(samples, lo + _BLOCK)
-        first, end = int(start[lo]), int(start[hi])
-        ids = np.arange(lo, hi, dtype=np.int64)
-        row = sample_terms(
-            ids,
-            start[lo:hi],
-            start[lo + 1 : hi + 1],
-            key_offset[lo:hi],
-            key_offset[lo + 1 : hi + 1],
-            a["sample_label"][lo:hi],
-            a["sample_chunk"][lo:hi],
-            key_check[lo:hi],
-        )
-        members = np.arange(first, end, dtype=np.int64)
-        per_member = member_terms(members, [c[first:end] for c in columns])
-        # (every sample has a member: the writers' invariant)
-        row += np.add.reduceat(per_member, start[lo:hi].astype(np.int64) - first)
-        sample_check[lo:hi] = (row & MASK) | (key_check[lo:hi] << np.uint64(32))
+        sample_check[lo:hi] = _sample_block(a, columns, checks, lo, hi)
 
     blocks = range(0, samples, _BLOCK)
     if len(blocks) > 1 and THREADS > 1:
