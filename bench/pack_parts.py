@@ -444,17 +444,23 @@ def build_merge(args: argparse.Namespace, work: Path) -> tuple[float, float]:
     return made, built
 
 
+def built_record(args: argparse.Namespace) -> dict[str, Any]:
+    """What --merge-parts parts are built of (``built.json`` under --keep)."""
+    return {"samples": args.samples, "parts": args.merge_parts, "build": args.build}
+
+
 def kept(args: argparse.Namespace, work: Path) -> bool:
     """``work`` (--keep) holds the parts this run asks for, built before."""
-    wanted = {"samples": args.samples, "parts": args.merge_parts, "build": args.build}
     record = work / "built.json"
-    return record.exists() and json.loads(record.read_text()) == wanted
+    return record.exists() and json.loads(record.read_text()) == built_record(args)
 
 
 def merge_phases(dst: Path) -> dict[str, float]:
     """One merge of ``dst`` in this process, timed phase by phase: the parts opened with their
     full check, their shares checked, their chunks checked, the columns joined, the index
     written (the calls `tierfeed.format.merge.merge_parts` makes, in its order)."""
+    from tqdm import tqdm
+
     from tierfeed.format import merge as m
     from tierfeed.format.mergecheck import in_order, verify_parts
 
@@ -468,7 +474,8 @@ def merge_phases(dst: Path) -> dict[str, float]:
         at = now
 
     count = m._part_count(dst)
-    parts = in_order(lambda i: m._open_part(dst, i, count), count, _NO_BAR, m.Index.close)
+    with tqdm(total=count, disable=True) as bar:
+        parts = in_order(lambda i: m._open_part(dst, i, count), count, bar, m.Index.close)
     lap("open")
     try:
         m._check_shares(parts, dst)
@@ -487,14 +494,6 @@ def merge_phases(dst: Path) -> dict[str, float]:
     return times
 
 
-class _Bar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-
-_NO_BAR: Any = _Bar()
-
-
 def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]) -> None:
     from tierfeed.format.layout import INDEX_NAME
 
@@ -505,8 +504,7 @@ def bench_merge(args: argparse.Namespace, work: Path, rows: list[dict[str, Any]]
     else:
         made, built = build_merge(args, work)
         if args.keep:
-            record = {"samples": args.samples, "parts": args.merge_parts, "build": args.build}
-            (work / "built.json").write_text(json.dumps(record))
+            (work / "built.json").write_text(json.dumps(built_record(args)))
     synced = time.perf_counter()
     os.sync()  # the parts' bytes on disk first: a merge's fsync is not to flush the build's
     synced = time.perf_counter() - synced
@@ -624,7 +622,8 @@ def main() -> None:
             bench_merge(args, kept_in, rows)
     finally:
         shutil.rmtree(work)
-    print(table(rows))
+    if rows:  # (--phases prints its own lines)
+        print(table(rows))
 
 
 if __name__ == "__main__":

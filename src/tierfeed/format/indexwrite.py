@@ -176,7 +176,7 @@ def _section_arrays(content: IndexContent, narrow: bool = True) -> dict[str, Sec
         "member_length": content.member_length,
         "member_checksum": content.member_checksum,
         "member_ext": content.member_ext,
-        "path_order": _path_order(content, key_offset, _joined(content.keys, keys))
+        "path_order": _path_order(content, key_offset, _whole(keys))
         if content.path_order is None
         else np.asarray(content.path_order, dtype=_order_dtype(len(content.member_ext))),
         "keys": keys,
@@ -191,17 +191,19 @@ def _section_arrays(content: IndexContent, narrow: bool = True) -> dict[str, Sec
     return _narrowed(arrays, content, narrow)
 
 
-def _joined(given: list[bytes] | KeyBlob, keys: bytes | tuple[Payload, ...]) -> bytes:
-    """The key blob whole (a `KeyBlob`'s pieces joined)."""
-    return given.blob if isinstance(given, KeyBlob) else keys  # type: ignore[return-value]
+def _whole(keys: bytes | tuple[Payload, ...]) -> bytes:
+    """The key blob whole: as it is, or its pieces joined (a copy)."""
+    return keys if isinstance(keys, bytes) else b"".join(keys)
 
 
 def _checks(content: IndexContent, arrays: dict[str, Section]) -> None:
     """Fill the row check sections of ``arrays`` (`write_checks`)."""
     columns = {k: v for k, v in arrays.items() if isinstance(v, np.ndarray)}
-    keys = None if content.key_checks is not None else _joined(content.keys, arrays["keys"])  # type: ignore[arg-type]
+    keys, names = arrays["keys"], arrays["chunk_names"]
+    assert isinstance(names, bytes) and not isinstance(keys, np.ndarray)  # blobs, as made
+    whole = None if content.key_checks is not None else _whole(keys)
     out = (columns["sample_check"], columns["chunk_check"])
-    write_checks(columns, keys, arrays["chunk_names"], content.key_checks, out)  # type: ignore[arg-type]
+    write_checks(columns, whole, names, content.key_checks, out)
 
 
 def _narrowed(
