@@ -317,14 +317,18 @@ def open_own_file(dir_fd: int, name: str, flags: int, path: Path, mode: int = 0o
     return fd
 
 
-def list_names(dir_fd: int) -> list[str]:
-    """The names in the directory open as ``dir_fd``, listed through a descriptor of its own:
+def list_names(dir_fd: int, files: bool = False) -> list[str]:
+    """The names in the directory open as ``dir_fd`` (with ``files``, of what is not a
+    directory in it, as a walk lists files), listed through a descriptor of its own:
     `os.listdir` of a descriptor reads through a duplicate that shares its offset, so two
     threads listing one descriptor at once each saw part of the directory (a landing's
     arrivals in flight: one missed, two workers copied its chunk)."""
     fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        return os.listdir(fd)
+        if not files:
+            return os.listdir(fd)
+        with os.scandir(fd) as entries:  # (the entries' types come with the listing)
+            return [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
     finally:
         os.close(fd)
 

@@ -46,7 +46,7 @@ def test_a_disk_tier_shares_its_directory(tmp_path: Path) -> None:
 def test_a_disk_tier_scans_its_own_directory_not_its_folders(tmp_path: Path) -> None:
     """A shared tier's scan (made under the host's placement lock) lists the directory its
     keys are names in, once: what the driver's walk of every folder found, the claims,
-    marks, landings and temporaries beside them left out."""
+    marks, landings and temporaries beside them left out, and a directory by a key's name."""
     other = ChunkInfo(4, "chunks/000004.tar", 7, 1)
     files = SharedDirectory(PosixDriver(tmp_path), tmp_path)
     files.driver.write(KEY, DATA)
@@ -56,6 +56,7 @@ def test_a_disk_tier_scans_its_own_directory_not_its_folders(tmp_path: Path) -> 
             (tmp_path / folder).mkdir(exist_ok=True)
             (tmp_path / folder / cache_key(other)).write_bytes(b"x" * 7)  # not held
         (tmp_path / f".tmp.1.{cache_key(other)}").write_bytes(b"x")
+        (tmp_path / cache_key(other)).mkdir()  # a directory by a key's name: not a copy
         catalog = {KEY: INFO, cache_key(other): other}
         walked = {catalog[p].id: catalog[p].size for p in files.driver.list() if p in catalog}
         assert files.scan(catalog) == walked == {3: len(DATA)}

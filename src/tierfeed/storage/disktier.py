@@ -132,7 +132,8 @@ class SharedDirectory(TierFiles):
         # its folders too (claims, marks, landings). A placement scans under the host's
         # placement lock, in a process whose threads contend for the GIL: each system call
         # of a walk let go of it and waited for it again while the lock was held.
-        return {catalog[p].id: catalog[p].size for p in list_names(self._fd) if p in catalog}
+        names = list_names(self._fd, files=True)
+        return {catalog[p].id: catalog[p].size for p in names if p in catalog}
 
     def has(self, key: str) -> bool:
         # One stat, no path parsing: asked on a miss, before the origin is read.
