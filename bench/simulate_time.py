@@ -5,6 +5,7 @@ Usage:
         [--latency nfs,heavy-tail] [--worlds 1,2,4] [--s3 [--s3-images 3000]] [--cache-check]
         [--out bench-out/simtime]
     python bench/simulate_time.py --latency "" --s3 --s3-images 3000   # S3 alone
+    python bench/simulate_time.py --latency nfs --worlds 4,2 --runs 3 --code /tmp/old/src,.
 
 For each origin: POSIX through slowfs under each ``--latency`` model (`bench/cold_path.py`'s
 store: ``--images`` JPEGs of median ``--median-kb``, 64 MiB chunks), and with ``--s3`` the same
@@ -17,6 +18,11 @@ processes on this machine (`World(rank, W)`, the global plan, 2 DataLoader worke
 64, one disk tier directory for all, empty at the start), each told to start at once. Measured:
 the first batch (the last rank's), the cold epoch (from the start to the last rank's end of
 epoch 0) and the warm one (the last rank's end of epoch 1 from the last one's end of epoch 0).
+
+With ``--code A,B`` (POSIX): the measured runs alone, the code of each directory in turn (a
+``src`` as ``git archive REV src`` makes it, first on ``PYTHONPATH``; ``.``: this checkout's),
+``--runs`` rounds, each with the node's busy CPU-seconds over the cold epoch; ``--locks`` times
+every take of the disk tier's placement lock (`bench/cold_path.py --lock-times`).
 
 With ``--cache-check`` (POSIX, the first latency model, one rank): the model is given a step time
 (``--step-ms``, a sleep per batch), simulate names the smallest cache at which warm epochs do not
@@ -52,9 +58,14 @@ def child(a: argparse.Namespace) -> None:
 
     from bench.peers.run_tierfeed import length_and_label
     from tierfeed.torch import Dataset, Loader, TierConfig
+    from tierfeed.torch.loaderprobe import node_cpu_s
     from tierfeed.world import World
 
     torch.set_num_threads(1)
+    if a.lock_log:
+        from bench.cold_path import time_the_placement_lock
+
+        time_the_placement_lock(Path(a.lock_log))
     world = World(a.rank, a.world, a.rank, a.world)
     tiers = TierConfig(disk_dir=a.cache, disk_bytes=a.cache_bytes or None)
     ds = Dataset(
@@ -66,6 +77,7 @@ def child(a: argparse.Namespace) -> None:
         while not Path(a.go).exists():
             time.sleep(0.005)
         marks["go"] = Path(a.go).stat().st_mtime
+        marks["go_cpu"] = node_cpu_s()
         for _ in range(a.epochs):
             start, first, waits = time.time(), None, []
             asked = time.perf_counter()
@@ -75,7 +87,13 @@ def child(a: argparse.Namespace) -> None:
                 time.sleep(a.step_s)
                 asked = time.perf_counter()
             marks["epochs"].append(
-                {"start": start, "first": first, "end": time.time(), "waits_s": sum(waits)}
+                {
+                    "start": start,
+                    "first": first,
+                    "end": time.time(),
+                    "waits_s": sum(waits),
+                    "cpu": node_cpu_s(),
+                }
             )
     Path(a.out).write_text(json.dumps(marks))
 
@@ -88,9 +106,12 @@ def measure(
     cache_bytes: int = 0,
     step_s: float = 0.0,
     epochs: int = 2,
+    locks: bool = False,
 ) -> dict[str, float]:
     """One measured run of ``world`` ranks: first batch, cold and warm epoch (seconds), and the
-    origin's bytes (slowfs's or the proxy's counters)."""
+    origin's bytes (slowfs's or the proxy's counters); with ``locks``, the disk tier's
+    placement lock's takes over both epochs, every process's (`bench.cold_path.lock_times`)."""
+    from bench.cold_path import lock_times
     from bench.peers.common import origin_counters
 
     where = env["AWS_ENDPOINT_URL"] if store.startswith("s3://") else Path(store).parent
@@ -124,6 +145,7 @@ def measure(
                 str(step_s),
                 "--epochs",
                 str(epochs),
+                *(["--lock-log", str(s / "locks")] if locks else []),
             ]
             procs.append(subprocess.Popen(argv, env=env))
         deadline = time.monotonic() + 300
@@ -136,13 +158,18 @@ def measure(
             if p.wait(timeout=900):
                 raise SystemExit(f"a rank failed: {p.returncode}")
         marks = [json.loads((s / f"marks{r}").read_text()) for r in range(world)]
+        held = lock_times(s / "locks") if locks else {}
     t0 = marks[0]["go"]
     ends = [[e["end"] for e in m["epochs"]] for m in marks]
     out = {
         "first_batch_s": max(m["epochs"][0]["first"] for m in marks) - t0,
         "cold_s": max(e[0] for e in ends) - t0,
+        # the node's busy CPU-seconds (every process, the kernel's and slowfs's too) from the
+        # go to the last rank's end of the cold epoch
+        "cold_cpu_s": max(m["epochs"][0]["cpu"] for m in marks) - min(m["go_cpu"] for m in marks),
         "origin_MB": (origin_counters(where)["bytes_read"] - before) / 1e6,
         "firsts_s": [round(m["epochs"][0]["first"] - t0, 3) for m in marks],
+        **held,
     }
     for k in range(1, epochs):
         out[f"warm{k}_s"] = max(e[k] for e in ends) - max(e[k - 1] for e in ends)
@@ -218,6 +245,37 @@ def compare(
     return rows
 
 
+def code_pairs(
+    origin: str, store: str, a: argparse.Namespace, env: dict[str, str], log: Any
+) -> None:
+    """Measured runs only (no probe, no prediction), alternating the code of each ``--code``
+    directory (a ``src`` as ``git archive REV src`` makes it, put first on ``PYTHONPATH``; ``.``
+    for this checkout's): ``--runs`` rounds, each world of ``--worlds`` once per code in turn;
+    then the medians per world and code."""
+    rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    codes = a.code.split(",")
+    for run in range(a.runs):
+        for world in [int(w) for w in a.worlds.split(",")]:
+            for code in codes:
+                here = dict(env) if code == "." else {**env, "PYTHONPATH": code}
+                got = measure(store, world, a.out, here, locks=a.locks)
+                print(json.dumps({"origin": origin, "world": world, "code": code, **got}), file=log)
+                print(
+                    f"{origin} W={world} {code} run {run + 1}: first batch "
+                    f"{got['first_batch_s']:.2f} s, cold {got['cold_s']:.2f} s "
+                    f"({got['cold_cpu_s']:.1f} CPU-s), warm {got['warm1_s']:.2f} s",
+                    flush=True,
+                )
+                rows.setdefault((world, code), []).append(got)
+    for (world, code), got in sorted(rows.items()):
+        medians = {k: statistics.median(g[k] for g in got) for k in ("first_batch_s", "cold_s")}
+        print(
+            f"{origin} W={world} {code}: median first batch {medians['first_batch_s']:.2f} s, "
+            f"cold {medians['cold_s']:.2f} s; cold runs "
+            + " / ".join(f"{g['cold_s']:.2f}" for g in got)
+        )
+
+
 def cache_check(
     store: str, work: Path, env: dict[str, str], step_ms: float, runs: int, log: Any
 ) -> list[dict[str, Any]]:
@@ -265,8 +323,16 @@ def main() -> None:
     p.add_argument("--cache-check", action="store_true")
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--out", type=Path, default=Path("bench-out/simtime"))
+    p.add_argument(
+        "--code",
+        help="measured runs only, alternating these src directories (comma-separated; "
+        "'.' for this checkout's)",
+    )
+    p.add_argument(
+        "--locks", action="store_true", help="time the disk tier's placement lock in each run"
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    for name in ("store", "cache", "ready", "go", "out-file"):
+    for name in ("store", "cache", "ready", "go", "out-file", "lock-log"):
         p.add_argument(f"--{name}", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
@@ -301,6 +367,9 @@ def run_all(a: argparse.Namespace) -> None:
             mnt.mkdir(exist_ok=True)
             with SlowFS(origin, mnt, LatencyModel.parse(model)):
                 store = str(mnt / "tierfeed")
+                if a.code:
+                    code_pairs(f"posix-{model}", store, a, env, log)
+                    continue
                 rows += compare(f"posix-{model}", store, worlds, a.runs, a.out, env, log)
                 if a.cache_check and n == 0:
                     cache_check(store, a.out, env, a.step_ms, a.runs, log)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +141,31 @@ def test_clairvoyant_takes_free_room_for_a_chunk_not_read_again_and_gives_it_up_
     assert policy.choose({5: 1, 6: 1}, 0, 1, 2) == (False, [])  # ... but displaces nothing
     # ... and is the first victim, free of cost: chunk 1, read twice, displaces it at once.
     assert policy.choose({0: 1, 2: 1}, 1, 1, 2) == (True, [0])
+
+
+def test_the_prefetch_look_runs_outside_the_holdings_mutex(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look over the future is O(horizon) in Python: held through it, the mutex every read
+    takes held those reads for as long as the look's GIL switches took on a crowded machine.
+    The look works on a copy of what is taken, and chooses what it chose before."""
+    from tierfeed.format.chunkref import ChunkInfo
+    from tierfeed.storage.disktier import Tier
+    from tierfeed.storage.foresight import Foresight
+    from tierfeed.storage.holdings import Holdings
+    from tierfeed.storage.memory import MemoryDriver
+
+    chunks = [ChunkInfo(i, f"chunks/{i:06d}.tar", 100, i) for i in range(4)]
+    holdings = Holdings(chunks, [Tier(MemoryDriver(), quota=250, name="ram")], "clairvoyant", False)
+    held_in_look: list[bool] = []
+    real = Clairvoyant.prefetch
+
+    def look(self: Clairvoyant, *args: Any, **kwargs: Any) -> Any:
+        held_in_look.append(holdings.mutex.locked())
+        yield from real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Clairvoyant, "prefetch", look)
+    foresight = Foresight(holdings)
+    foresight.set_future([2, 0, 2, 1, 3, 0], read_bytes=100.0)
+    assert foresight.chosen(set(), 6) == [2, 0]  # room for two of 100 bytes in 250
+    assert held_in_look == [False]

@@ -18,6 +18,7 @@ import pytest
 
 from tests.storage.test_tiers import read_all, stack
 from tierfeed import cachedir
+from tierfeed.format.index import Index
 from tierfeed.loader.compose import open_store
 from tierfeed.storage.shared_dir import copy_claim, placement_lock
 from tierfeed.storage.tiers import disk_tier
@@ -115,7 +116,8 @@ def test_reads_go_on_while_another_process_holds_the_placement_lock(
     holder.start()
     try:
         assert taken.wait(20)
-        disk = disk_tier(cache, 10**9)
+        # Short of the whole store: its placements are decided under the host's lock.
+        disk = disk_tier(cache, _chunk_bytes(store_dir) - 1)
         with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
             started = time.monotonic()
             first = read_all(store)
@@ -123,6 +125,39 @@ def test_reads_go_on_while_another_process_holds_the_placement_lock(
             assert len(first) == len(store) and time.monotonic() - started < 20
             assert disk.counters.copy_failures > 0  # counted, and said once
             assert disk.counters.copies == 0 and tiers.origin_counters.bytes > 0  # served
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def _chunk_bytes(store: Path) -> int:
+    with Index(store) as index:
+        return int(sum(index.chunk_size))
+
+
+def test_a_tier_with_room_for_the_store_places_while_another_holds_the_lock(
+    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for every chunk: no placement can take another's room or evict, so none takes the
+    host's lock (`Holdings.host_lock`), and a process holding it (a job with a smaller quota
+    on the same directory, deciding) holds none of this one's copies."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setattr("tierfeed.storage.shared_dir.LOCK_WAIT_S", 0.2)
+    taken, release = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold, args=(str(cache), taken, release), daemon=True)
+    holder.start()
+    try:
+        assert taken.wait(20)
+        disk = disk_tier(cache, _chunk_bytes(store_dir))  # exactly the store
+        with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+            first = read_all(store)
+            tiers.drain(30)
+            assert read_all(store) == first
+            with Index(store_dir) as index:
+                assert disk.counters.copies == index.num_chunks
+            assert disk.counters.copy_failures == 0 and disk.counters.evictions == 0
+            assert sum(disk.held.values()) == _chunk_bytes(store_dir) == disk.quota
     finally:
         release.set()
         holder.join(10)

@@ -83,6 +83,10 @@ class ChunkTable(Sequence[ChunkInfo]):
         self._made[c] = info  # (two threads making one entry make equal ones)
         return info
 
+    def total_size(self) -> int:
+        """The chunks' bytes in all (vectorised, as `mean_size`)."""
+        return int(self._a["chunk_size"].sum(dtype=np.int64))
+
     def mean_size(self) -> float:
         """The chunks' mean size in bytes (vectorised; a tuning hint, so an index checked on
         use need not have checked every row's size for it)."""

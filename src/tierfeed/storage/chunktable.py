@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.storage.disktier import cache_key
 
-__all__ = ["ChunkKeys", "ChunkSizes", "mean_chunk_size"]
+__all__ = ["ChunkKeys", "ChunkSizes", "mean_chunk_size", "total_chunk_size"]
 
 
 class ChunkKeys(Mapping[str, ChunkInfo]):
@@ -70,3 +70,12 @@ def mean_chunk_size(chunks: Sequence[ChunkInfo]) -> float:
     if mean is not None:
         return float(mean())
     return sum(c.size for c in chunks) / max(1, len(chunks))
+
+
+def total_chunk_size(chunks: Sequence[ChunkInfo]) -> int:
+    """The chunks' bytes in all, exactly: from the index's section where ``chunks`` is its
+    table, else from the entries."""
+    total = getattr(chunks, "total_size", None)
+    if total is not None:
+        return int(total())
+    return sum(c.size for c in chunks)

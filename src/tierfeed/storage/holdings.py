@@ -13,10 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 from tierfeed.errors import NotFoundError, StorageError
 from tierfeed.format.chunkref import ChunkInfo, checksum_bytes
-from tierfeed.storage.chunktable import ChunkKeys, ChunkSizes
+from tierfeed.storage.chunktable import ChunkKeys, ChunkSizes, total_chunk_size
 from tierfeed.storage.disktier import Tier, cache_key
 from tierfeed.storage.placement import Clairvoyant, Placement, make_policy
 
@@ -55,6 +56,7 @@ class Holdings:
         self.policies: list[Placement] = [make_policy(policy) for _ in self.tiers]
         self.keys = ChunkKeys(chunks)  # entries made as chunks are used, not up front
         self.sizes = ChunkSizes(chunks)
+        self._store_bytes = total_chunk_size(chunks)
         self.verify = verify_cached
         self.mutex = threading.Lock()
         self._corrupt: dict[int, str] = {}
@@ -199,6 +201,19 @@ class Holdings:
                 tier.counters.evictions += 1
             self._refused.clear()  # room made, or a chunk placed: ask again
             return victims
+
+    def host_lock(self, tier: Tier) -> AbstractContextManager[None]:
+        """What a placement into ``tier`` holds while it decides and writes: the host-wide
+        lock of a shared directory (`TierFiles.placing`), or nothing where the tier has room
+        for every chunk of the store. There no placement can take another's room or evict
+        what another placed, so there is nothing to serialise, and each take of the lock cost
+        every copy of the host: on a crowded machine (4 ranks on 2 cores) its holder waited
+        for the CPU after each of its system calls, held it 0.2-3 s a take, and the host's
+        copies queued behind it (docs/BENCHMARKS.md). One copy per chunk is still the claim's
+        (`TierFiles.claim`), and a copy that lands meanwhile is still seen before placing."""
+        if tier.quota >= self._store_bytes:
+            return contextlib.nullcontext()
+        return tier.files.placing()
 
     def placed(self, tier: Tier, info: ChunkInfo) -> None:
         """``info`` is in ``tier`` now, checked."""

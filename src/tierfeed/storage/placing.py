@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tierfeed.errors import ChunkCorruptError, StorageError
 from tierfeed.format.chunkref import ChunkInfo
-from tierfeed.storage.disktier import Tier, TierFiles, cache_key
+from tierfeed.storage.disktier import Tier, cache_key
 from tierfeed.storage.foresight import Foresight
 from tierfeed.storage.holdings import Holdings
 from tierfeed.storage.landing import Arrival, Landing
@@ -136,8 +136,8 @@ class Copies:
         if data is not None:
             self.place_all(info, Landed(data), started)
             return
-        claims = (h.shared or h.tiers[0]).files
-        with claims.claim(cache_key(info)) as mine:
+        home = h.shared or h.tiers[0]  # where copies are claimed and land
+        with home.files.claim(cache_key(info)) as mine:
             if not mine:
                 self._elsewhere[chunk] = time.monotonic()  # another process copies it now
                 return
@@ -146,15 +146,16 @@ class Copies:
             if data is not None:
                 self.place_all(info, Landed(data), started)
                 return
-            arrival = self._begin(info, claims)
+            arrival = self._begin(info, home)
             if arrival is not None:
                 self._land(arrival, started)
 
-    def _begin(self, info: ChunkInfo, claims: TierFiles) -> Arrival | None:
-        """The chunk's arrival, decided again and begun under the tier's placement lock: a
-        sibling deciding at the same moment sees this copy landing (its room taken)."""
+    def _begin(self, info: ChunkInfo, home: Tier) -> Arrival | None:
+        """The chunk's arrival, decided again and begun under the tier's placement lock
+        (`Holdings.host_lock`): a sibling deciding at the same moment sees this copy landing
+        (its room taken)."""
         try:
-            with claims.placing():  # bounded: past it, a TimeoutError (an OSError)
+            with self._h.host_lock(home):  # bounded: past it, a TimeoutError (an OSError)
                 if self._h.shared is not None and not self.needed(info.id, fresh=True):
                     return None
                 return self.landing.begin(info, self.piece(info))
@@ -226,10 +227,10 @@ class Copies:
     def _place(self, i: int, tier: Tier, info: ChunkInfo, chunk: Landed) -> bool:
         """Put the chunk into ``tier`` if its policy takes it; True if this call put it. One
         placement per tier at a time (its ``placing`` lock, and for a shared directory the
-        cross-process lock): the decision and its writes cannot interleave with another's,
-        so the quota holds."""
+        cross-process lock where room is short: `Holdings.host_lock`): the decision and its
+        writes cannot interleave with another's, so the quota holds."""
         h = self._h
-        with tier.placing, tier.files.placing():
+        with tier.placing, h.host_lock(tier):
             if tier.shared:
                 h.scan(tier)  # other processes' copies and evictions count too
             victims = h.make_room(i, info)

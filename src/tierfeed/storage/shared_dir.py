@@ -3,7 +3,8 @@
 DataLoader workers (and every rank of a node) share one cache directory. Three small files
 kept beside the cached chunks let them cooperate without a server:
 
-- ``.tier.lock``: held (flock) while a process decides what to evict and writes a chunk;
+- ``.tier.lock``: held (flock) while a process decides what to evict and writes a chunk
+  (where the tier has room for the whole store nothing is decided: `Holdings.host_lock`);
 - ``.verified/KEY``: the (inode, mtime, size) the file at ``KEY`` had when a process checked
   it, so forked workers do not re-read a whole chunk to verify it again;
 - ``.claims/KEY``: held (flock) by the one process copying that chunk from the origin, so the

@@ -27,7 +27,7 @@ __all__ = ["PIECE_ROUND", "FetchLimits", "FetchTuner", "LookAhead", "lead_reads"
 
 PIECE_ROUND = 64 * 1024  # pieces are whole multiples of this
 _AHEAD_S = 0.05  # reads look ahead for chunks to prefetch this often
-_AHEAD_MAX = 8192  # reads looked ahead at most (a look is O(reads), under the tiers' lock)
+_AHEAD_MAX = 8192  # reads looked ahead at most (a look is O(reads))
 # A piece's request is late (and hedged) past this many times the median piece's time, never
 # sooner than _LATE_MIN_S, and only once _LATE_SEEN pieces were timed.
 _LATE_FACTOR = 3.0
