@@ -376,7 +376,8 @@ def run_all(a: argparse.Namespace) -> None:
         if a.s3:
             small = build(work, a.s3_images, a.s3_median_kb) if a.s3_images else origin
             rows += s3(small, a, env, log)
-    summary(rows)
+    if rows:
+        summary(rows)
 
 
 def s3(origin: Path, a: argparse.Namespace, env: dict[str, str], log: Any) -> list[dict[str, Any]]:

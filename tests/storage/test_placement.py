@@ -169,3 +169,24 @@ def test_the_prefetch_look_runs_outside_the_holdings_mutex(
     foresight.set_future([2, 0, 2, 1, 3, 0], read_bytes=100.0)
     assert foresight.chosen(set(), 6) == [2, 0]  # room for two of 100 bytes in 250
     assert held_in_look == [False]
+
+
+def test_a_prefetch_look_judges_each_chunk_ahead_once() -> None:
+    """A chunk refused at its first read ahead is not judged again at each later read of it
+    in the same look (each judgement ranked every held chunk: a look over 8,192 reads of a
+    few refused chunks cost a worker most of its CPU)."""
+    policy = Clairvoyant()
+    policy.set_future([0, 1, 0, 1, 0, 1, 2, 2, 3], read_bytes=1.0)
+    judged: list[int] = []
+    real = policy.choose
+
+    def choose(cached: Any, chunk: int, size: int, quota: int, fetched: bool = False) -> Any:
+        judged.append(chunk)
+        return real(cached, chunk, size, quota, fetched)
+
+    policy.choose = choose  # type: ignore[method-assign]
+    sizes = {0: 100, 1: 100, 2: 100, 3: 1}
+    # Three reads of 0 and of 1 do not pay for a copy of 100 bytes read a byte at a time; 3
+    # is read once and costs one read; 2, read twice, is not worth 100 either.
+    assert list(policy.prefetch({}, 1000, sizes, horizon=9)) == [3]
+    assert judged == [0, 1, 2, 3]
