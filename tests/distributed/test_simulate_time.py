@@ -68,6 +68,9 @@ def test_a_calibration_probes_a_real_store_and_is_saved_for_later(tmp_path: Path
     assert costs["start_s"] >= 0 and costs["cpu_per_sample_s"] > 0 and costs["rank_rate"] > 0
     assert measured["samples"] == 600  # every sample: the store is smaller than the probe
     assert measured["cold_s"] > 0 and measured["warm_s"] > 0
+    # The ranks begin each epoch together: a warm epoch's steady part (from the first rank's
+    # first batch) lies inside it, not across another rank's cold end.
+    assert 0 < measured["warm_steady_s"] <= measured["warm_s"]
     timed = json.loads(done.stdout)["time"]
     assert timed["costs"] == costs
     again = tierfeed(*probe, "--calibration", saved, "--json")
@@ -135,3 +138,29 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_the_probes_ranks_end_each_epoch_before_any_begins_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from tierfeed.errors import ConfigError
+    from tierfeed.torch import loaderprobe
+
+    ended = []
+
+    def rank(r: int, delay: float) -> None:
+        time.sleep(delay)
+        loaderprobe._all_done(tmp_path, 0, r, 2)
+        ended.append((r, time.monotonic()))
+
+    started = time.monotonic()
+    late = threading.Thread(target=rank, args=(1, 0.3))
+    late.start()
+    rank(0, 0.0)  # waits for rank 1's mark
+    late.join(10)
+    assert ended[0][1] - started >= 0.3 and len(ended) == 2
+    monkeypatch.setattr(loaderprobe, "READY_S", 0.05)
+    with pytest.raises(ConfigError, match="did not all end epoch 1"):
+        loaderprobe._all_done(tmp_path, 1, 0, 2)  # rank 1 never ends it: the wait is bounded

@@ -102,6 +102,20 @@ def test_ranks_that_start_together_on_too_few_cores_start_slower() -> None:
     assert four - one == pytest.approx(COSTS.start_s * (4 * 1.0 / 2 - 1))
 
 
+def test_a_cold_epochs_cpu_counts_its_start_and_a_warm_one_does_not() -> None:
+    """Where the CPU bounds a cold epoch, the start's CPU (every rank's workers starting on
+    the node's cores) is not overlapped with the copies (docs/BENCHMARKS.md, issue 49)."""
+    costs = replace(COSTS, rank_rate=0.0)
+    for ranks in (1, 4):
+        node = replace(NODE, ranks=ranks)
+        cold, warm = epoch_times(NFS, node, costs, JOB)[:2]
+        start_cpu = ranks * costs.start_cores * costs.start_s * max(1.0, ranks * 1.0 / 2)
+        copied = JOB.store_bytes * costs.cpu_per_byte_s
+        work = JOB.samples * costs.cpu_per_sample_s
+        assert cold.parts["cpu"] == pytest.approx((work + copied + start_cpu) / 2)
+        assert warm.parts["cpu"] == pytest.approx(work / 2)
+
+
 def test_a_cache_smaller_than_the_store_reads_the_rest_every_epoch_sample_by_sample() -> None:
     half = replace(SMALL, cache_bytes=JOB.store_bytes // 2)
     cold, warm, _ = epoch_times(NFS, half, COSTS, JOB)

@@ -14,7 +14,8 @@ The model, per node and epoch (every figure comes in as an argument; nothing her
   as `tierfeed.storage.tuning` sizes them. The tail: a stalled piece is hedged after three
   times a piece's time, so a stall costs the epoch that long, spread over the streams.
 - **Node.** The loader spends CPU per sample served (warm) and per byte copied from the
-  origin (cold), over the node's cores, and no faster than its ranks' measured rate; local
+  origin (cold), and in a cold epoch its start's CPU too, over the node's cores, and no
+  faster than its ranks' measured rate; local
   bytes beyond what the page cache holds (half the RAM) are read at the disk's bandwidth; a
   POSIX origin's bytes read again in a later epoch come from that page cache too while it has
   room beside the cache tier's (its client keeps the files open, as tierfeed does).
@@ -266,6 +267,12 @@ def _start_s(node: Node, costs: Costs) -> float:
     return costs.start_s * crowd(node.ranks) / crowd(costs.start_ranks)
 
 
+def _start_cpu_s(node: Node, costs: Costs) -> float:
+    """The node's CPU-seconds in a cold epoch's start (every rank's workers starting, their
+    first reads): not overlapped with the copies where the CPU is what bounds the epoch."""
+    return node.ranks * costs.start_cores * _start_s(node, costs)
+
+
 def _index_s(origin: Origin) -> float:
     """Reading a store's index: two requests."""
     return 2 * origin.request_s(4096)
@@ -303,6 +310,8 @@ def _parts(
     exchange = job.q * share if job.plan == "partial" and epoch > 0 else 0.0
     beyond_ram = max(0.0, room - node.ram_bytes / 2) / max(room, 1.0)
     cpu = samples * costs.cpu_per_sample_s / node.cores
+    if epoch == 0:
+        cpu += _start_cpu_s(node, costs) / node.cores
     if costs.rank_rate:
         cpu = max(cpu, samples / (node.ranks * costs.rank_rate))
     parts = {

@@ -96,8 +96,24 @@ def rank_main(argv: list[str] | None = None) -> None:
             if time.monotonic() > deadline:
                 raise ConfigError("the probe's ranks were not all ready in time")
             time.sleep(0.002)
-        epochs = [_epoch(loader) for _ in range(EPOCHS)]
+        epochs = []
+        for e in range(EPOCHS):
+            epochs.append(_epoch(loader))
+            _all_done(Path(a.go).parent, e, a.rank, a.world)
     Path(a.out).write_text(json.dumps(epochs))
+
+
+def _all_done(scratch: Path, epoch: int, rank: int, ranks: int) -> None:
+    """Mark this rank's ``epoch`` done and wait (bounded) until every rank's is: ranks begin
+    each epoch together, as a job's ranks do when every step waits for all of them. Begun
+    apart, a rank's warm epoch ran beside another's cold end, and the node's warm figures
+    counted both (4 ranks: a warm rank rate half the measured runs')."""
+    (scratch / f"done{epoch}.{rank}").touch()
+    deadline = time.monotonic() + READY_S
+    while not all((scratch / f"done{epoch}.{r}").exists() for r in range(ranks)):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the probe's ranks did not all end epoch {epoch} in time")
+        time.sleep(0.002)
 
 
 def _start_rank(
