@@ -9,9 +9,11 @@ most its bound, then leaves the copy unplaced; the read is served all the same.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -105,9 +107,9 @@ def test_a_held_lock_is_tried_again_at_most_a_few_ms_apart(
     assert pauses == sorted(pauses) and 0.5 <= clock[0] <= 0.5 + cachedir.LOCK_POLL_MAX_S
 
 
-def test_reads_go_on_while_another_process_holds_the_placement_lock(
-    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextlib.contextmanager
+def _held_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cache directory whose placement lock another process holds (waited for 0.2 s)."""
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     monkeypatch.setattr("tierfeed.storage.shared_dir.LOCK_WAIT_S", 0.2)
@@ -116,15 +118,7 @@ def test_reads_go_on_while_another_process_holds_the_placement_lock(
     holder.start()
     try:
         assert taken.wait(20)
-        # Short of the whole store: its placements are decided under the host's lock.
-        disk = disk_tier(cache, _chunk_bytes(store_dir) - 1)
-        with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
-            started = time.monotonic()
-            first = read_all(store)
-            tiers.drain(30)
-            assert len(first) == len(store) and time.monotonic() - started < 20
-            assert disk.counters.copy_failures > 0  # counted, and said once
-            assert disk.counters.copies == 0 and tiers.origin_counters.bytes > 0  # served
+        yield cache
     finally:
         release.set()
         holder.join(10)
@@ -135,20 +129,28 @@ def _chunk_bytes(store: Path) -> int:
         return int(sum(index.chunk_size))
 
 
+def test_reads_go_on_while_another_process_holds_the_placement_lock(
+    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _held_elsewhere(tmp_path, monkeypatch) as cache:
+        # Short of the whole store: its placements are decided under the host's lock.
+        disk = disk_tier(cache, _chunk_bytes(store_dir) - 1)
+        with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
+            started = time.monotonic()
+            first = read_all(store)
+            tiers.drain(30)
+            assert len(first) == len(store) and time.monotonic() - started < 20
+            assert disk.counters.copy_failures > 0  # counted, and said once
+            assert disk.counters.copies == 0 and tiers.origin_counters.bytes > 0  # served
+
+
 def test_a_tier_with_room_for_the_store_places_while_another_holds_the_lock(
     store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Room for every chunk: no placement can take another's room or evict, so none takes the
     host's lock (`Holdings.host_lock`), and a process holding it (a job with a smaller quota
     on the same directory, deciding) holds none of this one's copies."""
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    monkeypatch.setattr("tierfeed.storage.shared_dir.LOCK_WAIT_S", 0.2)
-    taken, release = FORK.Event(), FORK.Event()
-    holder = FORK.Process(target=_hold, args=(str(cache), taken, release), daemon=True)
-    holder.start()
-    try:
-        assert taken.wait(20)
+    with _held_elsewhere(tmp_path, monkeypatch) as cache:
         disk = disk_tier(cache, _chunk_bytes(store_dir))  # exactly the store
         with stack(store_dir, [disk]) as tiers, open_store(store_dir, source=tiers) as store:
             first = read_all(store)
@@ -158,6 +160,3 @@ def test_a_tier_with_room_for_the_store_places_while_another_holds_the_lock(
                 assert disk.counters.copies == index.num_chunks
             assert disk.counters.copy_failures == 0 and disk.counters.evictions == 0
             assert sum(disk.held.values()) == _chunk_bytes(store_dir) == disk.quota
-    finally:
-        release.set()
-        holder.join(10)
