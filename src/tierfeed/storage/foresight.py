@@ -96,9 +96,9 @@ class Foresight:
                     taken = dict(h.committed(tier, landing, -1))
                 # The look (O(horizon) in Python) runs on that copy, outside the mutex that
                 # every read of this process takes: held through it, each of the look's GIL
-                # switches on a crowded machine held those reads too (4 ranks on 2 cores:
-                # looks of 0.23 s held, the host's placement lock waiting behind them;
-                # docs/BENCHMARKS.md). The policy is read as it is: a read advancing its clock
-                # meanwhile moves the look by a read at most; a placement decides again.
+                # switches on a crowded machine held those reads too, and the host's
+                # placement lock waited behind them (docs/BENCHMARKS.md, "Ranks on a crowded
+                # node"). The policy is read as it is: a read advancing its clock meanwhile
+                # moves the look by a read at most; a placement decides again.
                 out += policy.prefetch(taken, tier.quota, h.sizes, horizon)
         return out

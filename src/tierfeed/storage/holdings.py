@@ -207,9 +207,9 @@ class Holdings:
         lock of a shared directory (`TierFiles.placing`), or nothing where the tier has room
         for every chunk of the store. There no placement can take another's room or evict
         what another placed, so there is nothing to serialise, and each take of the lock cost
-        every copy of the host: on a crowded machine (4 ranks on 2 cores) its holder waited
-        for the CPU after each of its system calls, held it 0.2-3 s a take, and the host's
-        copies queued behind it (docs/BENCHMARKS.md). One copy per chunk is still the claim's
+        every copy of the host: on a crowded machine its holder waited for the CPU after
+        each of its system calls, and the host's copies queued behind it (docs/BENCHMARKS.md,
+        "Ranks on a crowded node"). One copy per chunk is still the claim's
         (`TierFiles.claim`), and a copy that lands meanwhile is still seen before placing."""
         if tier.quota >= self._store_bytes:
             return contextlib.nullcontext()

@@ -107,7 +107,7 @@ def _all_done(scratch: Path, epoch: int, rank: int, ranks: int) -> None:
     """Mark this rank's ``epoch`` done and wait (bounded) until every rank's is: ranks begin
     each epoch together, as a job's ranks do when every step waits for all of them. Begun
     apart, a rank's warm epoch ran beside another's cold end, and the node's warm figures
-    counted both (4 ranks: a warm rank rate half the measured runs')."""
+    counted both (docs/BENCHMARKS.md, "After the crowded-node changes")."""
     (scratch / f"done{epoch}.{rank}").touch()
     deadline = time.monotonic() + READY_S
     while not all((scratch / f"done{epoch}.{r}").exists() for r in range(ranks)):
