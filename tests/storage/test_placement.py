@@ -174,7 +174,7 @@ def test_the_prefetch_look_runs_outside_the_holdings_mutex(
 def test_a_prefetch_look_judges_each_chunk_ahead_once() -> None:
     """A chunk refused at its first read ahead is not judged again at each later read of it
     in the same look (each judgement ranked every held chunk: a look over 8,192 reads of a
-    few refused chunks cost a worker most of its CPU)."""
+    few refused chunks took a large share of a worker's CPU)."""
     policy = Clairvoyant()
     policy.set_future([0, 1, 0, 1, 0, 1, 2, 2, 3], read_bytes=1.0)
     judged: list[int] = []
