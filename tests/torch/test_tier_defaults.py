@@ -31,6 +31,9 @@ def test_disk_dir_alone_is_a_disk_tier_of_the_default_size(
     with Index(store_dir) as index:
         store_bytes = int(index.chunk_size.sum())
     assert default_disk_bytes(cache, store_bytes) == store_bytes  # a small store fits whole
+    # The quota the processes get is the store to the byte: room for every chunk, which lets
+    # their placements go without the host's lock (`Holdings.host_lock`).
+    assert ds._feed._process.opener.tiers.disk_bytes == store_bytes
     with Loader(ds) as loader:
         assert sum(len(b[0]) for b in loader) == 120
     copied = [p for p in cache.rglob("*.tar")]

@@ -84,14 +84,9 @@ class ChunkTable(Sequence[ChunkInfo]):
         return info
 
     def total_size(self) -> int:
-        """The chunks' bytes in all (vectorised, as `mean_size`)."""
+        """The chunks' bytes in all, exactly (vectorised, making no entry; the sizes as the
+        index gives them: each chunk's is checked against its file on use)."""
         return int(self._a["chunk_size"].sum(dtype=np.int64))
-
-    def mean_size(self) -> float:
-        """The chunks' mean size in bytes (vectorised; a tuning hint, so an index checked on
-        use need not have checked every row's size for it)."""
-        sizes = self._a["chunk_size"]
-        return float(sizes.sum(dtype=np.float64)) / len(sizes) if len(sizes) else 0.0
 
 
 # What `ChunkTable` keeps views of (the member sections for their dtype only; the row checks

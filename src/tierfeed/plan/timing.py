@@ -15,10 +15,10 @@ The model, per node and epoch (every figure comes in as an argument; nothing her
   times a piece's time, so a stall costs the epoch that long, spread over the streams.
 - **Node.** The loader spends CPU per sample served (warm) and per byte copied from the
   origin (cold), and in a cold epoch its start's CPU too, over the node's cores, and no
-  faster than its ranks' measured rate; local
-  bytes beyond what the page cache holds (half the RAM) are read at the disk's bandwidth; a
-  POSIX origin's bytes read again in a later epoch come from that page cache too while it has
-  room beside the cache tier's (its client keeps the files open, as tierfeed does).
+  faster than its ranks' measured rate; local bytes beyond what the page cache holds (half
+  the RAM) are read at the disk's bandwidth; a POSIX origin's bytes read again in a later
+  epoch come from that page cache too while it has room beside the cache tier's (its client
+  keeps the files open, as tierfeed does).
 - **Epoch.** These run overlapped: an epoch takes the longest of origin, exchange, local
   reads, CPU and the model's own steps, after its start; a cold epoch's copies begin once the
   index is read, while the workers start, so it takes that longest part from then, and never

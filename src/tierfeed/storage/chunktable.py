@@ -63,19 +63,15 @@ class ChunkSizes(Mapping[int, int]):
         return iter(range(len(self._chunks)))
 
 
-def mean_chunk_size(chunks: Sequence[ChunkInfo]) -> float:
-    """The chunks' mean size: from the index's section where ``chunks`` is its table (no
-    entry made), else from the entries."""
-    mean = getattr(chunks, "mean_size", None)
-    if mean is not None:
-        return float(mean())
-    return sum(c.size for c in chunks) / max(1, len(chunks))
-
-
 def total_chunk_size(chunks: Sequence[ChunkInfo]) -> int:
     """The chunks' bytes in all, exactly: from the index's section where ``chunks`` is its
-    table, else from the entries."""
+    table (no entry made), else from the entries."""
     total = getattr(chunks, "total_size", None)
     if total is not None:
         return int(total())
     return sum(c.size for c in chunks)
+
+
+def mean_chunk_size(chunks: Sequence[ChunkInfo]) -> float:
+    """The chunks' mean size (`total_chunk_size` over their count)."""
+    return total_chunk_size(chunks) / max(1, len(chunks))

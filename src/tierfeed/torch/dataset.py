@@ -325,8 +325,9 @@ def _opened(
     index, origin = opener.index_and_origin()  # the driver kept for `ColdStart`
     # Decided here, in the main process, so that every worker has the same quota; the disk
     # tier's directory was checked as the index was found (`index_cache`).
-    store_bytes = int(index.chunks().mean_size() * index.num_chunks)
-    opener = dataclasses.replace(opener, tiers=tiers.sized(store_bytes))
+    # Exactly the store: a tier with room for all of it places without the host's lock
+    # (`Holdings.host_lock`), which a mean times a count rounded a byte short would lose.
+    opener = dataclasses.replace(opener, tiers=tiers.sized(index.chunks().total_size()))
     return ProcessStore(opener, index, origin), index
 
 

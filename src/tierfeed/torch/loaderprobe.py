@@ -91,11 +91,7 @@ def rank_main(argv: list[str] | None = None) -> None:
     )
     with Loader(ds, num_workers=a.workers) as loader:
         Path(a.ready).touch()
-        deadline = time.monotonic() + READY_S
-        while not Path(a.go).exists():
-            if time.monotonic() > deadline:
-                raise ConfigError("the probe's ranks were not all ready in time")
-            time.sleep(0.002)
+        _wait_for([Path(a.go)], "the probe's ranks were not all ready in time")
         epochs = []
         for e in range(EPOCHS):
             epochs.append(_epoch(loader))
@@ -109,10 +105,17 @@ def _all_done(scratch: Path, epoch: int, rank: int, ranks: int) -> None:
     apart, a rank's warm epoch ran beside another's cold end, and the node's warm figures
     counted both (docs/BENCHMARKS.md, "After the crowded-node changes")."""
     (scratch / f"done{epoch}.{rank}").touch()
+    marks = [scratch / f"done{epoch}.{r}" for r in range(ranks)]
+    _wait_for(marks, f"the probe's ranks did not all end epoch {epoch} in time")
+
+
+def _wait_for(paths: list[Path], late: str) -> None:
+    """Until every one of ``paths`` exists, at most `READY_S`; past it a ConfigError saying
+    ``late``."""
     deadline = time.monotonic() + READY_S
-    while not all((scratch / f"done{epoch}.{r}").exists() for r in range(ranks)):
+    while not all(p.exists() for p in paths):
         if time.monotonic() > deadline:
-            raise ConfigError(f"the probe's ranks did not all end epoch {epoch} in time")
+            raise ConfigError(late)
         time.sleep(0.002)
 
 
