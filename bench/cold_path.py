@@ -25,10 +25,19 @@ Usage:
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --runs 1 --exact
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --trace out/
     python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --lock-times
+    python bench/cold_path.py --latency stalls --images 20000 --median-kb 101 --reuse-pages
 
 With ``--lock-times``, each take of the disk tier's host-wide placement lock is timed in every
 process (how long its copy waited for it, how long it was held), and each row adds their
 count, sums, the longest wait, and the 90th percentile and longest hold.
+
+With ``--reuse-pages``, the runs alternate two ways of finding memory: before the first of
+each pair, as many bytes as the store are written into a file under ``--work`` and removed
+(`bench/page_cache_write.py`), so that the run's disk tier takes page-cache pages the kernel
+has just freed; before the second, a pause of ``--pause`` seconds, after which this machine's
+host has taken freed pages back (free page reporting) and the run pays the first touch of
+each, as a run after other work does. Rows say which (``pages``), and the summary has a median
+for each.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+
+from bench.page_cache_write import write_once  # noqa: E402
 
 
 def build(work: Path, images: int = 4000, median_kb: float = 64) -> Path:
@@ -209,6 +220,11 @@ def main() -> None:
         "--lock-times", action="store_true",
         help="time each take of the disk tier's placement lock: waits and holds, every process",
     )  # fmt: skip
+    p.add_argument(
+        "--reuse-pages", action="store_true",
+        help="alternate runs on just-freed page-cache pages and runs after a pause",
+    )  # fmt: skip
+    p.add_argument("--pause", type=float, default=20.0, help="with --reuse-pages (seconds)")
     p.add_argument("--locks", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--state", type=Path, help=argparse.SUPPRESS)
@@ -233,9 +249,19 @@ def main() -> None:
     env = dict(os.environ)
     if args.code:
         env["PYTHONPATH"] = os.pathsep.join([str(args.code.resolve()), env.get("PYTHONPATH", "")])
-    rows = []
+    rows: list[dict[str, float]] = []
+    labels: list[str | None] = []
+    store = sum(f.stat().st_size for f in (origin / "tierfeed").rglob("*") if f.is_file())
+    store_mib = -(-store >> 20)
     with SlowFS(origin, mnt, LatencyModel.parse(args.latency)):
         for run in range(args.runs):
+            pages = None
+            if args.reuse_pages:
+                pages = "reused" if run % 2 == 0 else "as found"
+                if pages == "reused":
+                    write_once(str(args.work), store_mib, os.urandom(4 * 2**20))
+                else:
+                    time.sleep(args.pause)
             with tempfile.TemporaryDirectory(dir=args.work) as scratch:
                 child = [sys.executable, __file__, "--workers", str(args.workers)]
                 child += ["--exact"] if args.exact else []
@@ -249,18 +275,22 @@ def main() -> None:
                     child += state
                 rows.append(_child(child, mnt, env))
                 row = rows[-1]
-                print(json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
+                tag = {} if pages is None else {"pages": pages}
+                print(json.dumps({**tag, **{k: round(v, 4) for k, v in row.items()}}), flush=True)
+                labels.append(pages)
         if args.limit:
             from bench.compare import parallel
 
             chunks = sorted((mnt / "tierfeed" / "chunks").glob("*.tar"))
             limit = parallel(chunks, args.images // 20 * 20, mnt, (4, 8, 16))
             print(json.dumps({k: v for k, v in limit.items() if not k.startswith("origin_")}))
-    summary = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
     code = str(args.code or ".")
-    print(
-        json.dumps({"latency": args.latency, "code": code, "exact": args.exact, "median": summary})
-    )
+    for label in dict.fromkeys(labels):
+        mine = [r for r, other in zip(rows, labels, strict=True) if other == label]
+        summary = {k: round(statistics.median(r[k] for r in mine), 4) for k in rows[0]}
+        tag = {} if label is None else {"pages": label}
+        print(json.dumps({"latency": args.latency, "code": code, "exact": args.exact, **tag,
+                          "median": summary}))  # fmt: skip
 
 
 def _child(command: list[str], mnt: Path, env: dict[str, str]) -> dict[str, float]:

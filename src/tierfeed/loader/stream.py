@@ -151,7 +151,7 @@ class GuardedStream(Generic[T]):
             finally:
                 self.tracker.observe(time.monotonic() - started)
 
-        return pool.submit(timed)
+        return entry.watch(pool.submit(timed))
 
     def _fill(self) -> None:
         p = self.prefetch
@@ -253,9 +253,10 @@ class GuardedStream(Generic[T]):
         if after is None or self._hedge is None or self._hedge_pool is None:
             return
         for pos, entry in self._window.items():
-            since = entry.running_since
-            idle = entry.hedge is None and since is not None and not entry.primary.done()
-            if idle and since is not None and now - since > after:
+            since = entry.running_since  # the clock first: most reads are young, a done() locks
+            if since is None or now - since <= after or entry.hedge is not None:
+                continue
+            if not entry.landed and not entry.primary.done():
                 entry.hedge = self._submit(entry, pos, self._hedge, self._hedge_pool)
                 self.counters.hedges += 1
 

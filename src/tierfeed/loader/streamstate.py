@@ -84,6 +84,7 @@ class Entry(Generic[T]):
     __slots__ = (
         "hedge",
         "inline",
+        "landed",
         "nbytes",
         "pending",
         "primary",
@@ -100,17 +101,40 @@ class Entry(Generic[T]):
         self.nbytes = nbytes
         self.inline = False  # read on the consumer's thread: ``value`` holds the result
         self.pending = False  # local, read with its neighbours when it is taken
+        self.landed = False  # a read of it succeeded (`watch`): a plain flag, read without locks
         self.value: T | None = None
 
     def futures(self) -> list[Future[T]]:
         return [self.primary] if self.hedge is None else [self.primary, self.hedge]
 
+    def watch(self, read: Future[T]) -> Future[T]:
+        """``read`` (its primary read or its hedge) sets `landed` once it succeeds."""
+        read.add_done_callback(self._landed)
+        return read
+
+    def _landed(self, read: Future[T]) -> None:
+        if _succeeded(read):
+            self.landed = True
+
+    def ready(self) -> bool:
+        """Whether it can be taken, as far as its reads have told (`watch`): attributes only,
+        no lock, for counting a whole window every few milliseconds (`overtaken`). A read
+        that failed is not ready here; `done` is the exact answer."""
+        return self.landed or self.inline or self.pending
+
     def done(self) -> bool:
-        if self.inline or self.pending:
+        """Whether it can be taken: a read succeeded, or every read it has ended."""
+        if self.landed or self.inline or self.pending:
             return True
-        return any(f.done() and f.exception() is None for f in self.futures()) or all(
-            f.done() for f in self.futures()
-        )
+        primary, hedge = self.primary, self.hedge
+        if primary.done():
+            return hedge is None or _succeeded(primary) or hedge.done()
+        return hedge is not None and hedge.done() and _succeeded(hedge)
+
+
+def _succeeded(read: Future[Any]) -> bool:
+    """Whether a read that has ended gave a value (not cancelled, no exception)."""
+    return not read.cancelled() and read.exception() is None
 
 
 def overtaken(window: Collection[Entry[Any]], share: float | None) -> bool:
@@ -118,4 +142,4 @@ def overtaken(window: Collection[Entry[Any]], share: float | None) -> bool:
     False with no share, or nothing besides it."""
     if share is None or len(window) < 2:
         return False
-    return sum(1 for e in window if e.done()) >= share * (len(window) - 1)
+    return sum(1 for e in window if e.ready()) >= share * (len(window) - 1)
