@@ -14,6 +14,7 @@ from tierfeed.format.index import Index
 from tierfeed.loader.clairvoyance import byte_spans, tell_head
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
+from tierfeed.storage.headreads import HEAD_GETS, HEAD_THREADS
 from tierfeed.storage.tiers import TierOptions
 
 PIECE = 8 * 1024
@@ -41,9 +42,9 @@ class SlowPieces(PosixDriver):
         return super().read_block(name, offset, length)
 
 
-def _stack(store_dir: Path, origin: PosixDriver) -> TierStack:
+def _stack(store_dir: Path, origin: PosixDriver, piece: int = PIECE) -> TierStack:
     ram = Tier(MemoryDriver(), quota=10**9, name="ram")
-    options = TierOptions(threads=1, urgent_copies=8, piece_bytes=PIECE, landing_wait_s=5)
+    options = TierOptions(threads=1, urgent_copies=8, piece_bytes=piece, landing_wait_s=5)
     return TierStack(Index(store_dir).chunks(), origin, [ram], options=options)
 
 
@@ -107,13 +108,39 @@ def test_a_failed_head_read_is_read_again_the_ordinary_way(store_dir: Path) -> N
         assert origin.fail == 0
 
 
-def test_an_origin_that_bills_requests_reads_no_head(store_dir: Path) -> None:
-    class Billed(PosixDriver):
-        costly_requests = True  # as an object store's: one GET a piece, none beside
+class Billed(PosixDriver):
+    costly_requests = True  # as an object store's: one GET a piece
 
+
+def _pieces(store_dir: Path, head: np.ndarray, piece: int) -> int:
+    """The pieces of the chunks ``head`` falls in: the GETs their copies make."""
+    index = Index(store_dir)
+    chunks = np.unique(np.asarray(index.sample_chunk)[head])
+    sizes = np.asarray(index.chunk_size, dtype=np.int64)[chunks]
+    return int((-(-sizes // piece)).sum())
+
+
+def test_an_origin_that_bills_requests_reads_no_head_of_a_few_pieces(store_dir: Path) -> None:
+    head, piece = _every(store_dir), 64 * 1024  # a piece a chunk: fewer GETs than the head's
+    assert _pieces(store_dir, head, piece) < 4 * len(head)
     billed = Billed(store_dir, read_only=True)
-    with _stack(store_dir, billed) as stack, open_store(store_dir, source=stack) as store:
-        assert tell_head(store, np.arange(store.index.num_samples, dtype=np.int64)) == 0
+    with _stack(store_dir, billed, piece) as stack, open_store(store_dir, source=stack) as store:
+        assert tell_head(store, head) == 0
+        assert stack.head.pending == 0
+
+
+def test_an_origin_that_bills_requests_reads_the_head_of_many_pieces(store_dir: Path) -> None:
+    # The copies would make four GETs or more for each of the head's: its own are worth it
+    # (a user-sized store, where the first batch would wait for every copy whole).
+    head, piece = _every(store_dir)[::8], 512
+    assert _pieces(store_dir, head, piece) >= 4 * len(head)
+    billed = Billed(store_dir, read_only=True)
+    with _stack(store_dir, billed, piece) as stack, open_store(store_dir, source=stack) as store:
+        assert tell_head(store, head) == len(head)
+        expected = open_store(store_dir)
+        for i in head:  # served from the head reads, as on a file system
+            assert store.read_sample(int(i)).fields == expected.read_sample(int(i)).fields
+        assert stack.head.pending == 0
 
 
 def test_head_spans_cover_each_sample_and_count_its_members(store_dir: Path) -> None:
@@ -179,3 +206,30 @@ def test_pieces_wait_for_the_head_reads_in_flight_within_a_bound(store_dir: Path
         fetch.requests.after_heads()
         assert 0.25 <= time.monotonic() - started < 1.0
         fetch.heads_end()
+
+
+def test_an_object_stores_head_is_requested_at_once(store_dir: Path) -> None:
+    # Each GET of the head waits out its latency: the head's GETs are in flight together
+    # (`HEAD_GETS`), not a file system's `HEAD_THREADS` at a time.
+    class Latent(Billed):
+        lock = threading.Lock()
+        inflight = most = 0
+
+        def read_block(self, name: str, offset: int, length: int) -> bytes:
+            if on_head_thread():
+                with self.lock:
+                    self.inflight += 1
+                    self.most = max(self.most, self.inflight)
+                time.sleep(0.3)
+                with self.lock:
+                    self.inflight -= 1
+            return super().read_block(name, offset, length)
+
+    head, piece = _every(store_dir)[::3], 256
+    assert len(head) > HEAD_THREADS and _pieces(store_dir, head, piece) >= 4 * len(head)
+    origin = Latent(store_dir, read_only=True)
+    with _stack(store_dir, origin, piece) as stack, open_store(store_dir, source=stack) as store:
+        assert tell_head(store, head) == len(head)
+        for i in head:
+            store.read_sample(int(i))
+    assert HEAD_THREADS < origin.most <= HEAD_GETS  # more than a file system's at a time

@@ -19,9 +19,14 @@ from tierfeed.daemonpool import DaemonPool
 from tierfeed.format.chunkref import ChunkInfo
 from tierfeed.storage.originfetch import OriginFetch
 
-__all__ = ["HEAD_THREADS", "HeadReads"]
+__all__ = ["HEAD_GETS", "HEAD_THREADS", "HeadReads"]
 
-HEAD_THREADS = 16  # head reads in flight at once: a batch's samples, requested together
+HEAD_THREADS = 16  # head reads in flight at once from a file system
+# From an object store: a batch's GETs in flight at once. A GET waits out its request's
+# latency; 16 at a time, in a worker whose copies keep its other threads busy, spread a
+# head's 64 GETs over seconds (docs/BENCHMARKS.md, "The first batch from a user-sized object
+# store").
+HEAD_GETS = 64
 
 
 class _Span:
@@ -39,7 +44,8 @@ class HeadReads:
 
     def __init__(self, fetch: OriginFetch) -> None:
         self._fetch = fetch
-        self._pool = DaemonPool(HEAD_THREADS, "tierfeed-head")  # a stuck read holds no close
+        width = HEAD_GETS if fetch.origin.costly_requests else HEAD_THREADS
+        self._pool = DaemonPool(width, "tierfeed-head")  # a stuck read holds no close
         self._lock = threading.Lock()
         self._spans: dict[int, list[_Span]] = {}  # chunk -> its samples read ahead
         self._closed = False

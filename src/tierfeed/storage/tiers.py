@@ -42,6 +42,7 @@ __all__ = ["Tier", "TierCounters", "TierOptions", "TierStack", "cache_key", "dis
 
 _RESCAN_S = 1.0  # stats() looks at a shared directory again after this long
 _HEAD_SPREAD = 2  # head reads when the first batch's pieces are this many times its bytes
+_HEAD_COSTLY_PIECES = 4  # on an object store: when its chunks' pieces are this many times it
 _COPY_GRACE_S = 1.0  # at close, running copies get this long to finish before they are stopped
 
 
@@ -195,21 +196,32 @@ class TierStack(ChunkSource):
         pieces they fall in are more than `_HEAD_SPREAD` times their own bytes (a shuffled
         first batch touches a piece per sample, and the copies would fetch them all before
         it is whole). The copies' pieces wait for the head reads in flight, a bounded time
-        (`OriginFetch.heads_begin`): they share the link. Not from an origin that bills
-        requests (an object store): there a cold epoch makes one GET a piece, and a head's
-        GETs, one a sample, made the first batch no sooner and the cold epoch slower, even with
-        the pieces waiting for them (docs/BENCHMARKS.md, "From an object store: head reads and
-        ranked pieces tried, and left off"). Returns how many reads began."""
-        if not self.tiers or self.origin.costly_requests:
+        (`OriginFetch.heads_begin`): they share the link.
+
+        From an origin that bills requests (an object store) a cold epoch makes one GET a
+        piece and a copy fetches its pieces in offset order, so the first batch waits for the
+        copies of its chunks whole; a head costs a GET a sample. It is read where the pieces
+        of its chunks are at least `_HEAD_COSTLY_PIECES` times its samples: a store large
+        enough that waiting for it takes seconds, and the head's GETs a small share of the
+        epoch's. On a store of a few chunks, the whole of it lands about as soon as a head
+        would, and the head's GETs only slow the epoch (docs/BENCHMARKS.md, "The first batch
+        from a user-sized object store"). Returns how many reads began."""
+        if not self.tiers:
             return 0  # no copies: every read is the origin's already, in parallel
         cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
         piece = self.fetch.tuner.piece
-        pieces = {(int(chunks[i]), int(starts[i]) // piece) for i in cold}
-        spread = len(pieces) * piece > _HEAD_SPREAD * sum(
-            int(ends[i]) - int(starts[i]) for i in cold
-        )
-        if len({int(chunks[i]) for i in cold}) <= self.filler.copies_at_once and not spread:
-            return 0
+        if self.origin.costly_requests:
+            spanned = {int(chunks[i]) for i in cold}
+            pieces = sum(-(-self.chunks[c].size // piece) for c in spanned)
+            if pieces < _HEAD_COSTLY_PIECES * len(cold):
+                return 0
+        else:
+            pieces = len({(int(chunks[i]), int(starts[i]) // piece) for i in cold})
+            spread = pieces * piece > _HEAD_SPREAD * sum(
+                int(ends[i]) - int(starts[i]) for i in cold
+            )
+            if len({int(chunks[i]) for i in cold}) <= self.filler.copies_at_once and not spread:
+                return 0
         return self.head.start(
             [self.chunks[int(chunks[i])] for i in cold],
             [int(starts[i]) for i in cold],
