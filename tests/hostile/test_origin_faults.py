@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.objectstore import env, s3_options, upload
@@ -229,3 +230,37 @@ def test_one_fault_under_several_ranges_is_one_retry(tmp_path: Path) -> None:
         got = origin.read_ranges("obj.bin", [0, 7000, 200_000], [100, 5000, 100])
         assert got == [BLOB[:100], BLOB[7000:12_000], BLOB[200_000:200_100]]
         assert origin.counters.retries == 1
+
+
+def test_head_reads_from_s3_survive_a_reset_and_a_short_body(
+    packed: Callable[..., Path], s3_endpoint: str, bucket: str, proxy: S3Proxy
+) -> None:
+    """A worker's first batch read at once from an object store (`HeadReads`, on a store whose
+    chunks' pieces are many times the head): its first GETs cut, by a reset and by a short
+    body, are retried for the bytes missing and every sample served is the store's."""
+    from tierfeed.loader.clairvoyance import tell_head
+    from tierfeed.loader.compose import open_store
+    from tierfeed.storage import MemoryDriver, Tier, TierStack, driver_for
+    from tierfeed.storage.tiers import TierOptions
+
+    local = packed(FILES)
+    url = upload(s3_endpoint, local, bucket, "heads")
+    head = list(range(0, len(FILES), 4))  # 15 samples, before any copy: the first GETs
+    options = TierOptions(threads=1, urgent_copies=1, piece_bytes=256, landing_wait_s=5)
+    ram = Tier(MemoryDriver(), quota=10**9, name="ram")
+    for fault in CUTS:
+        proxy.inject(fault)
+    with (
+        driver_for(url, **s3_options(proxy.url)) as origin,
+        TierStack(Index(local).chunks(), origin, [ram], options=options) as stack,
+        open_store(local, source=stack) as store,
+        open_store(local) as expected,
+    ):
+        assert tell_head(store, np.asarray(head, dtype=np.int64)) == len(head)
+        for i in head:
+            assert _key(store.read_sample(i)) == _key(expected.read_sample(i))
+        assert stack.head.pending == 0
+        # The first GETs of chunks are the heads' (no copy has begun): each cut one was tried
+        # again, once, for the bytes it had not received.
+        assert origin.counters.retries == len(CUTS)
+    assert proxy.count("GET", "/chunks/") >= len(head) + len(CUTS)
