@@ -79,6 +79,11 @@ def build(work: Path, images: int = 4000, median_kb: float = 64) -> Path:
     return origin
 
 
+def store_bytes(root: Path) -> int:
+    """The bytes of the store under ``root`` (its ``tierfeed`` directory: index and chunks)."""
+    return sum(f.stat().st_size for f in (root / "tierfeed").rglob("*") if f.is_file())
+
+
 def warm_backing(origin: Path) -> None:
     """Read the origin's files once, so that the disk under slowfs is not part of the model:
     a run right after other work evicted them read at this machine's disk speed instead
@@ -190,7 +195,7 @@ def one_epoch(
             trace.write_text(json.dumps({"waits": waits, "at": at, "stalls": stalls, "t0": wall}))
     own, workers = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     cpu = own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
-    store = sum(f.stat().st_size for f in (mnt / "tierfeed").rglob("*") if f.is_file())
+    store = store_bytes(mnt)
     after = sorted(waits[1:]) or [0.0]
     return {
         "samples_per_s": samples / seconds,
@@ -251,8 +256,7 @@ def main() -> None:
         env["PYTHONPATH"] = os.pathsep.join([str(args.code.resolve()), env.get("PYTHONPATH", "")])
     rows: list[dict[str, float]] = []
     labels: list[str | None] = []
-    store = sum(f.stat().st_size for f in (origin / "tierfeed").rglob("*") if f.is_file())
-    store_mib = -(-store >> 20)
+    store_mib = -(-store_bytes(origin) >> 20)
     with SlowFS(origin, mnt, LatencyModel.parse(args.latency)):
         for run in range(args.runs):
             pages = None

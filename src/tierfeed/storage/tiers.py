@@ -34,6 +34,7 @@ from tierfeed.storage.filelanding import landing_for
 from tierfeed.storage.filler import Filler
 from tierfeed.storage.headreads import HeadReads
 from tierfeed.storage.holdings import Holdings
+from tierfeed.storage.landing import pieces_of
 from tierfeed.storage.originfetch import OriginFetch
 from tierfeed.storage.source import ChunkSource
 from tierfeed.storage.tieroptions import TierOptions
@@ -212,7 +213,7 @@ class TierStack(ChunkSource):
         piece = self.fetch.tuner.piece
         if self.origin.costly_requests:
             spanned = {int(chunks[i]) for i in cold}
-            pieces = sum(-(-self.chunks[c].size // piece) for c in spanned)
+            pieces = sum(pieces_of(self.chunks[c].size, piece) for c in spanned)
             if pieces < _HEAD_COSTLY_PIECES * len(cold):
                 return 0
         else:
