@@ -130,10 +130,11 @@ def test_no_import_circle_inside_a_package() -> None:
 # Modules over 400 lines (docs/architecture.md asks for one idea a module, split past ~400):
 # a module that must pass it is listed here with its length and a reason.
 OVER_400: dict[str, int] = {
-    # The Feed is one class, a rank's plan turned into batches: the resume and the replay it
-    # applies once per iteration act on the same streams, and cutting either off would hand
-    # the feed's state to a second place (STYLE: small is not simple).
-    "loader/feed.py": 413,
+    # The Feed is one class, a rank's plan turned into batches: the resume, the replay and
+    # the opening batch (`Feed.opening`) it applies once per iteration act on the same
+    # streams, and cutting one off would hand the feed's state to a second place (STYLE:
+    # small is not simple).
+    "loader/feed.py": 430,
 }
 
 

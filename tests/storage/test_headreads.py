@@ -144,7 +144,7 @@ def test_an_origin_that_bills_requests_reads_the_head_of_many_pieces(store_dir: 
 
 
 def test_head_spans_cover_each_sample_and_count_its_members(store_dir: Path) -> None:
-    seen: list[tuple[list[int], list[int], list[int], list[int]]] = []
+    seen: list[tuple[list[int], list[int], list[int], list[int], bool]] = []
 
     with _stack(store_dir, PosixDriver(store_dir, read_only=True)) as stack:
         stack.read_first = lambda *args: seen.append(args) or 0  # type: ignore[method-assign]
@@ -152,7 +152,8 @@ def test_head_spans_cover_each_sample_and_count_its_members(store_dir: Path) -> 
             ids = np.array([5, 2, 9], dtype=np.int64)
             tell_head(store, ids)
             index = store.index
-            chunks, starts, ends, members = seen[0]
+            chunks, starts, ends, members, every = seen[0]
+            assert not every  # read where it pays (`TierStack.read_first`)
             assert chunks == np.asarray(index.sample_chunk)[ids].tolist()
             assert (starts, ends) == tuple(a.tolist() for a in byte_spans(index, ids))
             for i, sample in enumerate(ids):

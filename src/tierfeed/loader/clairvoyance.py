@@ -35,9 +35,10 @@ def tell_future(store: Store, rank: IntArray, ahead: list[IntArray]) -> None:
     source.set_future(reads, read_bytes=footprint)
 
 
-def tell_head(store: Store, samples: IntArray) -> int:
+def tell_head(store: Store, samples: IntArray, every: bool = False) -> int:
     """The source learns the samples this worker delivers first (``samples``, rows checked),
-    to read them at once (`ChunkSource.read_first`); returns how many reads began."""
+    to read them at once (`ChunkSource.read_first`, ``every`` as it says); returns how many
+    reads began."""
     index = store.index
     if not len(samples):
         return 0
@@ -46,7 +47,7 @@ def tell_head(store: Store, samples: IntArray) -> int:
     members = np.asarray(start[samples + 1], dtype=np.int64) - np.asarray(start[samples])
     chunks = np.asarray(index.sample_chunk)[samples]
     return store.source.read_first(
-        chunks.tolist(), starts.tolist(), ends.tolist(), members.tolist()
+        chunks.tolist(), starts.tolist(), ends.tolist(), members.tolist(), every
     )
 
 

@@ -19,15 +19,20 @@ It applies to a store opened by path or URL (`StoreOpener`) with a disk tier and
 clairvoyant policy (`StoreOpener.copier_over`); a process without a disk tier lands copies in
 its own memory, which a worker cannot read. The stack reads the index the main process
 planned from, so the index is not opened or fetched again.
+
+The same stack reads the first batch a Loader delivers itself, while its workers start
+(`holding`, `tierfeed.loader.feed.Feed.opening_batch`): its samples read at once as exact
+ranges, ahead of the copies' pieces. The stack is not closed under that read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -70,8 +75,11 @@ class ColdStart:
     ) -> None:
         self._store = store
         self._reads = reads
+        self._made: IntArray | None = None  # `reads()`, once made
+        self._making = threading.Lock()
         self._copies_s = copies_s
         self._stopping = threading.Event()
+        self._reading = threading.Lock()  # held while this process reads through the stack
         self.stats: dict[str, Any] | None = None  # the stack's counters, once it is closed
         self._thread = threading.Thread(target=self._run, name="tierfeed-coldstart", daemon=True)
 
@@ -85,15 +93,31 @@ class ColdStart:
             return None
         index = process.plan_index()
         try:
-            stack = opener.copier_over(index, process.take_origin())
+            store = opener.copier_store(index, process.take_origin())
         except (TierfeedError, OSError):
             return None
-        return None if stack is None else cls(Store(index, stack), reads)
+        return None if store is None else cls(store, reads)
 
     def start(self) -> ColdStart:
         """Begin copying in the background (after the fork); returns self."""
         self._thread.start()
         return self
+
+    def reads(self) -> IntArray:
+        """The rank's reads of the epoch, in order: made once, by the first caller (this
+        process's first batch, else the copying thread)."""
+        with self._making:
+            if self._made is None:
+                self._made = self._reads()
+            return self._made
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[Store]:
+        """The store, to read through on the calling thread (before or after `start`); the
+        copies' end does not close it until the ``with`` block is left (their thread waits
+        at most ``_STOP_S`` for that)."""
+        with self._reading:
+            yield self._store
 
     @property
     def started(self) -> bool:
@@ -122,7 +146,7 @@ class ColdStart:
     def _run(self) -> None:
         store = self._store
         try:
-            reads = self._reads() if store.source.uses_future else None
+            reads = self.reads() if store.source.uses_future else None
             if reads is not None and len(reads):
                 store.index.check_samples(reads)
                 open_ahead(store, reads, _OPENING)  # e.g. an S3 client made meanwhile
@@ -144,6 +168,14 @@ class ColdStart:
                 continue
 
     def _close(self) -> None:
+        reading = self._reading.acquire(timeout=_STOP_S)  # a read through the stack ends first
+        try:
+            self._close_stack()
+        finally:
+            if reading:
+                self._reading.release()
+
+    def _close_stack(self) -> None:
         if self.stats is None:
             self.stats = self._store.source.stats() or {}
             self._store.source.close()  # copies not begun are dropped; running ones finish

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,16 +118,21 @@ def _open_local(location: StoreLocation, index: Index, tiers: TierConfig | None)
             index.close()
             raise
         return _store_at_url(location, index, origin, tiers, None)
-    root = index.chunk_root
     if tiers is not None:
         source: ChunkSource = tier_stack(index, tiers)
     else:
-        source = DirectoryChunks(root, index.chunks(), index.path)
+        source = DirectoryChunks(index.chunk_root, index.chunks(), index.path)
+    return Store(index, source, second_source=second_way(location, index))
 
-    def second() -> ChunkSource:  # a hedge's way: the chunk files read straight
-        return DirectoryChunks(root, index.chunks(), index.path, direct=True)
 
-    return Store(index, source, second_source=second)
+def second_way(location: StoreLocation, index: Index) -> Callable[[], ChunkSource]:
+    """Makes a hedge's way to the chunks of the store at ``location`` (``index`` open): for
+    chunks under a URL a driver of its own (a second ranged GET), else the chunk files read
+    straight."""
+    if location.remote or index.chunk_url is not None:
+        return lambda: TierStack(index.chunks(), location.chunk_origin(index))
+    root = index.chunk_root
+    return lambda: DirectoryChunks(root, index.chunks(), index.path, direct=True)
 
 
 def _open_remote(
@@ -162,11 +167,8 @@ def _store_at_url(
         source = tier_stack(index, tiers or TierConfig(), origin)
     else:
         origin.close()  # the chunks come from the caller's source
-
-    def second() -> ChunkSource:
-        return TierStack(index.chunks(), location.chunk_origin(index))
-
-    return Store(index, source, location=location.chunks_at(index), second_source=second)
+    where = location.chunks_at(index)
+    return Store(index, source, location=where, second_source=second_way(location, index))
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,16 @@ class StoreOpener:
         except BaseException:
             origin.close()
             raise
+
+    def copier_store(self, index: Index, origin: Driver | None = None) -> Store | None:
+        """`copier_over` as a store (chunks named as this store's, a hedge's way to them), or
+        None where it is."""
+        stack = self.copier_over(index, origin)
+        if stack is None:
+            return None
+        location = StoreLocation.of(self.path)
+        where, second = location.chunks_at(index), second_way(location, index)
+        return Store(index, stack, location=where, second_source=second)
 
     def copier_over(self, index: Index, origin: Driver | None = None) -> TierStack | None:
         """A tier stack over ``index`` (this store's, which the caller has open) that only

@@ -35,11 +35,11 @@ from tierfeed.loader.decode import decode_read, decode_sample, describe_sample, 
 from tierfeed.loader.feedconfig import EpochExchange, FeedConfig, OrderPlan
 from tierfeed.loader.latency import DeadlineOptions
 from tierfeed.loader.processstore import ProcessStore
+from tierfeed.loader.readers import hedge_store
 from tierfeed.loader.resume import Resume, StoreId, run_positions
 from tierfeed.loader.statecheck import checked_epoch
-from tierfeed.loader.stream import GuardedStream, PrefetchOptions
+from tierfeed.loader.stream import GuardedStream, PrefetchOptions, StreamState
 from tierfeed.plan import Plan, remaining_order
-from tierfeed.storage import ChunkSource, DirectoryChunks
 from tierfeed.storage.store import Store
 from tierfeed.world import World
 
@@ -103,6 +103,7 @@ class Feed:
         self._epoch = multiprocessing.get_context("fork").RawValue(ctypes.c_int64, 0)
         self._resume = resume  # applied by the next iteration, once
         self._replay: Replay | None = None  # likewise: each worker's swaps to deliver
+        self._opened = 0  # likewise: samples of worker 0's slice the Loader delivers itself
 
     def for_loader(self: _F, resume: Resume | None, replay: Replay | None = None) -> _F:
         """This feed as a `tierfeed.torch.Loader` reads it: its iteration runs on across epochs
@@ -222,6 +223,23 @@ class Feed:
 
         return ColdStart.of(self._process, reads)
 
+    def opening(self, num_workers: int, able: bool = True) -> int:
+        """How many samples of the next iteration a Loader about to fork ``num_workers``
+        workers reads itself (`opening_batch`), ``able`` to (it has a store to read them
+        through): worker 0's first batch, where its slice holds more (the batch is then
+        neither its last nor the epoch's), the iteration runs on across epochs (a Loader's,
+        which puts batches in turn), and replays no recorded order; else 0. Said in this view
+        before the fork, so worker 0 starts after them."""
+        self._opened = 0
+        if not (able and num_workers > 0 and self.continuous and self._replay is None):
+            return 0
+        epoch, resume = self.epoch, _of_epoch(self._resume, self.epoch)
+        done = None if resume is None else resume.done
+        n = self.rank_size(epoch, resume)
+        run = len(run_positions(n, self.batch_size, self.drop_last, done))
+        self._opened = self.batch_size if run > self.batch_size * num_workers else 0
+        return self._opened
+
     def _run(self, rank: IntArray, epoch: int, resume: Resume | None) -> IntArray:
         """The positions of ``rank`` (the rank's order of ``epoch``) this run reads: after a
         resume not those delivered before it, and not a short last batch drop_last drops."""
@@ -253,8 +271,9 @@ class Feed:
         # A resume is applied once: a persistent worker's next iteration starts fresh.
         resume, self._resume = self._resume, None
         replay, self._replay = self._replay, None
+        opened, self._opened = self._opened, 0
         mine = None if replay is None else replay.get(worker, {})
-        stream = self._stream(epoch, worker, num_workers, resume, mine)
+        stream = self._stream(epoch, worker, num_workers, resume, mine, opened)
         following: GuardedStream[Any] | None = None
         if in_worker and self.continuous:
             self._process.close_at_exit()
@@ -291,30 +310,41 @@ class Feed:
         num_workers: int,
         resume: Resume | None,
         replay: Mapping[int, int] | None = None,
+        opened: int = 0,
     ) -> GuardedStream[Any]:
         """This worker's guarded read stream over its slice of ``epoch``: the path of its
-        samples through the feed, from the plan to the reads behind the guard."""
+        samples through the feed, from the plan to the reads behind the guard. ``opened``:
+        samples of worker 0's slice the Loader delivered itself (`opening_batch`); worker 0
+        starts after them."""
         store = self.store()
         rank = self.rank_order(epoch, resume)
         run = self._run(rank, epoch, resume)
         order = self._slice(rank, run, worker, num_workers)
         _check_rows(store, rank, order)
         store.source.begin_epoch()  # e.g. a namespace source loads the samples peers moved here
-        open_ahead(store, order)
-        if tell_head(store, order[: HEAD_BATCHES * self.batch_size]):
-            store.source.served_first(HEAD_BATCHES * self.batch_size * max(1, num_workers))
+        start = opened if worker == 0 else 0
+        open_ahead(store, order[start:])
+        head = HEAD_BATCHES * self.batch_size
+        if tell_head(store, order[start : start + head]):
+            # The rank's reads served apart: every worker's head, and the Loader's batch.
+            store.source.served_first(head * max(1, num_workers) + opened)
         if store.source.uses_future:
             ahead = range(epoch + 1, epoch + 1 + EPOCHS_AHEAD)
             later = [self.worker_order(worker, num_workers, e) for e in ahead]
             # What the rank reads (after a resume, the rest): the copies' pieces come in its order.
             tell_future(store, rank[run], [order, *later])
-        return self._guarded(store, order, replay)
+        return self._guarded(store, order, replay, StreamState(start) if start else None)
 
     def _guarded(
-        self, store: Store, order: IntArray, replay: Mapping[int, int] | None = None
+        self,
+        store: Store,
+        order: IntArray,
+        replay: Mapping[int, int] | None = None,
+        state: StreamState | None = None,
     ) -> GuardedStream[Any]:
         """The deadline guard over reads of ``order`` (rows checked) on this process's reader
-        threads: a run of local samples read at once, a late read hedged a second way."""
+        threads: a run of local samples read at once, a late read hedged a second way.
+        ``state``: where in ``order`` it starts."""
         config, decode = self.config, self.config.decode
         # This worker's samples alone: nothing O(dataset) per epoch.
         nbytes = store.index.sample_bytes(order, rows_checked=True)
@@ -322,7 +352,7 @@ class Feed:
         readers = self._process.readers(config.prefetch.threads, decode)
         second = config.hedge_source or store.second_source
         deadline = config.deadline.for_origin(store.source.costly_requests, second is not None)
-        hedge = readers.hedge_reader(lambda: self._hedge_reader(store, second))
+        hedge = readers.hedge_reader(lambda: hedge_store(store, second))
         return GuardedStream(
             order,
             lambda i: decode_sample(decode, store, i),
@@ -339,15 +369,7 @@ class Feed:
             pool=readers.pool,
             hedge_pool=readers.hedges,
             replay=replay,
-        )
-
-    def _hedge_reader(self, store: Store, make: Callable[[], ChunkSource] | None) -> Store:
-        """A second way to the store's samples for hedged reads: ``make``'s, else the origin's
-        directory read straight."""
-        if make is not None:
-            return Store(store.index, make())
-        return Store(
-            store.index, DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
+            state=state,
         )
 
     def close(self) -> None:
@@ -388,9 +410,7 @@ class Feed:
         started: float,
         last: bool,
     ) -> Batch:
-        c, assemble_s = stream.counters, time.perf_counter() - started
-        counters: dict[str, float] = {"late": c.late, "deferred": c.deferred, "hedges": c.hedges}
-        counters |= {"hedge_wins": c.hedge_wins, "inline": c.inline, "assemble_s": assemble_s}
+        counters = stream.counters.for_batch(time.perf_counter() - started)
         tiers = self.store().source.stats() or None  # {}: a source without tiers
         state = stream.state().to_dict()
         kept, skipped = without_skipped(items)  # data None: every sample of it left out

@@ -10,9 +10,10 @@ from typing import Any
 from tierfeed.daemonpool import DaemonPool
 from tierfeed.hedging import Hedges
 from tierfeed.loader.decode import decode_sample
+from tierfeed.storage import ChunkSource, DirectoryChunks
 from tierfeed.storage.store import Sample, Store
 
-__all__ = ["Readers"]
+__all__ = ["Readers", "hedge_store"]
 
 
 class Readers:
@@ -50,3 +51,13 @@ class Readers:
             second, self._second = self._second, None
         if second is not None:
             second.source.close()  # the index is the main store's: it stays open
+
+
+def hedge_store(store: Store, make: Callable[[], ChunkSource] | None) -> Store:
+    """A second way to the store's samples for hedged reads: ``make``'s, else the origin's
+    directory read straight."""
+    if make is not None:
+        return Store(store.index, make())
+    return Store(
+        store.index, DirectoryChunks(store.root, store.chunks, store.index.path, direct=True)
+    )

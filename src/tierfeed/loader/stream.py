@@ -60,7 +60,7 @@ class GuardedStream(Generic[T]):
         describe: names a sample in errors (e.g. its key and chunk).
         prefetch: window and thread settings.
         deadline: guard settings.
-        state: where to resume in ``order``.
+        state: where to resume in ``order`` (deliveries, as `swaps` number them, go on).
         pool: a shared reader pool; by default the stream owns one. With a shared pool,
             `close` does not wait for reads already running; an owned pool (a `DaemonPool`)
             waits a bounded time for them.
@@ -101,8 +101,8 @@ class GuardedStream(Generic[T]):
         self._describe = describe or (lambda i: f"sample {i}")
         self.deadline = deadline or DeadlineOptions()
         self.tracker = LatencyTracker(self.deadline)
-        self.counters = StreamCounters()
         state = state or StreamState()
+        self.counters = StreamCounters(delivered=state.cursor + len(state.ahead))
         self._sent = 0  # swaps handed out by `new_swaps`
         self._cursor = state.cursor
         self._done: set[int] = set(state.ahead)  # delivered positions >= cursor

@@ -56,6 +56,12 @@ class StreamCounters(Counters[int]):
     inline: int = 0  # local samples read on the consumer's thread (`inline_local`)
     waits: list[float] = field(default_factory=list)  # per-sample wait of the consumer (s)
 
+    def for_batch(self, assemble_s: float) -> dict[str, float]:
+        """What a batch carries of them (a worker's so far), and the seconds it took."""
+        counters: dict[str, float] = {"late": self.late, "deferred": self.deferred}
+        counters |= {"hedges": self.hedges, "hedge_wins": self.hedge_wins, "inline": self.inline}
+        return counters | {"assemble_s": assemble_s}
+
 
 @dataclass(frozen=True)
 class StreamState:

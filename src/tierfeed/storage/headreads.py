@@ -56,9 +56,12 @@ class HeadReads:
         starts: Sequence[int],
         ends: Sequence[int],
         members: Sequence[int],
+        first: bool = True,
     ) -> int:
         """Read each sample's span (``starts[i]`` to ``ends[i]`` of chunk ``infos[i]``, which
-        holds ``members[i]`` members) from the origin, in parallel; returns how many began."""
+        holds ``members[i]`` members) from the origin, in parallel, ahead of the copies' pieces
+        (a bounded wait: `OriginFetch.heads_begin`) unless not ``first``; returns how many
+        began."""
         began = 0
         with self._lock:
             if self._closed:
@@ -67,13 +70,14 @@ class HeadReads:
                 spans = self._spans.setdefault(info.id, [])
                 if any(s.start <= start and end <= s.end for s in spans):
                     continue  # read ahead already (a sample twice in a head)
-                # The copies' pieces wait for it (a bounded time): the batch waits for all.
-                self._fetch.heads_begin(1)
+                if first:  # the copies' pieces wait for it (a bounded time)
+                    self._fetch.heads_begin(1)
                 # The way a copy's pieces go (`Driver.read_block`): past the page cache on a
                 # file system (no readahead around the range), on the threads' own client
                 # on S3 (not behind the event loop of fsspec).
                 future = self._pool.submit(self._fetch.read, info, start, end - start, block=True)
-                future.add_done_callback(lambda _: self._fetch.heads_end())
+                if first:
+                    future.add_done_callback(lambda _: self._fetch.heads_end())
                 spans.append(_Span(start, end, count, future))
                 began += 1
         return began

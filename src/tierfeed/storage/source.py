@@ -94,10 +94,12 @@ class ChunkSource(ABC):
         starts: Sequence[int],
         ends: Sequence[int],
         members: Sequence[int],
+        every: bool = False,
     ) -> int:
         """Hint: the samples read first (each: its chunk, the byte range of its members, how
         many members), to be read at once where that is faster than waiting for their chunks'
-        copies; returns how many reads began. The default reads nothing ahead."""
+        copies (``every``: whatever the store, as nothing else would serve them as soon);
+        returns how many reads began. The default reads nothing ahead."""
         return 0
 
     def prefetch(self) -> int:

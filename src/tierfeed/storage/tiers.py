@@ -190,6 +190,7 @@ class TierStack(ChunkSource):
         starts: Sequence[int],
         ends: Sequence[int],
         members: Sequence[int],
+        every: bool = False,
     ) -> int:
         """Read at once, each as one exact range (`HeadReads`), the samples a worker delivers
         first, when the copies' first pieces would not serve them as soon: their chunks not
@@ -206,29 +207,35 @@ class TierStack(ChunkSource):
         enough that waiting for it takes seconds, and the head's GETs a small share of the
         epoch's. On a store of a few chunks, the whole of it lands about as soon as a head
         would, and the head's GETs only slow the epoch (docs/BENCHMARKS.md, "The first batch
-        from a user-sized object store"). Returns how many reads began."""
+        from a user-sized object store"). ``every``: whatever the store (the batch a Loader
+        reads itself while its workers start: no copy of this process serves it sooner).
+        Returns how many reads began."""
         if not self.tiers:
             return 0  # no copies: every read is the origin's already, in parallel
         cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
-        piece = self.fetch.tuner.piece
-        if self.origin.costly_requests:
-            spanned = {int(chunks[i]) for i in cold}
-            pieces = sum(pieces_of(self.chunks[c].size, piece) for c in spanned)
-            if pieces < _HEAD_COSTLY_PIECES * len(cold):
-                return 0
-        else:
-            pieces = len({(int(chunks[i]), int(starts[i]) // piece) for i in cold})
-            spread = pieces * piece > _HEAD_SPREAD * sum(
-                int(ends[i]) - int(starts[i]) for i in cold
-            )
-            if len({int(chunks[i]) for i in cold}) <= self.filler.copies_at_once and not spread:
-                return 0
+        if not every and not self._head_pays(chunks, starts, ends, cold):
+            return 0
         return self.head.start(
             [self.chunks[int(chunks[i])] for i in cold],
             [int(starts[i]) for i in cold],
             [int(ends[i]) for i in cold],
             [int(members[i]) for i in cold],
+            first=not every,
         )
+
+    def _head_pays(
+        self, chunks: Sequence[int], starts: Sequence[int], ends: Sequence[int], cold: list[int]
+    ) -> bool:
+        """Whether the head's reads ``cold`` (of `read_first`'s) serve it sooner than the
+        copies would, at a cost worth it (`read_first` says when)."""
+        piece = self.fetch.tuner.piece
+        if self.origin.costly_requests:
+            spanned = {int(chunks[i]) for i in cold}
+            pieces = sum(pieces_of(self.chunks[c].size, piece) for c in spanned)
+            return pieces >= _HEAD_COSTLY_PIECES * len(cold)
+        pieces = len({(int(chunks[i]), int(starts[i]) // piece) for i in cold})
+        spread = pieces * piece > _HEAD_SPREAD * sum(int(ends[i]) - int(starts[i]) for i in cold)
+        return len({int(chunks[i]) for i in cold}) > self.filler.copies_at_once or spread
 
     def discard(self, chunk: int) -> str | None:
         """Drop the highest cached copy of ``chunk``: the bytes it served failed their check.

@@ -15,6 +15,7 @@ from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.decode import skipped_record, skipped_warning
 from tierfeed.loader.feed import Replay
 from tierfeed.loader.loaderstate import resume_of, state_of
+from tierfeed.loader.opening import begin_iteration
 from tierfeed.loader.replay import Swaps, check_order, order_record, replay_of
 from tierfeed.loader.resume import Resume
 from tierfeed.telemetry import EpochMeter, RunRecorder, batch_len, combine, since
@@ -26,6 +27,7 @@ from tierfeed.torch.workers import (
     FAILED_STOP_S,
     STOP_S,
     epoch_in_turn,
+    read_ahead,
     start_workers,
     stop_workers,
 )
@@ -58,8 +60,9 @@ class Loader:
     (the plan says which), so an epoch's first batch is ready when asked for, with no restart
     handshake, and a read that storage holds for seconds finishes in the background instead
     of holding up the end of the epoch. A `set_epoch` to another epoch than the next, a
-    `load_state_dict`, or an epoch left early restarts the iteration. Call `close` (or use
-    ``with``) to stop the workers.
+    `load_state_dict`, or an epoch left early restarts the iteration. While workers start, this
+    process reads (and decodes) the first batch (`tierfeed.loader.opening`). Call `close` (or
+    use ``with``) to stop the workers.
 
     Args:
         dataset: the tierfeed Dataset (it holds batch size, plan and guard settings).
@@ -105,6 +108,7 @@ class Loader:
         if num_workers > 0:
             self._kwargs["prefetch_factor"] = prefetch_factor or 2
             self._kwargs["multiprocessing_context"] = "fork" if os.name == "posix" else None
+        self._read_ahead = read_ahead(feed_of(dataset), num_workers, self._kwargs)  # positions
         self._states: dict[int, dict[str, Any]] = {}
         self._counters: dict[int, dict[str, float]] = {}
         self._tiers: dict[int, dict[str, dict[str, Any]]] = {}
@@ -248,7 +252,7 @@ class Loader:
         start = self._resumed_positions()
         self._swaps, self._skipped = {}, ()
         if exchange is not None:
-            exchange.begin_epoch(epoch, start, self._read_ahead())
+            exchange.begin_epoch(epoch, start, self._read_ahead)
         meter = self._meter = EpochMeter(epoch)
         asked = time.perf_counter()
         batch: Batch
@@ -303,13 +307,24 @@ class Loader:
     def _begin(self, loader: DataLoader[Batch]) -> None:
         """Start (or restart: another epoch was chosen, or the last one was left early) the
         workers' iteration at this epoch; what ran ahead is dropped. Workers forked now start
-        beside this process's copies of the epoch's first chunks (`ColdStart`)."""
+        beside this process's copies of the epoch's first chunks (`ColdStart`), and its first
+        batch is read here meanwhile (`tierfeed.loader.opening`)."""
         forks = loader.num_workers > 0 and getattr(loader, "_iterator", None) is None
         if forks:  # no copy thread of this process runs across a fork
             ColdStart.stop_if_any(self._cold)
-        cold = feed_of(self._view).cold_start() if forks and self._view else None
-        self._iter, self._ahead = start_workers(loader), []
-        self._cold = cold.start() if cold is not None else self._cold
+        feed = feed_of(self._view)  # type: ignore[arg-type]  # made with the DataLoader
+        cold = feed.cold_start() if forks else None
+        self._cold = cold or self._cold
+        try:
+            start = lambda: start_workers(loader)  # noqa: E731
+            self._iter, first = begin_iteration(feed, cold, loader.num_workers, start)
+        except BaseException:
+            self._stop_workers(FAILED_STOP_S)  # worker 0 skips the first batch: none reads it
+            raise
+        self._ahead = []
+        if first is not None:  # worker 0's, taken in its turn; its counters apart from its own
+            self._counters[-1], first.counters = first.counters, {}
+            self._ahead.append(first)
 
     def _epoch_batches(self, epoch: int) -> Iterator[Batch]:
         """The running iteration's batches of ``epoch``, in the plan's order
@@ -331,21 +346,8 @@ class Loader:
         resume = self._resume
         return resume.done.prefix if resume is not None and self._resumes(self.epoch) else 0
 
-    def _read_ahead(self) -> int:
-        """How far the readers may run ahead of the batches delivered here (positions)."""
-        workers = max(1, self.num_workers)
-        queued = int(self._kwargs.get("prefetch_factor", 0)) + 1
-        batch = self.dataset.batch_size
-        # A worker's slice is whole batches dealt in turn: its position p stands at most
-        # (workers - 1) batches beyond p * workers in the rank's order.
-        window = feed_of(self.dataset).prefetch.window
-        return workers * (window + queued * batch) + (workers - 1) * batch
-
     def _guard_totals(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for counters in list(self._counters.values()):
-            for k, v in counters.items():
-                totals[k] = totals.get(k, 0) + v
+        totals = combine({"guard": c} for c in list(self._counters.values())).get("guard", {})
         totals.pop("assemble_s", None)
         return totals
 

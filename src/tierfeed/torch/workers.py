@@ -6,15 +6,22 @@ from __future__ import annotations
 import collections
 import gc
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from tierfeed.errors import LoaderError
-from tierfeed.loader.feed import Batch
+from tierfeed.loader.feed import Batch, Feed
 
-__all__ = ["FAILED_STOP_S", "STOP_S", "epoch_in_turn", "start_workers", "stop_workers"]
+__all__ = [
+    "FAILED_STOP_S",
+    "STOP_S",
+    "epoch_in_turn",
+    "read_ahead",
+    "start_workers",
+    "stop_workers",
+]
 
 STOP_S = 10.0  # stopping the workers holds its caller at most this long
 FAILED_STOP_S = 0.25  # after an epoch failed: its error is raised then
@@ -102,3 +109,14 @@ def _next_of(running: Iterator[Batch], epoch: int, waiting: set[int]) -> Batch:
             f"the workers stopped before the end of epoch {epoch} "
             f"(workers {sorted(waiting)} had not sent their last batch)"
         ) from None
+
+
+def read_ahead(feed: Feed, num_workers: int, kwargs: Mapping[str, Any]) -> int:
+    """How far a Loader's readers may run ahead of the batches it delivered (positions), with
+    ``num_workers`` workers and its DataLoader's ``kwargs`` (``prefetch_factor``)."""
+    workers = max(1, num_workers)
+    queued = int(kwargs.get("prefetch_factor", 0)) + 1
+    batch = feed.batch_size
+    # A worker's slice is whole batches dealt in turn: its position p stands at most
+    # (workers - 1) batches beyond p * workers in the rank's order.
+    return workers * (feed.prefetch.window + queued * batch) + (workers - 1) * batch
