@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tierfeed.errors import StorageError
 from tierfeed.format.index import Index
-from tierfeed.loader.clairvoyance import byte_spans, tell_head
+from tierfeed.loader.clairvoyance import byte_spans, head_pays, tell_head
+from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.compose import open_store
 from tierfeed.storage import MemoryDriver, PosixDriver, Tier, TierStack
 from tierfeed.storage.headreads import HEAD_GETS, HEAD_THREADS
@@ -234,3 +236,23 @@ def test_an_object_stores_head_is_requested_at_once(store_dir: Path) -> None:
         for i in head:
             store.read_sample(int(i))
     assert HEAD_THREADS < origin.most <= HEAD_GETS  # more than a file system's at a time
+
+
+@pytest.mark.parametrize("piece", [64 * 1024, 512])
+def test_the_loader_reads_its_first_batch_from_a_billed_origin_where_a_head_pays(
+    store_dir: Path, piece: int
+) -> None:
+    # The training process reads the first batch itself (`tierfeed.loader.opening`) from an
+    # object store only where a worker would read it at once: a GET a sample, worth it where
+    # the copies would make four or more for each; from a file system always.
+    head = _every(store_dir)[::8]
+    pays = _pieces(store_dir, head, piece) >= 4 * len(head)
+    assert pays == (piece == 512)
+    for origin in (Billed(store_dir, read_only=True), PosixDriver(store_dir, read_only=True)):
+        with _stack(store_dir, origin, piece) as stack:
+            store = open_store(store_dir, source=stack)
+            cold = ColdStart(store, lambda: head)
+            assert cold.opens(len(head)) == (pays or not origin.costly_requests)
+            if origin.costly_requests:
+                assert head_pays(store, head) == pays
+            cold.stop()  # never started: closes the stack

@@ -86,9 +86,8 @@ def test_gets_per_epoch_through_a_counting_proxy(
     with Index(store_dir) as ix:
         chunks = ix.num_chunks
     # Each chunk (one piece here) is fetched once; no read makes a GET of its own beside the
-    # copies (an object store's requests are costly: reads wait for the copy in flight) but
-    # the first batch's, which the Loader reads itself as its workers start, a GET a sample.
-    assert gets == [chunks + 16, 0]
+    # copies (an object store's requests are costly: reads wait for the copy in flight).
+    assert gets == [chunks, 0]
 
 
 def test_a_stalled_get_is_hedged_by_a_second_ranged_get(

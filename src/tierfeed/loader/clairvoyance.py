@@ -9,7 +9,14 @@ import numpy.typing as npt
 from tierfeed.format.index import Index
 from tierfeed.storage.store import Store
 
-__all__ = ["EPOCHS_AHEAD", "byte_spans", "open_ahead", "tell_future", "tell_head"]
+__all__ = [
+    "EPOCHS_AHEAD",
+    "byte_spans",
+    "head_pays",
+    "open_ahead",
+    "tell_future",
+    "tell_head",
+]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -49,6 +56,14 @@ def tell_head(store: Store, samples: IntArray, every: bool = False) -> int:
     return store.source.read_first(
         chunks.tolist(), starts.tolist(), ends.tolist(), members.tolist(), every
     )
+
+
+def head_pays(store: Store, samples: IntArray) -> bool:
+    """Whether `tell_head` would have ``samples`` (rows checked) read at once from an origin
+    that bills requests (`ChunkSource.head_pays`)."""
+    starts, ends = byte_spans(store.index, samples)
+    chunks = np.asarray(store.index.sample_chunk)[samples]
+    return store.source.head_pays(chunks.tolist(), starts.tolist(), ends.tolist())
 
 
 def byte_spans(index: Index, samples: IntArray) -> tuple[IntArray, IntArray]:

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierfeed.errors import TierfeedError
-from tierfeed.loader.clairvoyance import open_ahead, tell_future
+from tierfeed.loader.clairvoyance import head_pays, open_ahead, tell_future
 from tierfeed.loader.compose import StoreOpener
 from tierfeed.loader.processstore import ProcessStore
 from tierfeed.storage.store import Store
@@ -110,6 +110,18 @@ class ColdStart:
             if self._made is None:
                 self._made = self._reads()
             return self._made
+
+    def opens(self, samples: int) -> bool:
+        """Whether this process reads the first ``samples`` of the reads itself, as the
+        workers start (`tierfeed.loader.opening`): from a file system always; from an object
+        store where a worker would read them at once (`head_pays`): a GET each, which on a
+        store of a few chunks costs the cold epoch more than the first batch gains
+        (docs/BENCHMARKS.md, "The first batch read by the training process")."""
+        if not self._store.source.costly_requests:
+            return True
+        first = self.reads()[:samples]
+        self._store.index.check_samples(first)
+        return head_pays(self._store, first)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[Store]:

@@ -5,15 +5,18 @@ A forked worker reads nothing for its first fraction of a second: it opens the s
 object store's client made, its index looked at), plans its slice and starts its threads,
 while the training process, which has the store open and knows the plan, waits. So the
 training process reads worker 0's first batch itself (`read_opening`), through the tier stack
-of its copies (`ColdStart`): the batch's samples read at once as exact ranges (`HeadReads`,
-whatever the store: nothing else would serve them as soon), each through the deadline guard,
-hedged a second way where the store has one, decoded and collated here. Worker 0 was told
-before the fork (`Feed.opening`) and starts its slice after them, its state and swaps
-numbered as if it had delivered them: the order, a state taken after the batch, a resume and
-the run's order record are all the ones worker 0 would have made, and each sample is still
-delivered once. It applies where `ColdStart` does (a disk tier the host shares, the
-clairvoyant policy), to an iteration that runs on across epochs and replays no recorded
-order, and where worker 0 has more than one batch.
+of its copies (`ColdStart`): the batch's samples read at once as exact ranges (`HeadReads`),
+each through the deadline guard, hedged a second way where the store has one, decoded and
+collated here. Worker 0 was told before the fork (`Feed.opening`) and starts its slice after
+them, its state and swaps numbered as if it had delivered them: the order, a state taken
+after the batch, a resume and the run's order record are all the ones worker 0 would have
+made, and each sample is still delivered once.
+
+It applies where `ColdStart` does (a disk tier the host shares, the clairvoyant policy), to
+an iteration that runs on across epochs and replays no recorded order, where worker 0 has
+more than one batch, and from an object store only where a worker would read its own first
+batch at once (`ColdStart.opens`): a GET a sample, which on a store of a few chunks costs the
+cold epoch more than the first batch gains.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def begin_iteration(
     with ``cold`` (the main process's copies, made before the fork: None where none apply)
     started after it; and the iteration's first batch read here meanwhile where it can be
     (`Feed.opening`), else None."""
-    opened = feed.opening(workers, cold is not None)  # said in the view the workers fork with
+    able = cold is not None and cold.opens(feed.batch_size)
+    opened = feed.opening(workers, able)  # said in the view the workers fork with
     running = start()
     if cold is None or not opened:
         if cold is not None:
@@ -60,9 +64,10 @@ def begin_iteration(
 
 def read_opening(feed: Feed, store: Store, order: IntArray, begun: Callable[[], object]) -> Batch:
     """Worker 0's first batch (``order``: its samples, as many as `Feed.opening` said), read
-    through ``store`` and collated here: the samples read at once as exact ranges (the
-    copies' pieces do not wait for them), then ``begun()`` (e.g. the copies start), then each
-    through the guard. Its state is worker 0's after it."""
+    through ``store`` and collated here: the samples read at once as exact ranges (from a file
+    system whatever the store, the copies' pieces not waiting for them; from an object store
+    where a worker's would be, `TierStack.read_first`), then ``begun()`` (e.g. the copies
+    start), then each through the guard. Its state is worker 0's after it."""
     config, decode = feed.config, feed.config.decode
     store.index.check_samples(order)
     open_ahead(store, order)  # e.g. an object store's client made meanwhile

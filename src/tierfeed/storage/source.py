@@ -98,9 +98,14 @@ class ChunkSource(ABC):
     ) -> int:
         """Hint: the samples read first (each: its chunk, the byte range of its members, how
         many members), to be read at once where that is faster than waiting for their chunks'
-        copies (``every``: whatever the store, as nothing else would serve them as soon);
+        copies (``every``: the batch a Loader reads itself, `tierfeed.loader.opening`);
         returns how many reads began. The default reads nothing ahead."""
         return 0
+
+    def head_pays(self, chunks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> bool:
+        """Whether `read_first` (not ``every``) would read these samples (as it takes them)
+        ahead. The default reads nothing ahead."""
+        return False
 
     def prefetch(self) -> int:
         """Queue copies of the chunks the known future needs next; returns how many were

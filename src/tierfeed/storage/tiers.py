@@ -207,21 +207,28 @@ class TierStack(ChunkSource):
         enough that waiting for it takes seconds, and the head's GETs a small share of the
         epoch's. On a store of a few chunks, the whole of it lands about as soon as a head
         would, and the head's GETs only slow the epoch (docs/BENCHMARKS.md, "The first batch
-        from a user-sized object store"). ``every``: whatever the store (the batch a Loader
-        reads itself while its workers start: no copy of this process serves it sooner).
-        Returns how many reads began."""
+        from a user-sized object store"). ``every`` (the batch a Loader reads itself while
+        its workers start): from a file system whatever the store, and the copies' pieces do
+        not wait for it; from an object store by the same rule, a GET a sample costing as
+        much there. Returns how many reads began."""
         if not self.tiers:
             return 0  # no copies: every read is the origin's already, in parallel
         cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
-        if not every and not self._head_pays(chunks, starts, ends, cold):
+        anyway = every and not self.origin.costly_requests
+        if not anyway and not self._head_pays(chunks, starts, ends, cold):
             return 0
         return self.head.start(
             [self.chunks[int(chunks[i])] for i in cold],
             [int(starts[i]) for i in cold],
             [int(ends[i]) for i in cold],
             [int(members[i]) for i in cold],
-            first=not every,
+            first=not anyway,
         )
+
+    def head_pays(self, chunks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> bool:
+        """Whether `read_first` would read these samples ahead (none held here: all would)."""
+        cold = [i for i, c in enumerate(chunks) if not self.holdings.local(int(c))]
+        return bool(self.tiers and cold) and self._head_pays(chunks, starts, ends, cold)
 
     def _head_pays(
         self, chunks: Sequence[int], starts: Sequence[int], ends: Sequence[int], cold: list[int]
