@@ -55,7 +55,7 @@ def test_stage_in_reads_each_chunk_once_and_resumes(tmp_path: Path, plan: str) -
     assert not node0 & node1 and node0 | node1 == {names[c] for c in whole}
     assert len(node0) > 0 and len(node1) > 0
     for r, result in enumerate(results):
-        assert result["parts"] == sorted(f"chunk{q.chunk}.idx.npy" for q in holdings.parts_of(r))
+        assert result["parts"] == sorted(f"chunk{q.chunk}.idx" for q in holdings.parts_of(r))
     if plan != "global":  # the cut between node 0 (ranks 0, 1) and node 1 falls inside a chunk
         assert set(results[1]["parts"]) & set(results[2]["parts"])
 

@@ -90,7 +90,7 @@ def test_two_nodes_each_hold_part_of_one_chunk(tmp_path: Path) -> None:
     chunk = shared.pop()
     assert locals_[1] != locals_[2]
     for r in (1, 2):
-        assert (parts_dir(locals_[r], r) / f"chunk{chunk}.idx.npy").exists()
+        assert (parts_dir(locals_[r], r) / f"chunk{chunk}.idx").exists()
         assert not (Path(locals_[r]) / "chunks" / f"{chunk:05d}.tar").exists()
 
 
@@ -107,7 +107,7 @@ def test_a_damaged_member_at_the_origin_publishes_no_part(tmp_path: Path) -> Non
     path.write_bytes(bytes(damaged))
     with pytest.raises(ChunkCorruptError, match=f"{path.name}.*does not match the index"):
         stage(store, tmp_path / "node{node}", "local", world=ONE, progress=False)
-    assert list(parts_dir(tmp_path / "node1", 1).glob("*.idx.npy")) == []  # nothing published
+    assert list(parts_dir(tmp_path / "node1", 1).glob("*.idx")) == []  # nothing published
 
 
 def test_a_damaged_part_is_never_served_and_is_copied_again(tmp_path: Path) -> None:
@@ -123,8 +123,8 @@ def test_a_damaged_part_is_never_served_and_is_copied_again(tmp_path: Path) -> N
         with pytest.raises(ExchangeError, match="has not arrived"):
             s.read_sample(part.first)  # not wrong bytes: the part no longer holds it
         assert next(iter(s.read_sample(part.first + 1).fields.values())) == payload(part.first + 1)
-    stale = parts_dir(local.local_dir, 1) / "chunk999.idx.npy"
-    shutil.copy(parts_dir(local.local_dir, 1) / f"chunk{part.chunk}.idx.npy", stale)
+    stale = parts_dir(local.local_dir, 1) / "chunk999.idx"
+    shutil.copy(parts_dir(local.local_dir, 1) / f"chunk{part.chunk}.idx", stale)
     again = stage(store, tmp_path / "node{node}", "local", world=ONE, progress=False)
     assert again.parts_copied == 1 and again.chunks_copied == 0
     assert not stale.exists()  # a part this rank no longer stages is removed

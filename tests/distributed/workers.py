@@ -24,7 +24,7 @@ def stage_twice(rank: int, world: int, store: str, to: str, plan: str) -> dict[s
     second = stage(store, to, plan, comm=comm, progress=False)
     local = Path(first.local_dir)
     chunks = sorted(p.name for p in (local / "chunks").iterdir() if not p.name.startswith("."))
-    parts = sorted(p.name for p in (local / "parts" / f"rank{rank}").glob("*.idx.npy"))
+    parts = sorted(p.name for p in (local / "parts" / f"rank{rank}").glob("*.idx"))
     comm.close()
     return {"first": first.to_dict(), "second": second.to_dict(), "chunks": chunks, "parts": parts}
 

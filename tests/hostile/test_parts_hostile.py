@@ -48,7 +48,7 @@ def test_a_full_disk_while_copying_a_part_leaves_nothing_served(
         stage(store, disk / "node{node}", "local", world=ONE, progress=False)
     assert caught.value.errno == errno.ENOSPC
     assert not [p for p in where.iterdir() if is_temporary(p.name)]  # no half part left
-    assert not list(where.glob("*.idx.npy"))  # and no table: nothing is served from it
+    assert not list(where.glob("*.idx"))  # and no table: nothing is served from it
     filler.unlink()
     again = stage(store, disk / "node{node}", "local", world=ONE, progress=False)
     assert again.parts_copied >= 1 and again.chunks_copied == 0

@@ -6,16 +6,14 @@ origin still said by the workers."""
 from __future__ import annotations
 
 import itertools
-import os
-import random
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.torch.conftest import random_store
 from tierfeed.errors import TierfeedError
-from tierfeed.format.pack import PackOptions, pack
 from tierfeed.loader.coldstart import ColdStart
 from tierfeed.storage.copier import Copier
 from tierfeed.storage.store import Sample
@@ -34,14 +32,8 @@ def length(sample: Sample) -> int:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cold")
-    rng = random.Random(3)
-    for i in range(N):  # ~8 chunks of 1 MiB
-        folder = root / "raw" / f"c{i % 4}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"s{i:05d}.bin").write_bytes(os.urandom(rng.randrange(2000, 12000)))
-    pack(root / "raw", root / "store", PackOptions(chunk_size=2**20, progress=False))
-    return root / "store"
+    # ~8 chunks of 1 MiB
+    return random_store(tmp_path_factory.mktemp("cold"), N, 4, (2000, 12000), 2**20, seed=3)
 
 
 def chunk_bytes(store: Path) -> int:

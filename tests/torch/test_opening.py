@@ -1,5 +1,5 @@
 """The first batch read by the Loader's own process while its workers start
-(`Feed.opening_batch`): worker 0's first batch, in the plan's order, every sample once, a
+(`tierfeed.loader.opening`): worker 0's first batch, in the plan's order, every sample once, a
 state after it that resumes exactly, a replay of the run's order, and an error in it said
 with its workers stopped."""
 
@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.torch.conftest import random_store
 from tierfeed.errors import StorageError
-from tierfeed.format.pack import PackOptions, pack
 from tierfeed.loader import DeadlineOptions
 from tierfeed.storage.store import Sample
 from tierfeed.torch import Dataset, Loader, TierConfig
@@ -39,14 +38,8 @@ def collate(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("opening")
-    rng = random.Random(5)
-    for i in range(N):  # ~6 chunks of 512 KiB
-        folder = root / "raw" / f"c{i % 3}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"s{i:05d}.bin").write_bytes(os.urandom(rng.randrange(2000, 8000)))
-    pack(root / "raw", root / "store", PackOptions(chunk_size=2**19, progress=False))
-    return root / "store"
+    # ~6 chunks of 512 KiB
+    return random_store(tmp_path_factory.mktemp("opening"), N, 3, (2000, 8000), 2**19, seed=5)
 
 
 def dataset(store: Path, tmp_path: Path, **kw: Any) -> Dataset:

@@ -1,7 +1,7 @@
 """A rank's inbox: samples received from peers, kept on local storage in published segments.
 
 A segment is the bytes of one window's received members (``NAME.bin``) and its table
-(``NAME.idx.npy``: member ids and offsets). The table is renamed into place after the bytes,
+(``NAME.idx``: member ids and offsets). The table is renamed into place after the bytes,
 so a reader that sees a table finds its bytes whole. Readers in other processes (DataLoader
 workers) look members up in the tables they have loaded and load new ones on a miss.
 A failed exchange leaves a ``FAILED`` note that readers turn into an error at once.
@@ -38,7 +38,7 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 _FAILED = "FAILED"
-_IDX = ".idx.npy"
+_IDX = ".idx"  # member ids, then their offsets: int64, little-endian
 
 
 def parts_dir(local_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -101,7 +101,7 @@ class Inbox:
         offsets = np.zeros(len(members), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
         table = np.stack([members, offsets]).astype(np.int64)
-        publish(self.root / f"{name}{_IDX}", lambda out: np.save(out, table), fsync=fsync)
+        publish(self.root / f"{name}{_IDX}", table.astype("<i8").tobytes(), fsync=fsync)
         self._live[name] = len(members)
         self.view.refresh()
 
@@ -180,9 +180,11 @@ class InboxView:
             self.drop(gone)
         for name in sorted(names - set(self._members)):
             try:
-                table = np.load(self.root / f"{name}{_IDX}")
+                # Raw, not `np.load`: its header is parsed by `ast`, which CPython 3.11 may fail
+                # on when another thread parses at once (python/cpython#106905).
+                table = np.fromfile(self.root / f"{name}{_IDX}", dtype="<i8").reshape(2, -1)
             except (OSError, ValueError):
-                continue  # deleted meanwhile
+                continue  # deleted meanwhile (a table is published whole or not at all)
             self._members[name] = table[0]
             for member, offset in zip(table[0].tolist(), table[1].tolist(), strict=True):
                 self._where[member] = (name, offset)

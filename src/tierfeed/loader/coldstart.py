@@ -21,8 +21,8 @@ its own memory, which a worker cannot read. The stack reads the index the main p
 planned from, so the index is not opened or fetched again.
 
 The same stack reads the first batch a Loader delivers itself, while its workers start
-(`holding`, `tierfeed.loader.feed.Feed.opening_batch`): its samples read at once as exact
-ranges, ahead of the copies' pieces. The stack is not closed under that read.
+(`holding`, `tierfeed.loader.opening.read_opening`; where it does: `opens`): its samples read
+at once as exact ranges. The stack is not closed under that read.
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ class Feed:
 
     def opening(self, num_workers: int, able: bool = True) -> int:
         """How many samples of the next iteration a Loader about to fork ``num_workers``
-        workers reads itself (`opening_batch`), ``able`` to (it has a store to read them
+        workers reads itself (`tierfeed.loader.opening`), ``able`` to (it has a store to read them
         through): worker 0's first batch, where its slice holds more (the batch is then
         neither its last nor the epoch's), the iteration runs on across epochs (a Loader's,
         which puts batches in turn), and replays no recorded order; else 0. Said in this view
@@ -314,7 +314,7 @@ class Feed:
     ) -> GuardedStream[Any]:
         """This worker's guarded read stream over its slice of ``epoch``: the path of its
         samples through the feed, from the plan to the reads behind the guard. ``opened``:
-        samples of worker 0's slice the Loader delivered itself (`opening_batch`); worker 0
+        samples of worker 0's slice the Loader delivered itself (`read_opening`); worker 0
         starts after them."""
         store = self.store()
         rank = self.rank_order(epoch, resume)
