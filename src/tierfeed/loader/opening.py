@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from tierfeed.daemonpool import DaemonPool
-from tierfeed.hedging import Hedges
 from tierfeed.loader.clairvoyance import open_ahead, tell_head
 from tierfeed.loader.coldstart import ColdStart
 from tierfeed.loader.decode import decode_sample, describe_sample, without_skipped
 from tierfeed.loader.feed import Batch, Feed
-from tierfeed.loader.readers import hedge_store
+from tierfeed.loader.readers import Readers, hedge_store
 from tierfeed.loader.stream import GuardedStream, StreamState
 from tierfeed.storage.store import Store
 
@@ -76,35 +74,26 @@ def read_opening(feed: Feed, store: Store, order: IntArray, begun: Callable[[], 
     begun()
     second = config.hedge_source or store.second_source
     deadline = config.deadline.for_origin(store.source.costly_requests, second is not None)
-    hedger: list[Store] = []
-
-    def hedge(i: int) -> Any:
-        if not hedger:  # made at the first hedge (on one of the stream's hedge threads)
-            hedger.append(hedge_store(store, second))
-        return decode_sample(decode, hedger[0], i)
-
+    readers = Readers(config.prefetch.threads, decode)  # this batch's own, made after the fork
+    hedge = readers.hedge_reader(lambda: hedge_store(store, second)) if deadline.hedges else None
     started = time.perf_counter()
-    # Not waited for once the batch is whole: a read the guard went past (hedged, or its
-    # sample delivered from elsewhere) ends on its daemon thread.
-    pool, hedges = DaemonPool(config.prefetch.threads, "tierfeed-read"), Hedges()
     try:
         with GuardedStream(
             order,
             lambda i: decode_sample(decode, store, i),
-            hedge=hedge if deadline.hedges else None,
+            hedge=hedge,
             local=store.local,
             describe=lambda i: describe_sample(store, i),
             prefetch=config.prefetch,
             deadline=deadline,
-            pool=pool,
-            hedge_pool=hedges,
+            pool=readers.pool,
+            hedge_pool=readers.hedges,
         ) as stream:
             items = [value for _, value in stream]
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        hedges.shutdown(wait=False, cancel_futures=True)
-    for made in hedger:
-        made.source.close()  # the index is this store's: it stays open
+        # Not waited for once the batch is whole: a read the guard went past (hedged, or its
+        # sample delivered from elsewhere) ends on its daemon thread.
+        readers.close(wait=False)
     kept, skipped = without_skipped(items)
     data = config.collate(kept) if kept else None
     counters = stream.counters.for_batch(time.perf_counter() - started)

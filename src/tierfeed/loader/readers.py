@@ -42,11 +42,11 @@ class Readers:
 
         return read
 
-    def close(self) -> None:
-        """Cancel queued reads and wait a bounded time for running ones (a read stuck in the
-        kernel is left to its daemon thread: see `tierfeed.daemonpool`)."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.hedges.close()
+    def close(self, wait: bool = True) -> None:
+        """Cancel queued reads and, with ``wait``, wait a bounded time for running ones (a
+        read stuck in the kernel is left to its daemon thread: see `tierfeed.daemonpool`)."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)
+        self.hedges.shutdown(wait=wait, cancel_futures=True)
         with self._making:
             second, self._second = self._second, None
         if second is not None:
